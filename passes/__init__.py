@@ -1,0 +1,1 @@
+"""Graph passes over the StepGraph (installed as ``lagom_jax.passes``)."""
