@@ -46,6 +46,10 @@ class Task:
     dtype: str = ""
     opcode: str = ""
     deps: tuple[int, ...] = ()
+    # Product of the known trip counts of the enclosing while loops (1 at top level).
+    # When loops are unrolled each copy keeps this number and gets its ``iteration``.
+    trip_count: int = 1
+    iteration: int = 0
     # Collectives only.
     groups: tuple[tuple[int, ...], ...] = ()
     # collective-permute: (source, target) pairs.
@@ -53,6 +57,8 @@ class Task:
     # Where the compiled schedule waited for this collective: the id of the first task
     # after its ``-done`` (async pairs), or None when the HLO gives no such point.
     done_before: int | None = None
+    # Whether XLA emitted it as an async pair (``*-start``/``*-done`` or ``async-start``).
+    is_async: bool = False
 
     @property
     def is_collective(self) -> bool:
