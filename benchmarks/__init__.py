@@ -1,0 +1,1 @@
+"""The lagom-jax benchmark suite (run as ``python -m benchmarks.<name>``)."""
