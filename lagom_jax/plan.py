@@ -8,8 +8,15 @@ definition.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import os
+import pathlib
+import tempfile
 from typing import Literal
+
+from lagom_jax.flags import XlaFlag, compiler_options, render_xla_flags
 
 Algorithm = Literal["ring", "tree"]
 Protocol = Literal["LL", "LL128", "Simple"]
@@ -51,3 +58,143 @@ class CollectiveParams:
             f"{self.algorithm}/{self.protocol} nc={self.nchannels} "
             f"chunk={self.chunk_bytes // 1024}KiB nt={self.nthreads}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveChoice:
+    """What the search decided for one collective, and why."""
+
+    name: str
+    kind: str
+    bytes: int
+    group_size: int
+    nodes: int
+    params: CollectiveParams
+    default_params: CollectiveParams
+    predicted_us: float
+    exposed_us: float
+    why: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The tuned configuration of one compiled step, and everything needed to apply it.
+
+    A Plan is data: it renders compiler options, an ``XLA_FLAGS`` string, NCCL environment,
+    the NCCL tuner-plugin config and an LHS profile on demand, and it round-trips through
+    JSON so that every process of a job can load the same one.
+    """
+
+    module: str
+    fingerprint: str
+    hardware: str
+    gpus_per_node: int
+    nodes: int
+    strategy: str
+    version: str
+    collectives: tuple[CollectiveChoice, ...] = ()
+    flags: tuple[XlaFlag, ...] = ()
+    # Predicted step time (us) of this plan and of every baseline strategy, by name.
+    predicted_us: tuple[tuple[str, float], ...] = ()
+    bound_us: float = 0.0
+    evaluations: int = 0
+    search_seconds: float = 0.0
+    # Cost of each instruction (us) under this plan: the LHS profile.
+    costs: tuple[tuple[str, float], ...] = ()
+    # The predicted timeline of this plan, as Timeline.to_json() wrote it.
+    timeline_json: str = "{}"
+
+    # -- what the plan predicts --------------------------------------------------------
+    @property
+    def makespan_us(self) -> float:
+        return dict(self.predicted_us)[self.strategy]
+
+    def speedup_over(self, baseline: str) -> float:
+        times = dict(self.predicted_us)
+        if baseline not in times:
+            raise KeyError(f"no prediction for {baseline!r} (have: {', '.join(times)})")
+        return times[baseline] / self.makespan_us
+
+    # -- how the plan reaches XLA --------------------------------------------------------
+    def compiler_options(self, *, with_profile: bool = False) -> dict[str, object]:
+        """Options for ``lowered.compile(compiler_options=...)``.
+
+        ``with_profile`` adds ``fdo_profile``: the LHS profile, whose instruction names are
+        those of the module this plan was made from, so it only helps a compile of that
+        same module on the same backend.
+        """
+        opts: dict[str, object] = dict(compiler_options(self.flags))
+        if with_profile and self.costs:
+            opts["fdo_profile"] = self.lhs_profile().encode()
+        return opts
+
+    def xla_flags(self) -> str:
+        """One ``XLA_FLAGS`` string for launch scripts."""
+        return render_xla_flags(self.flags)
+
+    def lhs_profile(self) -> str:
+        """A ProfiledInstructionsProto in text form (reference/xla_flags.md, section 3)."""
+        return "".join(
+            f'costs {{ name: "{name}" cost_us: {cost:.3f} }}\n' for name, cost in self.costs
+        )
+
+    # -- serialisation ---------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(_to_jsonable(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            raw = json.loads(text)
+            return cls(
+                **{
+                    **raw,
+                    "collectives": tuple(
+                        CollectiveChoice(
+                            **{
+                                **c,
+                                "params": CollectiveParams(**c["params"]),
+                                "default_params": CollectiveParams(**c["default_params"]),
+                            }
+                        )
+                        for c in raw["collectives"]
+                    ),
+                    "flags": tuple(XlaFlag(f["name"], f["value"]) for f in raw["flags"]),
+                    "predicted_us": tuple((k, float(v)) for k, v in raw["predicted_us"]),
+                    "costs": tuple((k, float(v)) for k, v in raw["costs"]),
+                }
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a lagom-jax Plan: {err}") from err
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        return cls.from_json(pathlib.Path(path).read_text())
+
+
+def _to_jsonable(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_to_jsonable(v) for v in value]
+    return value
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` so that readers see the old file or the new one, never a torn one."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
