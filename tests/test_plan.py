@@ -1,0 +1,96 @@
+"""Plans: JSON round trip, rendering, and a cache that never shows a torn file."""
+
+import json
+import multiprocessing as mp
+
+import pytest
+
+from lagom_jax.flags import XlaFlag
+from lagom_jax.plan import CollectiveChoice, CollectiveParams, Plan, PlanCache
+
+
+def _plan(tag: str = "x", n: int = 3) -> Plan:
+    choices = tuple(
+        CollectiveChoice(
+            name=f"all-reduce-start.{i}", kind="all-reduce", bytes=1 << (20 + i), group_size=8,
+            nodes=1, params=CollectiveParams("ring", "Simple", 4 + i, 1 << 20, 256),
+            default_params=CollectiveParams("ring", "LL128", 24, 2 << 20, 640),
+            predicted_us=10.0 * (i + 1), exposed_us=float(i), why=f"{tag}: fewer channels win",
+        )
+        for i in range(n)
+    )
+    return Plan(
+        module="jit_step", fingerprint="ab" * 16, hardware="h100-sxm-8", gpus_per_node=8,
+        nodes=1, strategy="lagom", version="0.1.0", collectives=choices,
+        flags=(XlaFlag("xla_gpu_enable_latency_hiding_scheduler", True),
+               XlaFlag("xla_gpu_all_reduce_combine_threshold_bytes", 1 << 26)),
+        predicted_us=(("lagom", 90.0), ("xla-default", 100.0)), bound_us=80.0,
+        evaluations=42, search_seconds=0.01, costs=(("fusion.1", 12.5), ("all-reduce-start.0", 3.25)),
+    )
+
+
+def test_json_round_trip_is_exact():
+    plan = _plan()
+    assert Plan.from_json(plan.to_json()) == plan
+    assert hash(Plan.from_json(plan.to_json())) == hash(plan)
+
+
+def test_rendering():
+    plan = _plan()
+    assert plan.xla_flags() == (
+        "--xla_gpu_all_reduce_combine_threshold_bytes=67108864 "
+        "--xla_gpu_enable_latency_hiding_scheduler=true"
+    )
+    opts = plan.compiler_options(with_profile=True)
+    assert opts["xla_gpu_enable_latency_hiding_scheduler"] is True
+    assert opts["fdo_profile"] == (
+        b'costs { name: "fusion.1" cost_us: 12.500 }\n'
+        b'costs { name: "all-reduce-start.0" cost_us: 3.250 }\n'
+    )
+    assert "fdo_profile" not in plan.compiler_options()
+    assert plan.speedup_over("xla-default") == pytest.approx(100 / 90)
+    with pytest.raises(KeyError, match="autoccl"):
+        plan.speedup_over("autoccl")
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", json.dumps({"module": "m"})])
+def test_bad_json_is_a_value_error(text):
+    with pytest.raises(ValueError):
+        Plan.from_json(text)
+
+
+def test_cache_get_put_and_corrupt_file(tmp_path):
+    cache = PlanCache(tmp_path)
+    key = PlanCache.key("fp", "{}", "lagom", "0.1.0")
+    assert key != PlanCache.key("fp", "{}", "autoccl", "0.1.0")
+    assert cache.get(key) is None
+    cache.put(key, _plan())
+    assert cache.get(key) == _plan()
+    cache.path(key).write_text('{"module": ')
+    with pytest.raises(ValueError, match="corrupt plan cache file"):
+        cache.get(key)
+
+
+def _hammer(directory: str, worker: int, rounds: int, out: "mp.Queue") -> None:
+    cache = PlanCache(directory)
+    key = PlanCache.key("same", "{}", "lagom", "0.1.0")
+    seen = 0
+    for r in range(rounds):
+        cache.put(key, _plan(f"w{worker}r{r}", n=20))
+        plan = cache.get(key)  # raises on a torn file
+        assert plan is not None and len(plan.collectives) == 20
+        seen += 1
+    out.put(seen)
+
+
+def test_eight_processes_share_one_key_without_torn_files(tmp_path):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), i, 40, out)) for i in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 8
+    assert sum(out.get(timeout=5) for _ in procs) == 8 * 40
+    assert not list(tmp_path.glob("*.tmp"))
