@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+
+from lagom_jax import hlo
 from typing import Literal
 
 COLLECTIVE_KINDS = (
@@ -123,3 +125,297 @@ class StepGraph:
             for d in t.deps:
                 out[d].append(t.id)
         return tuple(tuple(c) for c in out)
+
+
+# ----------------------------------------------------------------------------- building
+
+# Ops that move no data of their own: they only rename, bundle or unbundle values, so they
+# are not tasks; dependencies flow through them to the real producers.
+_TRIVIAL_OPCODES = frozenset({
+    "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
+    "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
+    "async-update", "get-dimension-size", "set-dimension-size",
+})  # fmt: skip
+# Opcodes XLA's HloCostAnalysis charges as one flop per output element.
+_ELEMENTWISE_FLOP_OPCODES = frozenset({
+    "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "power",
+    "atan2", "and", "or", "xor", "not", "negate", "abs", "sign", "compare", "select",
+    "clamp", "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh",
+    "logistic", "sqrt", "rsqrt", "cbrt", "sine", "cosine", "tan", "erf", "floor",
+    "ceil", "round-nearest-even", "round-nearest-afz", "is-finite", "shift-left",
+    "shift-right-logical", "shift-right-arithmetic", "popcnt", "clz", "real", "imag",
+})  # fmt: skip
+_COLLECTIVE_START = {
+    "all-reduce-start": "all-reduce",
+    "all-gather-start": "all-gather",
+    "collective-permute-start": "collective-permute",
+}
+_COLLECTIVE_DONE = frozenset({
+    "all-reduce-done", "all-gather-done", "collective-permute-done", "async-done",
+})  # fmt: skip
+_GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
+
+
+def _dot_flops(inst: hlo.Instruction, lhs: hlo.Shape, result: hlo.Shape) -> float:
+    """2 × result elements × contracted size (XLA HloCostAnalysis counts an FMA as 2)."""
+    contracting = inst.int_list("lhs_contracting_dims")
+    return 2.0 * result.elements * _contracted(inst, lhs, contracting)
+
+
+def _contracted(inst: hlo.Instruction, lhs: hlo.Shape, dims: tuple[int, ...]) -> int:
+    if lhs.is_tuple or any(d >= len(lhs.dims) for d in dims):
+        raise hlo.HloParseError(
+            inst.line, 1, f"{inst.name}: contracting dims {list(dims)} do not fit operand {lhs}"
+        )
+    size = 1
+    for d in dims:
+        size *= lhs.dims[d]
+    return size
+
+
+def _conv_flops(inst: hlo.Instruction, kernel: hlo.Shape, result: hlo.Shape) -> float:
+    """2 × output elements × (kernel input features × kernel spatial size).
+
+    ``dim_labels=b01f_01io->b01f``: in the kernel part, ``i`` is the input-feature
+    dimension (already divided by feature_group_count) and digits are spatial dims.
+    """
+    labels = inst.attributes.get("dim_labels", "")
+    parts = labels.split("_")
+    kernel_labels = parts[1].split("->")[0] if len(parts) > 1 else ""
+    if kernel.is_tuple or len(kernel_labels) != len(kernel.dims):
+        raise hlo.HloParseError(
+            inst.line, 1, f"{inst.name}: dim_labels {labels!r} do not fit kernel {kernel}"
+        )
+    per_output = 1
+    for label, size in zip(kernel_labels, kernel.dims):
+        if label == "i" or label.isdigit():
+            per_output *= size
+    return 2.0 * result.leaves()[0].elements * per_output
+
+
+def _gemm_flops(inst: hlo.Instruction, lhs: hlo.Shape) -> float:
+    """FLOPs of a cuBLAS gemm custom-call from its backend_config dot dimension numbers."""
+    cfg = inst.backend_config()
+    gemm = cfg.get("gemm_backend_config", cfg)
+    dnums = gemm.get("dot_dimension_numbers", {}) if isinstance(gemm, dict) else {}
+    raw = dnums.get("lhs_contracting_dimensions", []) if isinstance(dnums, dict) else []
+    try:
+        dims = tuple(int(d) for d in raw)
+    except (TypeError, ValueError):
+        raise hlo.HloParseError(inst.line, 1, f"{inst.name}: bad lhs_contracting_dimensions {raw!r}") from None
+    result = inst.shape.leaves()[0]  # (output, workspace) tuple: the output comes first
+    return 2.0 * result.elements * _contracted(inst, lhs, dims)
+
+
+class _Builder:
+    """Walks computations in schedule order and emits tasks (as dicts until frozen)."""
+
+    def __init__(self, module: hlo.Module, unroll_loops: bool, max_tasks: int) -> None:
+        self.module = module
+        self.unroll = unroll_loops
+        self.max_tasks = max_tasks
+        self.num_devices = module.num_devices
+        self.tasks: list[dict] = []
+        # Collectives whose -done was seen; their done_before is the next task emitted.
+        self.waiting: list[int] = []
+        self.flops_cache: dict[str, float] = {}
+
+    # -- values: a producer set per array, a tuple of them per tuple value --------------
+    @staticmethod
+    def flat(v) -> frozenset[int]:
+        if isinstance(v, frozenset):
+            return v
+        out: frozenset[int] = frozenset()
+        for x in v:
+            out |= _Builder.flat(x)
+        return out
+
+    def emit(self, **fields) -> int:
+        tid = len(self.tasks)
+        if tid >= self.max_tasks:
+            raise ValueError(
+                f"module {self.module.name!r} unrolls to more than max_tasks={self.max_tasks} "
+                "tasks; pass unroll_loops=False or a larger max_tasks"
+            )
+        for c in self.waiting:
+            self.tasks[c]["done_before"] = tid
+        self.waiting = []
+        fields["id"] = tid
+        self.tasks.append(fields)
+        return tid
+
+    # -- FLOPs of a called computation (fusion bodies, reducers) --------------------
+    def computation_flops(self, comp: hlo.Computation) -> float:
+        cached = self.flops_cache.get(comp.name)
+        if cached is None:
+            cached = sum(self.inst_flops(comp, i) for i in comp.instructions)
+            self.flops_cache[comp.name] = cached
+        return cached
+
+    def inst_flops(self, comp: hlo.Computation, inst: hlo.Instruction) -> float:
+        op = inst.opcode
+        shapes = [comp.by_name[o].shape for o in inst.operands]
+        if op == "dot" and shapes:
+            return _dot_flops(inst, shapes[0], inst.shape)
+        if op == "convolution" and len(shapes) > 1:
+            return _conv_flops(inst, shapes[1], inst.shape)
+        if op == "custom-call" and shapes:
+            target = inst.attributes.get("custom_call_target", "").strip('"')
+            if target in _GEMM_TARGETS:
+                return _gemm_flops(inst, shapes[0])
+            return 0.0
+        if op in ("fusion", "call"):
+            return sum(self.computation_flops(self.module.computation(c)) for c in inst.called_computations)
+        if op in ("reduce", "reduce-window", "all-reduce", "reduce-scatter", "scatter", "select-and-scatter"):
+            # The reducer runs about once per input element.
+            reducer = sum(
+                self.computation_flops(self.module.computation(c)) for c in inst.called_computations
+            )
+            n_in = sum(s.elements for s in shapes[: max(1, len(shapes) // 2)]) if shapes else 0
+            return reducer * n_in
+        if op in _ELEMENTWISE_FLOP_OPCODES:
+            return float(inst.shape.elements)
+        return 0.0
+
+    # -- walking ------------------------------------------------------------------
+    def walk(self, comp: hlo.Computation, params: list, trip: int, iteration: int):
+        """Emit the tasks of ``comp``; return the producer value of its root."""
+        vals: dict[str, object] = {}
+        starts: dict[str, int] = {}  # async start name -> collective task id
+        for inst in comp.instructions:
+            op = inst.opcode
+            deps = frozenset()
+            for o in inst.operands:
+                deps |= self.flat(vals[o])
+            for c in _called_names(inst, "control-predecessors"):
+                if c in vals:
+                    deps |= self.flat(vals[c])
+            if op == "parameter":
+                n = int(inst.literal)
+                vals[inst.name] = params[n] if n < len(params) else frozenset()
+            elif op == "tuple":
+                vals[inst.name] = tuple(vals[o] for o in inst.operands)
+            elif op == "get-tuple-element":
+                src = vals[inst.operands[0]] if inst.operands else frozenset()
+                idx = inst.attributes.get("index", "0")
+                k = int(idx) if idx.isdigit() else -1
+                vals[inst.name] = src[k] if isinstance(src, tuple) and 0 <= k < len(src) else self.flat(src)
+            elif op in _TRIVIAL_OPCODES:
+                vals[inst.name] = deps
+            elif op in _COLLECTIVE_DONE:
+                start = inst.operands[0] if inst.operands else ""
+                if start in starts:
+                    self.waiting.append(starts[start])
+                    vals[inst.name] = frozenset({starts[start]})
+                else:
+                    # async-done of a wrapped non-collective: its start emitted a compute task.
+                    vals[inst.name] = deps
+            elif op == "while":
+                vals[inst.name] = self.walk_while(comp, inst, deps, vals, trip, iteration)
+            elif op == "call":
+                callee = self.module.computation(inst.called_computations[0])
+                vals[inst.name] = self.walk(callee, [vals[o] for o in inst.operands], trip, iteration)
+            else:
+                tid = self.task(comp, inst, deps, trip, iteration)
+                vals[inst.name] = frozenset({tid})
+                if self.tasks[tid].get("is_async"):
+                    starts[inst.name] = tid
+        return vals[comp.root.name]
+
+    def walk_while(self, comp, inst, deps, vals, trip, iteration):
+        if len(inst.called_computations) < 2 or "body" not in inst.attributes:
+            raise hlo.HloParseError(inst.line, 1, f"{inst.name}: while needs condition= and body=")
+        body = self.module.computation(inst.attributes["body"].lstrip("%"))
+        count = inst.known_trip_count()
+        n = 1 if count is None else count
+        state = vals[inst.operands[0]] if inst.operands else deps
+        if n == 0:
+            return state
+        if not self.unroll:
+            return self.walk(body, [state], trip * n, iteration)
+        for k in range(n):
+            state = self.walk(body, [state], trip * n, iteration * n + k)
+        return state
+
+    def task(self, comp, inst, deps, trip, iteration) -> int:
+        op = inst.opcode
+        kind, target = _collective_kind(self.module, inst)
+        dtype = next((s.dtype for s in inst.shape.leaves() if s.dtype not in ("token", "opaque")), "")
+        if kind is None:
+            if op == "async-start":
+                wrapped = self.module.computation(inst.called_computations[0])
+                flops = self.computation_flops(wrapped)
+            else:
+                flops = self.inst_flops(comp, inst)
+            nbytes = float(inst.shape.bytes + sum(comp.by_name[o].shape.bytes for o in inst.operands))
+            return self.emit(
+                name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,
+                opcode=op, deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,
+            )
+        owner = comp if target is inst else self.module.computation(inst.called_computations[0])
+        operand_bytes = [owner.by_name[o].shape.bytes for o in target.operands]
+        groups = target.replica_groups(self.num_devices)
+        pairs = target.source_target_pairs()
+        if kind == "all-gather":
+            size = len(groups[0]) if groups else self.num_devices
+            nbytes = sum(operand_bytes) * size
+        elif kind == "collective-permute":
+            nbytes = operand_bytes[0] if operand_bytes else 0
+        else:
+            nbytes = sum(operand_bytes)
+        if kind != "collective-permute" and not groups:
+            groups = (tuple(range(self.num_devices)),)
+        is_async = op != target.opcode or op.endswith("-start")
+        tid = self.emit(
+            name=inst.name, kind=kind, flops=0.0, bytes=float(nbytes), dtype=dtype, opcode=op,
+            deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,
+            groups=groups if kind != "collective-permute" else (), pairs=pairs, is_async=is_async,
+        )
+        if not is_async:
+            # A synchronous collective blocks the stream: the next task waits for it.
+            self.waiting.append(tid)
+        return tid
+
+
+def _called_names(inst: hlo.Instruction, key: str) -> list[str]:
+    raw = inst.attributes.get(key)
+    if raw is None:
+        return []
+    return [c.strip().lstrip("%") for c in raw.strip("{}").split(",") if c.strip()]
+
+
+def _collective_kind(module: hlo.Module, inst: hlo.Instruction):
+    """(kind, the instruction that carries the collective's attributes) or (None, None)."""
+    op = inst.opcode
+    if op in COLLECTIVE_KINDS:
+        return op, inst
+    if op in _COLLECTIVE_START:
+        return _COLLECTIVE_START[op], inst
+    if op == "async-start" and inst.called_computations:
+        root = module.computation(inst.called_computations[0]).root
+        if root.opcode in COLLECTIVE_KINDS:
+            return root.opcode, root
+    return None, None
+
+
+def from_module(module: hlo.Module, *, unroll_loops: bool = True, max_tasks: int = 200_000) -> StepGraph:
+    """The StepGraph of ``module``'s entry computation, in its printed (schedule) order.
+
+    With ``unroll_loops`` every while body with a known trip count is repeated that many
+    times (each copy keeps ``trip_count`` = product of enclosing trip counts and gets its
+    ``iteration``); without it each body task appears once and stands for ``trip_count``
+    executions. Loops with an unknown trip count run once.
+    """
+    builder = _Builder(module, unroll_loops, max_tasks)
+    builder.walk(module.entry, [], 1, 0)
+    tasks = []
+    for t in builder.tasks:
+        tid = t["id"]
+        t["deps"] = tuple(d for d in t["deps"] if d != tid)
+        tasks.append(Task(**t))
+    return StepGraph(module.name, tuple(tasks), module.num_devices)
+
+
+def from_hlo_text(text: str, **kw) -> StepGraph:
+    """``from_module(hlo.parse(text), **kw)``."""
+    return from_module(hlo.parse(text), **kw)
