@@ -263,7 +263,12 @@ static size_t load_rules(const char* path, lgm_logger_t log, rule_t** out) {
     }
     report(log, LGM_LOG_WARN, "lagom-tuner: %s:%lu: %s", path, lineno, err);
   }
-  if (lineno == 0) {
+  if (ferror(file)) {
+    char why[256] = "unknown error";
+    strerror_r(errno, why, sizeof(why));
+    report(log, LGM_LOG_WARN, "lagom-tuner: cannot read %s=%s (%s); rules after line %lu ignored",
+           CONFIG_ENV, path, why, lineno);
+  } else if (lineno == 0) {
     report(log, LGM_LOG_WARN, "lagom-tuner: %s:1: empty file: expected '%s' on line 1", path,
            CONFIG_HEADER);
   }
