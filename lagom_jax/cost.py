@@ -1,0 +1,385 @@
+"""The unified cost model: compute, collectives, and the contention between them.
+
+Split the way XLA splits its latency-hiding scheduler (``latency_hiding_scheduler.h``):
+
+* ``CostConfig`` — one struct with every constant of the model: NCCL's latency and
+  protocol tables (``src/graph/tuning.cc`` v2.30.7, transcribed in
+  reference/nccl_model.md) and the few contention constants, each with its source.
+* the estimator — ``collective_time_us`` and ``compute_time_us``: small documented
+  formulas, pure functions of (what, how much, params, hardware);
+* ``ResourceTracker`` — the SMs and HBM bandwidth that running collectives hold, and what
+  compute gets from what is left;
+* the driver lives one floor up (``simulate``).
+
+Collective time (running alone)::
+
+    t = launch + latency(algorithm, protocol, link, steps)
+        + wire_bytes / busbw(nchannels, protocol, nthreads, link)
+        + chunks_per_channel * per_chunk_overhead + one chunk at one channel's rate
+
+``wire_bytes`` are nccl-tests *bus* bytes (all-reduce 2(n-1)/n x nBytes on a ring,
+2 x nBytes on a tree), so ``busbw`` is directly comparable with published busBw. Bus
+bandwidth grows by one channel's rate per channel until the link saturates. Small chunks
+pay a synchronisation per chunk; big chunks pay pipeline fill.
+
+Contention: a collective with ``nc`` channels holds ``nc`` SMs (one CTA each) and HBM
+bandwidth in proportion to the bytes it moves; overlapping compute runs at the rate the
+remaining SMs and bandwidth allow (roofline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from lagom_jax.hardware import HardwareProfile
+from lagom_jax.plan import MAX_CHANNELS, CollectiveParams
+
+PROTOCOL_INDEX = {"LL": 0, "LL128": 1, "Simple": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class CostConfig:
+    """Every constant of the cost model, with its source.
+
+    Latency tables are NCCL's ``baseLat`` / ``hwLat`` (us), indexed [LL, LL128, Simple]
+    (reference/nccl_model.md, "Latency").
+    """
+
+    base_lat_ring: tuple[float, float, float] = (6.6, 14.0, 8.4)
+    base_lat_tree: tuple[float, float, float] = (6.8, 14.0, 8.4)
+    hop_lat_ring: tuple[tuple[str, tuple[float, float, float]], ...] = (
+        ("nvlink", (0.6, 1.9, 3.4)),
+        ("pcie", (1.0, 2.5, 5.7)),
+        ("net", (2.7, 4.0, 14.0)),
+    )
+    hop_lat_tree: tuple[tuple[str, tuple[float, float, float]], ...] = (
+        ("nvlink", (0.6, 1.25, 4.0)),
+        ("pcie", (1.0, 1.9, 4.0)),
+        ("net", (5.0, 8.5, 14.0)),
+    )
+    # Multi-node ring: per-step network overhead 1 us (Intel host), x3 for Simple; Ring/
+    # Simple all-reduce latency x1.4 (x1.9 before Ampere) once nBytes/(nc*n) >= 64.
+    net_overhead_us: float = 1.0
+    multinode_simple_lat_factor: tuple[tuple[str, float], ...] = (
+        ("volta", 1.9), ("ampere", 1.4), ("hopper", 1.4))
+    # Protocol efficiency on the wire: LL carries 8 B data per 16 B line (x0.5), LL128
+    # 120 of 128 B (NCCL applies x0.92); Simple is the measured peak (the busBw caps of
+    # HardwareProfile are Simple measurements).
+    ll_factor: float = 0.5
+    ll128_factor: float = 0.92
+    tree_factor: float = 0.92
+    tree_ll_factor: float = 1 / 3.8
+    tree_ll128_factor_1node: float = 7 / 9
+    tree_ll128_factor_multinode: float = 120 / 128
+    # llMaxBw (GB/s): one node by GPU arch; multi-node (Intel host) 2 nodes / more.
+    ll_max_gbps: tuple[tuple[str, float], ...] = (("volta", 39.0), ("ampere", 87.7), ("hopper", 141.0))
+    ll_max_multinode_gbps: tuple[float, float] = (39.0, 20.4)
+    # Per *search* channel caps (GB/s), columns 1 node / 2 nodes / >2 nodes; NCCL runs
+    # two CTAs per search channel, so the per-CTA cap is half.
+    per_ch_ring_ll128: tuple[tuple[str, float], ...] = (("volta", 20.0), ("ampere", 20.0), ("hopper", 36.7))
+    per_ch_tree: tuple[tuple[str, tuple[float, float, float]], ...] = (
+        ("volta", (26.5, 18.5, 10.0)), ("ampere", (24.0, 23.6, 17.8)), ("hopper", (38.7, 41.4, 36.0)))
+    per_ch_tree_ll128: tuple[tuple[str, tuple[float, float, float]], ...] = (
+        ("volta", (20.0, 20.0, 20.0)), ("ampere", (20.0, 20.0, 20.0)), ("hopper", (36.7, 36.7, 29.0)))
+    ctas_per_search_channel: int = 2
+    # Threads per CTA at which one channel reaches its full rate: NCCL's defaults
+    # (512 for LL and Simple, 640 for LL128). Fewer threads move proportionally less.
+    full_rate_threads: tuple[int, int, int] = (512, 640, 512)
+    # Part of a step's hop latency paid again for every chunk a channel moves: the
+    # flag/FIFO handshake per chunk. NCCL keeps 8 steps in flight (NCCL_STEPS), so one
+    # in 8 handshakes is exposed. No published chunk sweep exists (reference: NOT FOUND).
+    chunk_sync_fraction: float = 1 / 8
+    # Local HBM traffic per bus byte of a ring collective: the peer's write into the
+    # receive buffer plus the read that forwards or reduces it (assumption; calibrated so
+    # that memory-bound compute overlapped with a saturated all-reduce slows by ~40%,
+    # the worst case of ISPASS'25, arXiv 2507.03114).
+    hbm_bytes_per_bus_byte: float = 2.0
+    # Compute keeps at least this share of HBM bandwidth however much comm wants.
+    min_hbm_share: float = 0.1
+
+    def lookup(self, table: tuple[tuple[str, object], ...], key: str):  # noqa: ANN201 - generic row
+        for k, v in table:
+            if k == key:
+                return v
+        raise KeyError(f"no entry {key!r} in cost table (known: {[k for k, _ in table]})")
+
+
+DEFAULT_CONFIG = CostConfig()
+
+
+def _link_kind(hw: HardwareProfile, nodes: int) -> str:
+    return "net" if nodes > 1 else hw.intra_link
+
+
+def _link_caps(hw: HardwareProfile, nodes: int) -> tuple[float, float]:
+    """(busBw at saturation, busBw of one channel) for a group spanning ``nodes`` nodes."""
+    if nodes > 1:
+        return (min(hw.intra_busbw_gbps, hw.net_busbw_gbps),
+                min(hw.intra_channel_gbps, hw.net_channel_gbps))
+    return hw.intra_busbw_gbps, hw.intra_channel_gbps
+
+
+def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams) -> None:
+    if nbytes < 0:
+        raise ValueError(f"{kind}: nbytes must be >= 0, got {nbytes}")
+    if group_size < 1 or nodes < 1 or nodes > group_size:
+        raise ValueError(f"{kind}: need 1 <= nodes <= group_size, got nodes={nodes}, group_size={group_size}")
+    if params.algorithm == "tree" and kind != "all-reduce":
+        raise ValueError(f"{kind}: NCCL's tree algorithm exists only for all-reduce; use algorithm='ring'")
+
+
+def bus_factor(kind: str, algorithm: str, n: int) -> float:
+    """Bus bytes per nBytes (nccl-tests busBw convention; tree all-reduce algBw = busBw/2)."""
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2.0 if algorithm == "tree" else 2.0 * (n - 1) / n
+    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (n - 1) / n
+    if kind == "collective-permute":
+        return 1.0
+    raise ValueError(f"unknown collective kind {kind!r} (known: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute)")
+
+
+def ring_steps(kind: str, n: int) -> int:
+    """Pipelined ring steps: 2(n-1) for all-reduce, n-1 for the others, 1 for a permute."""
+    if kind == "all-reduce":
+        return 2 * (n - 1)
+    if kind == "collective-permute":
+        return 1
+    return n - 1
+
+
+def latency_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
+               hw: HardwareProfile, cfg: CostConfig = DEFAULT_CONFIG) -> float:
+    """NCCL's latency composition (``ncclTopoGetAlgoTime``), without launch overhead."""
+    p = PROTOCOL_INDEX[params.protocol]
+    if n <= 1:
+        return 0.0
+    intra_kind = hw.intra_link
+    if params.algorithm == "tree":
+        base = cfg.base_lat_tree[p]
+        intra = cfg.lookup(cfg.hop_lat_tree, intra_kind)[p]
+        inter = cfg.lookup(cfg.hop_lat_tree, "net")[p]
+        per_node = max(n // nodes, 1)
+        return base + 2 * ((per_node - 1) * intra + math.log2(nodes) * inter)
+    base = cfg.base_lat_ring[p]
+    intra = cfg.lookup(cfg.hop_lat_ring, intra_kind)[p]
+    steps = ring_steps(kind, n)
+    if nodes <= 1:
+        return base + steps * intra
+    n_inter = 2 * (nodes - 1) if kind == "all-reduce" else nodes - 1
+    n_inter = min(n_inter, steps)
+    net_ovh = cfg.net_overhead_us * (3 if params.protocol == "Simple" else 1)
+    # One GPU per node: every hop crosses the network, NCCL uses the tree's net latency.
+    inter_table = cfg.hop_lat_tree if n == nodes else cfg.hop_lat_ring
+    inter = cfg.lookup(inter_table, "net")[p]
+    lat = base + (steps - n_inter) * max(intra, net_ovh) + n_inter * inter
+    if kind == "all-reduce" and params.protocol == "Simple" and nbytes / (params.nchannels * n) >= 64:
+        lat *= cfg.lookup(cfg.multinode_simple_lat_factor, hw.arch)
+    return lat
+
+
+def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
+               cfg: CostConfig = DEFAULT_CONFIG) -> float:
+    """Bus bandwidth of one collective with ``params`` on the link its group spans.
+
+    Grows by one channel's rate per channel (scaled by threads per CTA) until the link
+    saturates, then the protocol's efficiency and NCCL's per-protocol caps apply.
+    """
+    cap, per_ch = _link_caps(hw, nodes)
+    p = PROTOCOL_INDEX[params.protocol]
+    per_ch *= min(1.0, params.nthreads / cfg.full_rate_threads[p])
+    nc = params.nchannels
+    col = 0 if nodes <= 1 else 1 if nodes == 2 else 2
+    cta = cfg.ctas_per_search_channel
+    ll_max = (cfg.lookup(cfg.ll_max_gbps, hw.arch) if nodes <= 1
+              else cfg.ll_max_multinode_gbps[0 if nodes == 2 else 1])
+    if params.algorithm == "tree":
+        tree_ch = cfg.lookup(cfg.per_ch_tree, hw.arch)[col] / cta
+        bw = min(nc * min(per_ch, tree_ch), cap) * cfg.tree_factor
+        if params.protocol == "LL":
+            return min(bw * cfg.tree_ll_factor, ll_max)
+        if params.protocol == "LL128":
+            f = cfg.tree_ll128_factor_1node if nodes <= 1 else cfg.tree_ll128_factor_multinode
+            return min(bw * f, nc * cfg.lookup(cfg.per_ch_tree_ll128, hw.arch)[col] / cta)
+        return bw
+    if params.protocol == "LL":
+        return min(min(nc * per_ch, cap) * cfg.ll_factor, ll_max)
+    if params.protocol == "LL128":
+        ll128_ch = cfg.lookup(cfg.per_ch_ring_ll128, hw.arch) / cta
+        return min(nc * min(per_ch, ll128_ch), cap) * cfg.ll128_factor
+    return min(nc * per_ch, cap)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
+                       params: CollectiveParams, hw: HardwareProfile,
+                       cfg: CostConfig = DEFAULT_CONFIG) -> float:
+    """Time of one collective running alone (us). ``nodes`` = nodes the group spans."""
+    _check_args(kind, nbytes, group_size, nodes, params)
+    n = group_size
+    if n <= 1:
+        return hw.launch_us
+    wire = nbytes * bus_factor(kind, params.algorithm, n)
+    bw = busbw_gbps(params, hw, nodes, cfg) * 1e3  # bytes per us
+    one_ch = busbw_gbps(dataclasses.replace(params, nchannels=1), hw, nodes, cfg) * 1e3
+    p = PROTOCOL_INDEX[params.protocol]
+    hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
+    hop = cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
+    per_channel = wire / params.nchannels
+    steps = ring_steps(kind, n) if params.algorithm == "ring" else 2 * max(n // nodes, 1)
+    chunks = math.ceil(per_channel / params.chunk_bytes)
+    fill = min(params.chunk_bytes, per_channel / steps) / one_ch
+    return (hw.launch_us + latency_us(kind, nbytes, n, nodes, params, hw, cfg)
+            + wire / bw + chunks * hop * cfg.chunk_sync_fraction + fill)
+
+
+def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
+                      hw: HardwareProfile, cfg: CostConfig) -> float:
+    """NCCL's own prediction ``lat + nBytes / algBw`` (no chunk terms), used to pick algo/proto."""
+    wire = nbytes * bus_factor(kind, params.algorithm, n)
+    return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (busbw_gbps(params, hw, nodes, cfg) * 1e3)
+
+
+# NCCL's per-protocol defaults (reference/nccl_model.md, "Per-call channels/threads/chunks").
+_DEFAULT_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
+_BYTES_PER_THREAD = {"LL": 8, "LL128": 8, "Simple": 64}  # ring LL: x nRanks
+_LL_CHUNK = 32 << 10
+_LL128_CHUNK = 576_000  # 4,915,200 B buffer / 8 steps x 120/128
+_SIMPLE_RING_CHUNK = 2 << 20  # 4 MiB buffer / 8 steps x 4 chunk steps
+_SIMPLE_OTHER_CHUNK = 512 << 10
+
+
+def _protocols(hw: HardwareProfile) -> tuple[str, ...]:
+    return ("LL", "LL128", "Simple") if hw.ll128_enabled else ("LL", "Simple")
+
+
+def _algorithms(kind: str, n: int) -> tuple[str, ...]:
+    return ("tree", "ring") if kind == "all-reduce" and n > 2 else ("ring",)
+
+
+def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile) -> int:
+    if protocol == "LL":
+        return _LL_CHUNK
+    if protocol == "LL128":
+        return _LL128_CHUNK
+    if algorithm == "ring" and kind in ("all-reduce", "all-gather", "reduce-scatter"):
+        return _SIMPLE_RING_CHUNK
+    if kind in ("all-to-all", "collective-permute") and hw.intra_link == "pcie":
+        return 128 << 10  # NCCL_P2P_PCI_CHUNKSIZE
+    return _SIMPLE_OTHER_CHUNK
+
+
+def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
+                        hw: HardwareProfile, cfg: CostConfig = DEFAULT_CONFIG) -> CollectiveParams:
+    """What NCCL itself would run: algorithm/protocol by its minimum predicted time
+    (scan order Tree, Ring x LL, LL128, Simple; strict <, so ties keep the earlier), then
+    its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
+    then threads halved), and its default chunk size."""
+    best: tuple[float, CollectiveParams] | None = None
+    for algo in _algorithms(kind, group_size):
+        for proto in _protocols(hw):
+            p = CollectiveParams(algo, proto, hw.nccl_channels, _default_chunk(kind, algo, proto, hw),
+                                 640 if algo == "tree" else _DEFAULT_THREADS[proto])
+            t = _nccl_estimate_us(kind, nbytes, group_size, nodes, p, hw, cfg)
+            if best is None or t < best[0]:
+                best = (t, p)
+    assert best is not None
+    p = best[1]
+    thr = _BYTES_PER_THREAD[p.protocol] * (group_size if p.protocol == "LL" and p.algorithm == "ring" else 1)
+    nc, nt = p.nchannels, p.nthreads
+    while nbytes < nc * nt * thr:
+        if nc > 1:
+            nc -= 1
+        elif nt % 128 == 0:
+            nt //= 2
+        else:
+            break
+    return dataclasses.replace(p, nchannels=nc, nthreads=nt)
+
+
+_CHANNEL_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+
+def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
+                     hw: HardwareProfile) -> tuple[CollectiveParams, ...]:
+    """The search space for one collective, sorted: every (algorithm, protocol) NCCL
+    allows here x a channel ladder (plus NCCL's count) up to the SMs available; for
+    Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
+    """
+    max_nc = min(MAX_CHANNELS, hw.sm_count - 1)
+    ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {min(hw.nccl_channels, max_nc)})
+    out = {nccl_default_params(kind, nbytes, group_size, nodes, hw)}
+    for algo in _algorithms(kind, group_size):
+        for proto in _protocols(hw):
+            chunk = _default_chunk(kind, algo, proto, hw)
+            nt = 640 if algo == "tree" else _DEFAULT_THREADS[proto]
+            for nc in ladder:
+                out.add(CollectiveParams(algo, proto, nc, chunk, nt))
+                if proto == "Simple":
+                    out.add(CollectiveParams(algo, proto, nc, chunk // 4, nt))
+                    out.add(CollectiveParams(algo, proto, nc, chunk, nt // 2 // 64 * 64))
+    return tuple(sorted(out))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def fastest_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile) -> float:
+    """The collective's time alone at its fastest candidate (for the overlap bound)."""
+    return min(collective_time_us(kind, nbytes, group_size, nodes, p, hw)
+               for p in candidate_params(kind, nbytes, group_size, nodes, hw))
+
+
+def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
+                    sms_taken: float = 0.0, hbm_gbps_taken: float = 0.0,
+                    cfg: CostConfig = DEFAULT_CONFIG) -> float:
+    """Roofline time of one compute kernel on the SMs and HBM bandwidth left over.
+
+    Matmul throughput scales with the SMs left (a channel's CTA holds its SM for the
+    collective's whole duration); bandwidth is what the collectives leave, but never
+    below ``min_hbm_share`` of the achieved rate.
+    """
+    if flops < 0 or nbytes < 0:
+        raise ValueError(f"flops and bytes must be >= 0, got flops={flops}, bytes={nbytes}")
+    sm_left = max(hw.sm_count - sms_taken, 1.0) / hw.sm_count
+    hbm = max(hw.achieved_hbm_gbps - hbm_gbps_taken, cfg.min_hbm_share * hw.achieved_hbm_gbps)
+    return hw.launch_us + max(flops / (hw.achieved_tflops * 1e6 * sm_left), nbytes / (hbm * 1e3))
+
+
+def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,
+                      cfg: CostConfig = DEFAULT_CONFIG) -> tuple[float, float]:
+    """(SMs, HBM GB/s) a running collective holds: one SM per channel, and HBM traffic
+    of ``hbm_bytes_per_bus_byte`` per bus byte at its bus bandwidth."""
+    return float(params.nchannels), busbw_gbps(params, hw, nodes, cfg) * cfg.hbm_bytes_per_bus_byte
+
+
+class ResourceTracker:
+    """SMs and HBM bandwidth held by the collectives running now.
+
+    The simulator acquires a collective's use when it starts and releases it when it
+    ends; compute asks for its slowdown factor under the current holdings.
+    """
+
+    __slots__ = ("hw", "sms", "hbm")
+
+    def __init__(self, hw: HardwareProfile) -> None:
+        self.hw = hw
+        self.sms = 0.0
+        self.hbm = 0.0
+
+    def acquire(self, use: tuple[float, float]) -> None:
+        self.sms += use[0]
+        self.hbm += use[1]
+
+    def release(self, use: tuple[float, float]) -> None:
+        self.sms = max(self.sms - use[0], 0.0)
+        self.hbm = max(self.hbm - use[1], 0.0)
+
+    @property
+    def idle(self) -> bool:
+        return self.sms <= 0.0 and self.hbm <= 0.0
+
+    def compute_time_us(self, flops: float, nbytes: float) -> float:
+        return compute_time_us(flops, nbytes, self.hw, sms_taken=self.sms, hbm_gbps_taken=self.hbm)

@@ -1,0 +1,261 @@
+"""Hardware profiles: the numbers the cost model needs about one GPU cluster.
+
+A ``HardwareProfile`` is a frozen value: the GPU (SMs, achieved matmul rate, achieved
+HBM bandwidth), the link inside a node (NVLink or PCIe) and the network between nodes,
+each expressed the way the cost model uses it (ring bus bandwidth at saturation, bus
+bandwidth one NCCL channel can drive), plus NCCL's default channel count on that box.
+
+Every number in ``PRESETS`` cites its source; the sources are collected in
+``/work/shared/reference/nccl_model.md`` (NCCL's tuning model, published nccl-tests
+results, NVIDIA datasheets) and ``nccl_lagom_autoccl.md`` (Lagom / AutoCCL facts).
+Where no measurement was published the derivation is stated.
+
+This module is on the ground floor: it imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Literal
+
+Arch = Literal["volta", "ampere", "hopper"]
+LinkKind = Literal["nvlink", "pcie"]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class HardwareProfile:
+    """One cluster: ``nodes`` nodes of ``gpus_per_node`` identical GPUs.
+
+    Bandwidths are GB/s (1e9 B/s). ``*_busbw_gbps`` are nccl-tests *bus* bandwidths
+    (all-reduce busBw = algBw x 2(n-1)/n), the unit in which NCCL's own model and the
+    published results are stated, so the cost model can be checked against them directly.
+    """
+
+    name: str
+    gpu: str
+    arch: Arch
+    gpus_per_node: int
+    nodes: int
+    sm_count: int
+    # Dense BF16/FP16 tensor-core TFLOP/s: datasheet peak and best achieved matmul rate.
+    peak_tflops: float
+    achieved_tflops: float
+    # HBM/GDDR bandwidth: datasheet and achieved (GB/s).
+    hbm_gbps: float
+    achieved_hbm_gbps: float
+    # Inside a node.
+    intra_link: LinkKind
+    intra_busbw_gbps: float  # ring Simple busBw once the link saturates
+    intra_channel_gbps: float  # busBw one channel (one CTA) can drive
+    # Between nodes (per node, all NICs together, as ring busBw).
+    net_busbw_gbps: float
+    net_channel_gbps: float
+    # NCCL's defaults on this box.
+    nccl_channels: int  # CTAs per communicator chosen at init
+    ll128_enabled: bool  # NCCL enables LL128 only on NVLink paths
+    # Fixed cost of one kernel launch plus host overhead (us).
+    launch_us: float
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("volta", "ampere", "hopper"):
+            raise ValueError(f"hardware {self.name!r}: unknown arch {self.arch!r} (known: volta, ampere, hopper)")
+        if self.intra_link not in ("nvlink", "pcie"):
+            raise ValueError(f"hardware {self.name!r}: unknown intra_link {self.intra_link!r} (known: nvlink, pcie)")
+        for f in ("gpus_per_node", "nodes", "sm_count", "nccl_channels"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"hardware {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
+        for f in (
+            "peak_tflops", "achieved_tflops", "hbm_gbps", "achieved_hbm_gbps", "intra_busbw_gbps",
+            "intra_channel_gbps", "net_busbw_gbps", "net_channel_gbps",
+        ):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"hardware {self.name!r}: {f} must be positive, got {getattr(self, f)}")
+        if self.launch_us < 0:
+            raise ValueError(f"hardware {self.name!r}: launch_us must be >= 0, got {self.launch_us}")
+        if self.nccl_channels > self.sm_count:
+            raise ValueError(f"hardware {self.name!r}: nccl_channels {self.nccl_channels} exceeds sm_count {self.sm_count}")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def with_nodes(self, nodes: int) -> HardwareProfile:
+        """The same cluster with ``nodes`` nodes."""
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {nodes}")
+        return dataclasses.replace(self, nodes=nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        missing = sorted(fields - set(d))
+        if unknown or missing:
+            raise ValueError(
+                f"hardware profile fields do not match: unknown {unknown}, missing {missing} "
+                f"(start from `HardwareProfile.to_json()` of a preset)"
+            )
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> HardwareProfile:
+        with open(path, encoding="utf-8") as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"hardware file {os.fspath(path)!r} is not valid JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise ValueError(f"hardware file {os.fspath(path)!r} must hold a JSON object")
+        return cls.from_dict(d)
+
+
+# --- Shared derivations (reference/nccl_model.md) ------------------------------------
+# A100: nccl-tests 8xA100 AR busBw 230.8-231.6 GB/s (nccl #527, Azure ND A100 v4) against
+# NCCL's model of 12 links x 20 GB/s = 240: the ring reaches 0.96 of the nominal link.
+_RING_EFFICIENCY = 231.0 / 240.0
+# 2xA100 all-reduce of 32 B measured 10.1 us (nccl #583); NCCL's model predicts
+# 6.6 (Ring LL base) + 2 x 0.6 (NVLink LL step) = 7.8 us. The 2.3 us left is launch and
+# host overhead, which applies to any kernel launch.
+_LAUNCH_US = 10.1 - 7.8
+# Achieved / datasheet ratios on A100 where the other GPU had no published measurement:
+# MAMF A100 PCIe 256.4 of 312 TFLOP/s; A100 HBM achieved ~1,680 of 2,039 GB/s.
+_A100_MATMUL_RATIO = 256.4 / 312.0
+_A100_HBM_RATIO = 1680.0 / 2039.0
+
+PRESETS: dict[str, HardwareProfile] = {
+    "a100-sxm-8": HardwareProfile(
+        name="a100-sxm-8",
+        gpu="A100 SXM 80GB",
+        arch="ampere",
+        gpus_per_node=8,
+        nodes=1,
+        sm_count=108,  # datasheet
+        peak_tflops=312.0,  # datasheet, dense BF16
+        achieved_tflops=267.9,  # MAMF best-shape BF16 matmul (stas00/ml-engineering)
+        hbm_gbps=2039.0,  # datasheet, HBM2e
+        achieved_hbm_gbps=1680.0,  # achieved 1.61-1.75 TB/s (reference, GPU facts), midpoint
+        intra_link="nvlink",
+        intra_busbw_gbps=231.0,  # nccl-tests AR busBw 230.8 @1 GB (nccl #527), 231.6 @8 GB (Azure)
+        # NCCL: 12 search channels x 20 GB/s, 24 CTAs => 10 GB/s busBw per CTA.
+        intra_channel_gbps=10.0,
+        net_busbw_gbps=192.0,  # DGX A100, 8x HDR 200G: AR busBw 192 (NVIDIA, nccl #812)
+        # NCCL uses ~16 SMs for 8 NICs at 190 GB/s (NVIDIA, nccl #689) => ~12 per CTA.
+        net_channel_gbps=12.0,
+        nccl_channels=24,  # "Channel xx/24" on 8xA100 NVSwitch (nccl-tests #100)
+        ll128_enabled=True,  # NVLink path (NCCL enables LL128 on NVLink)
+        launch_us=_LAUNCH_US,
+    ),
+    "h100-sxm-8": HardwareProfile(
+        name="h100-sxm-8",
+        gpu="H100 SXM5",
+        arch="hopper",
+        gpus_per_node=8,
+        nodes=1,
+        sm_count=132,  # datasheet
+        peak_tflops=989.4,  # datasheet, dense BF16
+        achieved_tflops=792.1,  # MAMF best-shape BF16 matmul (stas00/ml-engineering)
+        hbm_gbps=3350.0,  # datasheet, HBM3
+        achieved_hbm_gbps=3040.0,  # achieved 2.90-3.18 TB/s, midpoint
+        intra_link="nvlink",
+        # Ring (not NVLS) is modelled: ~365-370 effective (nccl #1455; sjeaugey, nccl-tests #212).
+        intra_busbw_gbps=370.0,
+        # NCCL: 12 search channels x 30 GB/s, 24 CTAs => 15 GB/s per CTA.
+        intra_channel_gbps=15.0,
+        # 8x 400 Gb/s NICs; 4x8 H100 with 3.2 Tb/s IB measured AR busBw 330.9 (aigatech).
+        net_busbw_gbps=330.9,
+        net_channel_gbps=15.0,  # NCCL's Hopper per-channel speed, per CTA, as inside the node
+        nccl_channels=24,  # 6x60 -> 12x30 search channels, 24 CTAs (NCCL init, reference)
+        ll128_enabled=True,
+        launch_us=_LAUNCH_US,
+    ),
+    "a40-pcie-8": HardwareProfile(
+        name="a40-pcie-8",
+        gpu="A40",
+        arch="ampere",  # SM86
+        gpus_per_node=8,
+        nodes=1,
+        sm_count=84,  # datasheet
+        peak_tflops=149.7,  # datasheet, dense BF16
+        achieved_tflops=round(149.7 * _A100_MATMUL_RATIO, 1),  # no A40 GEMM published: A100 PCIe ratio
+        hbm_gbps=696.0,  # datasheet, GDDR6
+        achieved_hbm_gbps=round(696.0 * _A100_HBM_RATIO, 1),  # no measurement published: A100 ratio
+        intra_link="pcie",
+        # No 8xA40 nccl-tests result was published. NCCL rates PCIe Gen4 x16 at 24 GB/s;
+        # a PCIe Gen5 box reached 35 of 48 GB/s (nccl #1639, "limited by CPU/memory").
+        intra_busbw_gbps=round(24.0 * 35.0 / 48.0, 1),
+        # NCCL uses ~2 SMs for a PCIe system with one 12-24 GB/s NIC (NVIDIA, nccl #689).
+        intra_channel_gbps=6.0,
+        net_busbw_gbps=round(100 / 8 * _RING_EFFICIENCY, 2),  # one 100 Gb/s IB NIC per node
+        net_channel_gbps=6.0,  # as above (nccl #689)
+        nccl_channels=8,  # NCCL's NC on the A40 cluster of Lagom, raised 8 -> 61 by AutoCCL [2nd]
+        ll128_enabled=False,  # PCIe-only boxes get LL + Simple
+        launch_us=_LAUNCH_US,
+    ),
+    "v100-25g": HardwareProfile(
+        name="v100-25g",
+        gpu="V100 SXM2",
+        arch="volta",
+        gpus_per_node=8,
+        nodes=1,
+        sm_count=80,  # datasheet
+        peak_tflops=125.0,  # datasheet, FP16 tensor core (no BF16 on Volta)
+        achieved_tflops=round(125.0 * _A100_MATMUL_RATIO, 1),  # no V100 GEMM published: A100 ratio
+        hbm_gbps=900.0,  # datasheet, HBM2
+        achieved_hbm_gbps=round(900.0 * _A100_HBM_RATIO, 1),  # no measurement published: A100 ratio
+        intra_link="nvlink",
+        # 6x NVLink2 at NCCL's SM70 20 GB/s = 120, at the ring efficiency measured on A100.
+        intra_busbw_gbps=round(120.0 * _RING_EFFICIENCY, 1),
+        # NCCL init: 3 search channels x 40 -> DupChannels 6 x 20 -> 12 CTAs => 10 per CTA.
+        intra_channel_gbps=10.0,
+        net_busbw_gbps=round(25 / 8 * _RING_EFFICIENCY, 2),  # one 25 Gb/s Ethernet NIC per node
+        net_channel_gbps=6.0,  # one slow NIC: ~2 SMs suffice (nccl #689)
+        nccl_channels=12,  # derived above from NCCL's channel search
+        ll128_enabled=True,  # NVLink path
+        launch_us=_LAUNCH_US,
+    ),
+}
+
+
+def get(name: str, nodes: int = 1) -> HardwareProfile:
+    """The preset ``name`` scaled to ``nodes`` nodes."""
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown hardware preset {name!r} (known: {', '.join(PRESETS)})") from None
+    return base.with_nodes(nodes)
+
+
+def resolve(name_or_path: str, nodes: int | None = None) -> HardwareProfile:
+    """A preset name, ``name:nodes=N``, or a JSON file written by ``HardwareProfile.save``.
+
+    ``nodes`` (when given) overrides the node count from the name or the file.
+    """
+    spec = name_or_path.strip()
+    if spec in PRESETS or ":" in spec and spec.split(":", 1)[0] in PRESETS:
+        name, _, opts = spec.partition(":")
+        spec_nodes = 1
+        if opts:
+            key, _, value = opts.partition("=")
+            if key.strip() != "nodes" or not value.strip().isdigit():
+                raise ValueError(f"bad hardware option {opts!r} in {name_or_path!r} (expected e.g. '{name}:nodes=4')")
+            spec_nodes = int(value)
+        return get(name, nodes if nodes is not None else spec_nodes)
+    if os.path.isfile(spec):
+        hw = HardwareProfile.load(spec)
+        return hw.with_nodes(nodes) if nodes is not None else hw
+    raise ValueError(
+        f"unknown hardware {name_or_path!r}: not a preset (known: {', '.join(PRESETS)}) "
+        f"and not a JSON file"
+    )
