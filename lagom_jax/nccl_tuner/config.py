@@ -49,7 +49,7 @@ FIELDS = (
     "chunk_bytes",
 )
 # Kinds the tuner is consulted for, named as in graph.COLLECTIVE_KINDS, with NCCL's ncclFunc_t
-# value (src/include/nccl_common.h; all-to-all is 8 from NCCL 2.30).
+# value (src/include/nccl_common.h of NCCL 2.30-era; older releases may not number all-to-all).
 TUNER_KINDS: dict[str, int] = {
     "all-reduce": 4,
     "all-gather": 2,

@@ -29,7 +29,7 @@ typedef int lgm_func_t;
 #define LGM_FUNC_ALL_GATHER 2
 #define LGM_FUNC_REDUCE_SCATTER 3
 #define LGM_FUNC_ALL_REDUCE 4
-#define LGM_FUNC_ALL_TO_ALL 8 /* ncclFuncAlltoAll; NCCL 2.30+ numbering */
+#define LGM_FUNC_ALL_TO_ALL 8 /* ncclFuncAlltoAll, as numbered in NCCL 2.30-era nccl_common.h */
 
 /* Row and column indices of the cost table (NCCL_ALGO_* and NCCL_PROTO_*). */
 #define LGM_ALGO_TREE 0
