@@ -138,7 +138,9 @@ class TunerRule:
                 f"got {self.nchannels}"
             )
         if not 0 <= self.chunk_bytes <= _U64_MAX:
-            raise ValueError(f"chunk_bytes must be >= 0 (0 keeps NCCL's choice), got {self.chunk_bytes}")
+            raise ValueError(
+                f"chunk_bytes must be >= 0 (0 keeps NCCL's choice), got {self.chunk_bytes}"
+            )
 
     @classmethod
     def from_params(
