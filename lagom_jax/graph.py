@@ -13,6 +13,7 @@ import dataclasses
 import functools
 
 from lagom_jax import hlo
+from collections.abc import Mapping
 from typing import Literal
 
 COLLECTIVE_KINDS = (
@@ -312,6 +313,8 @@ class _Builder:
                     vals[inst.name] = deps
             elif op == "while":
                 vals[inst.name] = self.walk_while(comp, inst, deps, vals, trip, iteration)
+            elif op in ("call", "async-start") and not inst.called_computations:
+                raise hlo.HloParseError(inst.line, 1, f"{inst.name}: {op} needs a called computation")
             elif op == "call":
                 callee = self.module.computation(inst.called_computations[0])
                 vals[inst.name] = self.walk(callee, [vals[o] for o in inst.operands], trip, iteration)
@@ -323,9 +326,10 @@ class _Builder:
         return vals[comp.root.name]
 
     def walk_while(self, comp, inst, deps, vals, trip, iteration):
-        if len(inst.called_computations) < 2 or "body" not in inst.attributes:
-            raise hlo.HloParseError(inst.line, 1, f"{inst.name}: while needs condition= and body=")
-        body = self.module.computation(inst.attributes["body"].lstrip("%"))
+        names = _called_names(inst, "body")
+        if len(names) != 1:
+            raise hlo.HloParseError(inst.line, 1, f"{inst.name}: while needs one body= computation")
+        body = self.module.computation(names[0])
         count = inst.known_trip_count()
         n = 1 if count is None else count
         state = vals[inst.operands[0]] if inst.operands else deps
@@ -419,3 +423,79 @@ def from_module(module: hlo.Module, *, unroll_loops: bool = True, max_tasks: int
 def from_hlo_text(text: str, **kw) -> StepGraph:
     """``from_module(hlo.parse(text), **kw)``."""
     return from_module(hlo.parse(text), **kw)
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def analyze(module: hlo.Module) -> dict:
+    """The collective inventory and compute totals of one step, as plain JSON data.
+
+    Loops are not unrolled: each collective is listed once with the product of its
+    enclosing trip counts, and the compute totals count every body ``trip_count`` times.
+    """
+    graph = from_module(module, unroll_loops=False)
+    compute = graph.compute_tasks
+    return {
+        "module": module.name,
+        "collectives": [
+            {
+                "name": t.name,
+                "kind": t.kind,
+                "bytes": int(t.bytes),
+                "group_size": t.group_size,
+                "trip_count": t.trip_count,
+                "async": t.is_async,
+            }
+            for t in graph.collectives
+        ],
+        "compute": {
+            "flops": float(sum(t.flops * t.trip_count for t in compute)),
+            "bytes": float(sum(t.bytes * t.trip_count for t in compute)),
+        },
+    }
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_analysis(result: dict, *, nodes_of: Mapping[str, int] | None = None) -> str:
+    """A readable table of :func:`analyze`'s result.
+
+    ``nodes_of`` (collective name -> nodes its group spans) adds a "nodes" column.
+    """
+    rows = [("collective", "kind", "bytes", "group", "trips", "async")]
+    if nodes_of is not None:
+        rows[0] += ("nodes",)
+    for c in result["collectives"]:
+        row = (
+            c["name"], c["kind"], _human_bytes(c["bytes"]), str(c["group_size"]),
+            str(c["trip_count"]), "yes" if c["async"] else "no",
+        )
+        if nodes_of is not None:
+            row += (str(nodes_of.get(c["name"], 1)),)
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"module {result['module']}: {len(result['collectives'])} collectives"]
+    for k, r in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    per_kind: dict[str, list[float]] = {}
+    for c in result["collectives"]:
+        acc = per_kind.setdefault(c["kind"], [0, 0.0])
+        acc[0] += c["trip_count"]
+        acc[1] += c["bytes"] * c["trip_count"]
+    lines.append("")
+    for kind, (count, nbytes) in sorted(per_kind.items()):
+        lines.append(f"{kind}: {count} per step, {_human_bytes(nbytes)} per step")
+    comp = result["compute"]
+    lines.append(
+        f"compute: {comp['flops'] / 1e12:.3f} TFLOP, {_human_bytes(comp['bytes'])} moved per step"
+    )
+    return "\n".join(lines)

@@ -275,8 +275,7 @@ class Module:
 
 
 def _int_attr(attrs: Mapping[str, str], key: str) -> int:
-    raw = attrs.get(key, "1")
-    return int(raw) if raw.isdigit() else 1
+    return int(attrs.get(key, "1"))  # validated by the parser
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -303,6 +302,10 @@ _MESH_AXIS_RE = re.compile(r"'([^']+)'\s*=\s*(\d+)")
 _AXIS_REF_RE = re.compile(r"'([^']+)'(?::\((\d+)\)(\d+))?")
 
 
+# Larger device counts than any machine has are a corrupted file, not a cluster.
+_MAX_DEVICES = 1 << 20
+
+
 def _iota(reshape: tuple[int, ...], dims: tuple[int, ...], perm: tuple[int, ...] | None):
     """Device ids of XLA's iota tile assignment ``[reshape]<=[dims]T(perm)``.
 
@@ -310,6 +313,8 @@ def _iota(reshape: tuple[int, ...], dims: tuple[int, ...], perm: tuple[int, ...]
     read row-major into ``reshape`` (xla/hlo/ir/tile_assignment.h, IotaTileAssignment).
     """
     n = math.prod(dims)
+    if n > _MAX_DEVICES:
+        raise ValueError(f"iota over {n} devices exceeds {_MAX_DEVICES}")
     if math.prod(reshape) != n:
         raise ValueError(f"iota reshape {list(reshape)} does not hold {n} devices")
     perm = perm if perm is not None else tuple(range(len(dims)))
@@ -392,6 +397,8 @@ def _mesh_groups(axes_text: str, refs_text: str) -> tuple[tuple[int, ...], ...]:
             split += [(name, pre, False), (name, sub, True), (name, size // (pre * sub), False)]
     sizes = [s for _, s, _ in split]
     n = math.prod(sizes)
+    if n > _MAX_DEVICES:
+        raise ValueError(f"mesh of {n} devices exceeds {_MAX_DEVICES}")
     strides = [math.prod(sizes[i + 1 :]) for i in range(len(sizes))]
     outer = [i for i, (_, _, g) in enumerate(split) if not g]
     inner = [i for i, (_, _, g) in enumerate(split) if g]
@@ -623,6 +630,10 @@ class _Parser:
             raise HloParseError(i + 1, 1, f"expected 'HloModule <name>', got {lines[i].strip()[:30]!r}")
         name = m.group(1)
         mod_attrs = self.split_attrs(m.group(2) or "", i + 1, lines[i].find(",") + 2)
+        for key in ("replica_count", "num_partitions"):
+            value = mod_attrs.get(key, "1")
+            if not value.isdigit() or not 1 <= int(value) <= _MAX_DEVICES:
+                raise HloParseError(i + 1, lines[i].find(key) + 1, f"{key}={value} is not a device count in 1..{_MAX_DEVICES}")
         i += 1
         computations: list[Computation] = []
         entry: Computation | None = None
@@ -709,11 +720,14 @@ class _Parser:
             inst = [x for x in comp.instructions if x.is_root][1]
             raise HloParseError(inst.line, 1, f"second ROOT in computation {comp.name}")
         numbers = set()
+        defined: set[str] = set()
         for inst in comp.instructions:
             for op in inst.operands:
-                if op not in names:
+                if op not in defined:
                     col = inst.source.find(op) + 1
-                    raise HloParseError(inst.line, max(col, 1), f"unknown operand {op!r} (not defined in {comp.name})")
+                    problem = "is used before its definition" if op in names else f"is not defined in {comp.name}"
+                    raise HloParseError(inst.line, max(col, 1), f"operand {op!r} {problem}")
+            defined.add(inst.name)
             if inst.opcode == "parameter":
                 if inst.literal in numbers:
                     raise HloParseError(inst.line, 1, f"parameter({inst.literal}) defined twice in {comp.name}")
