@@ -1,0 +1,736 @@
+"""Search strategies: from a StepGraph and a HardwareProfile to the choices of a Plan.
+
+A strategy picks, for one training step,
+
+* the structure XLA builds: per-kind combine thresholds (``passes.combine``), whether the
+  latency-hiding scheduler places the waits (``passes.schedule``), how many collectives
+  may be in flight, and which collectives are pipelined in pieces (``passes.chunk``);
+* per collective, the NCCL parameters (algorithm, protocol, channels, chunk, threads),
+
+and predicts the step with ``simulate``. Strategies:
+
+* ``xla-default`` - XLA's defaults and NCCL's own per-call choice;
+* ``recipe`` - the published JAX-Toolbox MaxText flag recipe (reference/xla_flags.md,
+  section 8), NCCL's own per-call choice;
+* ``autoccl`` - every collective tuned alone for its *own* duration (AutoCCL's objective,
+  reference/nccl_lagom_autoccl.md section 2): compute beside it does not slow a
+  collective in the model, so that is its fastest candidate, whatever it costs the
+  compute it overlaps;
+* ``lagom`` - start from the best of the three above; rank collectives by priority
+  (their effect on the makespan: exposed time plus the compute they slow); tune each in
+  turn over its candidates with the others fixed, then its pipelining; tune the combine
+  thresholds, the scheduler and the overlap limit; accept only makespan gains. The work
+  is O(N x K) evaluations for N collectives with K candidates each: a collective is
+  evaluated on the window of the step it can influence (the whole step when it is small);
+* ``exhaustive`` - every combination (K^N), the optimum under the model; refuses large
+  instances.
+
+Candidates are ``cost.candidate_params`` cut to its Pareto front in (time alone, SMs
+held, HBM bandwidth held): a candidate that is slower and holds at least as much of both
+resources can never shorten the step, because in the model the overlapped compute only
+depends on the resources a collective holds and for how long.
+
+Results are frozen ``SearchResult`` values, cached in memory by (graph fingerprint,
+hardware, strategy, space).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from lagom_jax import cost
+from lagom_jax.graph import StepGraph, Task
+from lagom_jax.hardware import HardwareProfile
+from lagom_jax.passes import (
+    COMBINABLE_KINDS,
+    DEFAULT_COMBINE_THRESHOLD_BYTES,
+    THRESHOLD_FLAGS,
+    Rewrite,
+    Schedule,
+    chunk_rewrite,
+    combine_rewrite,
+    schedule,
+)
+from lagom_jax.plan import CollectiveParams
+from lagom_jax.simulate import Timeline, simulate
+
+STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom", "exhaustive")
+
+# NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md, "recommended XLA flags for
+# MaxText" on 8xH100 (reference/xla_flags.md, section 8): every flag is accepted by
+# jaxlib 0.10.2. Flags are data here; rendering them belongs to the Plan.
+RECIPE_FLAGS: Mapping[str, bool | int | str] = {
+    "xla_gpu_enable_latency_hiding_scheduler": True,
+    "xla_gpu_enable_command_buffer": "",
+    "xla_gpu_all_reduce_combine_threshold_bytes": 1073741824,
+    "xla_gpu_all_gather_combine_threshold_bytes": 1073741824,
+    "xla_gpu_reduce_scatter_combine_threshold_bytes": 134217728,
+    "xla_gpu_enable_pipelined_all_gather": True,
+    "xla_gpu_enable_pipelined_reduce_scatter": True,
+    "xla_gpu_enable_pipelined_all_reduce": True,
+    "xla_gpu_enable_while_loop_double_buffering": True,
+    "xla_gpu_enable_all_gather_combine_by_dim": False,
+    "xla_gpu_enable_reduce_scatter_combine_by_dim": False,
+    "xla_disable_hlo_passes": "rematerialization",
+}
+# Threshold values lagom tries per kind: off, powers of 4 from 1 MiB, XLA's default,
+# and the recipe's values.
+THRESHOLD_CANDIDATES = (0, 1 << 20, 4 << 20, 16 << 20, DEFAULT_COMBINE_THRESHOLD_BYTES, 128 << 20, 1 << 30)
+CHUNK_CANDIDATES = (2, 4)
+# A piece below this is latency-bound on every preset (NCCL's LL/LL128 range), so
+# pipelining it cannot pay for the extra launches.
+MIN_CHUNK_PIECE_BYTES = 1 << 20
+OVERLAP_CANDIDATES = (1, 2, 4)
+# Steps up to this many tasks are evaluated whole; larger ones per collective window.
+FULL_GRAPH_TASKS = 64
+WINDOW_MARGIN_TASKS = 6
+EXHAUSTIVE_LIMIT = 200_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """What a strategy may choose.
+
+    ``max_candidates`` caps the per-collective candidates (evenly over the Pareto front,
+    plus NCCL's own choice) so that ``exhaustive`` stays feasible. With
+    ``tune_structure=False`` every strategy keeps the recipe's structure (its combine
+    thresholds, latency-hiding scheduler, one collective in flight, no pipelining) and
+    only the per-collective parameters are searched.
+    """
+
+    max_candidates: int | None = None
+    tune_structure: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_candidates is not None and self.max_candidates < 1:
+            raise ValueError(f"max_candidates must be >= 1 or None, got {self.max_candidates}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Structure:
+    """The graph-level choices: what XLA flags decide."""
+
+    thresholds: tuple[tuple[str, int], ...]
+    latency_hiding: bool
+    overlap_limit: int = 1
+    # (collective id in the combined graph, pieces) for pipelined collectives.
+    chunks: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def threshold_map(self) -> dict[str, int]:
+        return dict(self.thresholds)
+
+
+def _thresholds(values: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    return tuple((k, int(values.get(k, DEFAULT_COMBINE_THRESHOLD_BYTES))) for k in COMBINABLE_KINDS)
+
+
+XLA_DEFAULT_STRUCTURE = Structure(_thresholds({}), latency_hiding=False)
+RECIPE_STRUCTURE = Structure(
+    _thresholds({k: RECIPE_FLAGS[f] for k, f in THRESHOLD_FLAGS.items() if f in RECIPE_FLAGS}),  # type: ignore[misc]
+    latency_hiding=bool(RECIPE_FLAGS["xla_gpu_enable_latency_hiding_scheduler"]),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Why one collective got its parameters: the winner against the alternatives."""
+
+    name: str
+    kind: str
+    nbytes: float
+    params: CollectiveParams
+    chunks: int
+    time_us: float  # the collective alone, per piece when chunked
+    exposed_us: float
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """A strategy's choices for one step and the predicted timeline under them.
+
+    ``graph`` is the step after the passes (combined, chunked, scheduled); ``params`` is
+    keyed by its collective ids. ``structure`` holds the flag-level choices a Plan renders.
+    """
+
+    strategy: str
+    hardware: str
+    graph_fingerprint: str
+    graph: StepGraph
+    timeline: Timeline
+    params: tuple[tuple[int, CollectiveParams], ...]
+    structure: Structure
+    evaluations: int
+    search_time_s: float
+    explanations: tuple[Explanation, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def makespan_us(self) -> float:
+        return self.timeline.makespan_us
+
+    @property
+    def bound_us(self) -> float:
+        return self.timeline.bound_us
+
+    @property
+    def thresholds(self) -> dict[str, int]:
+        return self.structure.threshold_map
+
+    @property
+    def overlap_limit(self) -> int:
+        return self.structure.overlap_limit
+
+    @property
+    def param_map(self) -> dict[int, CollectiveParams]:
+        return dict(self.params)
+
+
+class Strategy(Protocol):
+    """Maps a step and a hardware profile to a search result."""
+
+    def __call__(self, graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult: ...
+
+
+def fingerprint(graph: StepGraph) -> str:
+    """Content hash of a step graph (names included: they appear in explanations)."""
+    return hashlib.sha256(repr(graph).encode()).hexdigest()[:16]
+
+
+# --- candidates ----------------------------------------------------------------------
+
+
+def _shape(t: Task, hw: HardwareProfile) -> tuple[str, float, int, int]:
+    return (t.kind, t.bytes, t.group_size, t.nodes_spanned(hw.gpus_per_node))
+
+
+def _time(t: Task, p: CollectiveParams, hw: HardwareProfile) -> float:
+    kind, nbytes, n, nodes = _shape(t, hw)
+    return cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
+
+
+def _default(t: Task, hw: HardwareProfile) -> CollectiveParams:
+    return cost.nccl_default_params(*_shape(t, hw), hw)
+
+
+_CANDIDATES: dict[tuple, tuple[CollectiveParams, ...]] = {}
+
+
+def candidates(t: Task, hw: HardwareProfile, max_candidates: int | None = None) -> tuple[CollectiveParams, ...]:
+    """The Pareto front of ``cost.candidate_params`` in (time, SMs, HBM), NCCL's pick first.
+
+    With ``max_candidates`` the front is thinned evenly (by channel count) to that many.
+    """
+    key = (_shape(t, hw), hw, max_candidates)
+    if key in _CANDIDATES:
+        return _CANDIDATES[key]
+    kind, nbytes, n, nodes = _shape(t, hw)
+    scored = []
+    for p in cost.candidate_params(kind, nbytes, n, nodes, hw):
+        sms, hbm = cost.comm_resource_use(p, hw, nodes=nodes)
+        scored.append(((cost.collective_time_us(kind, nbytes, n, nodes, p, hw), sms, hbm), p))
+    scored.sort()
+    front: list[tuple[tuple[float, float, float], CollectiveParams]] = []
+    for s, p in scored:
+        # Sorted by time, so only an earlier (faster or equal) point can dominate.
+        if not any(f[1] <= s[1] and f[2] <= s[2] for f, _ in front):
+            front.append((s, p))
+    front.sort(key=lambda x: (x[0][1], x[0][0]))
+    picks = [p for _, p in front]
+    if max_candidates is not None and len(picks) > max_candidates:
+        step = (len(picks) - 1) / max(max_candidates - 1, 1)
+        picks = [picks[round(i * step)] for i in range(max_candidates)]
+    default = _default(t, hw)
+    out = (default,) + tuple(p for p in dict.fromkeys(picks) if p != default)
+    _CANDIDATES[key] = out
+    return out
+
+
+# --- evaluation ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+    schedule: Schedule
+    params: dict[int, CollectiveParams]
+    origins: tuple[tuple[int, ...], ...]
+
+
+class _Evaluator:
+    """Builds and simulates configurations of one step, counting every evaluation."""
+
+    def __init__(self, graph: StepGraph, hw: HardwareProfile, space: Space) -> None:
+        self.graph, self.hw, self.space = graph, hw, space
+        self.evaluations = 0
+        self._combined: dict[tuple, Rewrite] = {}
+        self._windows: dict[tuple, tuple[StepGraph, dict[int, int]]] = {}
+
+    def combined(self, structure: Structure) -> Rewrite:
+        key = structure.thresholds
+        if key not in self._combined:
+            self._combined[key] = combine_rewrite(self.graph, structure.threshold_map)
+        return self._combined[key]
+
+    def build(self, structure: Structure, params: Mapping[int, CollectiveParams]) -> _Built:
+        """Params are keyed by collective ids of the combined graph; pieces inherit them."""
+        g1 = self.combined(structure).graph
+        rw = chunk_rewrite(g1, dict(structure.chunks))
+        sched = schedule(rw.graph, overlap_limit=structure.overlap_limit, latency_hiding=structure.latency_hiding)
+        out = {t.id: params[rw.origins[t.id][0]] for t in rw.graph.collectives}
+        return _Built(sched, out, rw.origins)
+
+    def full(self, structure: Structure, params: Mapping[int, CollectiveParams]) -> Timeline:
+        built = self.build(structure, params)
+        self.evaluations += 1
+        return simulate(
+            built.schedule.graph, self.hw, built.params,
+            overlap_limit=built.schedule.overlap_limit, priority=built.schedule.priority_map,
+        )
+
+    def window(self, structure: Structure, params: Mapping[int, CollectiveParams], cid: int) -> float:
+        """Makespan of the part of the step collective ``cid`` (combined graph) can affect.
+
+        Small steps are simulated whole, so the search on them is exact under the model.
+        """
+        g1 = self.combined(structure).graph
+        if len(g1.tasks) <= FULL_GRAPH_TASKS:
+            return self.full(structure, params).makespan_us
+        sub, ids = self._window_graph(structure, cid)
+        chunks = {ids[c]: k for c, k in structure.chunks if c in ids}
+        rw = chunk_rewrite(sub, chunks)
+        sched = schedule(rw.graph, overlap_limit=structure.overlap_limit, latency_hiding=structure.latency_hiding)
+        back = {v: k for k, v in ids.items()}
+        sub_params = {t.id: params[back[rw.origins[t.id][0]]] for t in rw.graph.collectives}
+        self.evaluations += 1
+        return simulate(sched.graph, self.hw, sub_params, overlap_limit=sched.overlap_limit).makespan_us
+
+    def _window_graph(self, structure: Structure, cid: int) -> tuple[StepGraph, dict[int, int]]:
+        key = (structure.thresholds, cid)
+        if key not in self._windows:
+            g1 = self.combined(structure).graph
+            t = g1.tasks[cid]
+            users = g1.consumers[cid]
+            lo = max(0, min(t.deps, default=cid) - WINDOW_MARGIN_TASKS)
+            hi = min(len(g1.tasks) - 1, max(users, default=cid) + WINDOW_MARGIN_TASKS)
+            ids = {old: new for new, old in enumerate(range(lo, hi + 1))}
+            tasks = tuple(
+                dataclasses.replace(
+                    g1.tasks[old], id=new, deps=tuple(ids[d] for d in g1.tasks[old].deps if d in ids), done_before=None
+                )
+                for old, new in ids.items()
+            )
+            self._windows[key] = (StepGraph(f"{g1.name}[{lo}:{hi + 1}]", tasks, g1.num_devices), ids)
+        return self._windows[key]
+
+
+# --- the result ----------------------------------------------------------------------
+
+
+def _exposed(timeline: Timeline) -> dict[int, float]:
+    return dict(timeline.exposed_by_task)
+
+
+def _finish(
+    name: str,
+    ev: _Evaluator,
+    structure: Structure,
+    params: Mapping[int, CollectiveParams],
+    started: float,
+    reasons: Mapping[int, str],
+    notes: tuple[str, ...] = (),
+    timeline: Timeline | None = None,
+) -> SearchResult:
+    built = ev.build(structure, params)
+    if timeline is None:
+        timeline = ev.full(structure, params)
+    exposed = _exposed(timeline)
+    chunks = dict(structure.chunks)
+    explanations = []
+    for t in built.schedule.graph.collectives:
+        origin = built.origins[t.id][0]
+        p = built.params[t.id]
+        explanations.append(
+            Explanation(
+                name=t.name,
+                kind=t.kind,
+                nbytes=t.bytes,
+                params=p,
+                chunks=chunks.get(origin, 1),
+                time_us=_time(t, p, ev.hw),
+                exposed_us=exposed.get(t.id, 0.0),
+                reason=reasons.get(origin, ""),
+            )
+        )
+    return SearchResult(
+        strategy=name,
+        hardware=ev.hw.name,
+        graph_fingerprint=fingerprint(ev.graph),
+        graph=built.schedule.graph,
+        timeline=timeline,
+        params=tuple(sorted(built.params.items())),
+        structure=structure,
+        evaluations=ev.evaluations,
+        search_time_s=time.perf_counter() - started,
+        explanations=tuple(explanations),
+        notes=notes,
+    )
+
+
+def _policy_params(ev: _Evaluator, structure: Structure, policy: str) -> dict[int, CollectiveParams]:
+    """Per-collective params of the combined graph under a simple policy."""
+    g1 = ev.combined(structure).graph
+    out = {}
+    for t in g1.collectives:
+        if policy == "nccl":
+            out[t.id] = _default(t, ev.hw)
+        else:  # "fastest": AutoCCL's objective, the collective's own duration
+            out[t.id] = min(candidates(t, ev.hw, ev.space.max_candidates), key=lambda p, t=t: _time(t, p, ev.hw))
+    return out
+
+
+def _base_structure(space: Space, structure: Structure) -> Structure:
+    return structure if space.tune_structure else RECIPE_STRUCTURE
+
+
+def _xla_default(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = _Evaluator(graph, hw, space)
+    s = _base_structure(space, XLA_DEFAULT_STRUCTURE)
+    params = _policy_params(ev, s, "nccl")
+    return _finish("xla-default", ev, s, params, started, {c: "NCCL's own choice (XLA defaults)" for c in params})
+
+
+def _recipe(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = _Evaluator(graph, hw, space)
+    params = _policy_params(ev, RECIPE_STRUCTURE, "nccl")
+    return _finish("recipe", ev, RECIPE_STRUCTURE, params, started,
+                   {c: "NCCL's own choice (MaxText recipe flags)" for c in params})
+
+
+def _autoccl(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = _Evaluator(graph, hw, space)
+    s = _base_structure(space, XLA_DEFAULT_STRUCTURE)
+    params = _policy_params(ev, s, "fastest")
+    g1 = ev.combined(s).graph
+    # AutoCCL tries candidates on the running job: one measurement per candidate.
+    ev.evaluations += sum(len(candidates(t, hw, space.max_candidates)) for t in g1.collectives)
+    reasons = {
+        t.id: f"fastest alone ({_time(t, params[t.id], hw):.1f} us; NCCL's pick "
+        f"{_time(t, _default(t, hw), hw):.1f} us), blind to the compute it slows"
+        for t in g1.collectives
+    }
+    return _finish("autoccl", ev, s, params, started, reasons)
+
+
+def _priority(ev: _Evaluator, structure: Structure, params: Mapping[int, CollectiveParams],
+              timeline: Timeline) -> list[int]:
+    """Collectives of the combined graph, highest effect on the makespan first.
+
+    Effect = exposed time + the compute time it takes away while running (its duration x
+    the share of SMs it holds): the two ways a collective lengthens the step.
+    """
+    built = ev.build(structure, params)
+    exposed = _exposed(timeline)
+    score: dict[int, float] = {}
+    for t in built.schedule.graph.collectives:
+        origin = built.origins[t.id][0]
+        p = built.params[t.id]
+        d = _time(t, p, ev.hw)
+        sms, _ = cost.comm_resource_use(p, ev.hw, nodes=t.nodes_spanned(ev.hw.gpus_per_node))
+        score[origin] = score.get(origin, 0.0) + exposed.get(t.id, 0.0) + d * sms / ev.hw.sm_count
+    return sorted(score, key=lambda c: (-score[c], c))
+
+
+def _better(a: float, b: float) -> bool:
+    """Strictly better by more than float noise."""
+    return a < b - 1e-9 * max(abs(b), 1.0)
+
+
+def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = _Evaluator(graph, hw, space)
+    notes: list[str] = []
+    # 1. Seeds: the three baselines; keep the best.
+    seeds = []
+    for label, s0, policy in (
+        ("xla-default", XLA_DEFAULT_STRUCTURE, "nccl"),
+        ("recipe", RECIPE_STRUCTURE, "nccl"),
+        ("autoccl", XLA_DEFAULT_STRUCTURE, "fastest"),
+    ):
+        s = _base_structure(space, s0)
+        params = _policy_params(ev, s, policy)
+        seeds.append((ev.full(s, params).makespan_us, label, s, policy, params))
+    best_ms, label, structure, policy, params = min(seeds, key=lambda x: x[0])
+    seed_ms = best_ms
+    notes.append(f"started from {label} ({best_ms:.1f} us)")
+
+    # 2. Structure: scheduler and per-kind combine thresholds (params follow the policy).
+    if space.tune_structure:
+        kinds = {t.kind for t in graph.collectives}
+        moves: list[tuple[str, int]] = [("latency-hiding", 0)] + [
+            (kind, v) for kind in COMBINABLE_KINDS if kind in kinds for v in THRESHOLD_CANDIDATES
+        ]
+        for what, value in moves:
+            # Each move is applied to the best structure so far.
+            if what == "latency-hiding":
+                trial = dataclasses.replace(structure, latency_hiding=not structure.latency_hiding)
+            elif value == structure.threshold_map[what]:
+                continue
+            else:
+                trial = dataclasses.replace(
+                    structure, thresholds=_thresholds({**structure.threshold_map, what: value})
+                )
+                if ev.combined(trial).origins == ev.combined(structure).origins:
+                    continue  # the same combine groups: nothing new to evaluate
+            trial_params = _policy_params(ev, trial, policy)
+            ms = ev.full(trial, trial_params).makespan_us
+            if _better(ms, best_ms):
+                best_ms, structure, params = ms, trial, trial_params
+        seed_thresholds = dict(seeds[[x[1] for x in seeds].index(label)][2].thresholds)
+        changed = [k for k, v in structure.thresholds if k in kinds and v != seed_thresholds[k]]
+        if changed:
+            notes.append(
+                "combine thresholds: "
+                + ", ".join(f"{k}={v}" for k, v in structure.thresholds if k in changed)
+            )
+
+    # 3. Per collective, in priority order: params, then pipelining.
+    g1 = ev.combined(structure).graph
+    order = _priority(ev, structure, params, ev.full(structure, params))
+    params = dict(params)
+    reasons: dict[int, str] = {}
+    for cid in order:
+        t = g1.tasks[cid]
+        current = params[cid]
+        base = ev.window(structure, params, cid)
+        scores: dict[CollectiveParams, float] = {current: base}
+        for p in candidates(t, hw, space.max_candidates):
+            if p not in scores:
+                scores[p] = ev.window(structure, {**params, cid: p}, cid)
+        winner = min(scores, key=lambda p: (scores[p], p != current))
+        if _better(scores[winner], base):
+            params[cid] = winner
+        reasons[cid] = _why(t, hw, params[cid], current, scores)
+        if space.tune_structure and t.bytes / max(CHUNK_CANDIDATES) >= MIN_CHUNK_PIECE_BYTES:
+            now = scores[params[cid]]
+            for k in CHUNK_CANDIDATES:
+                trial = dataclasses.replace(structure, chunks=tuple(sorted({**dict(structure.chunks), cid: k}.items())))
+                ms = ev.window(trial, params, cid)
+                if _better(ms, now):
+                    structure, now = trial, ms
+                    reasons[cid] += f"; pipelined in {k} pieces: window {ms:.1f} us"
+
+    # 4. How many collectives in flight.
+    timeline = ev.full(structure, params)
+    if space.tune_structure:
+        for limit in OVERLAP_CANDIDATES:
+            if limit == structure.overlap_limit:
+                continue
+            trial = dataclasses.replace(structure, overlap_limit=limit)
+            tl = ev.full(trial, params)
+            if _better(tl.makespan_us, timeline.makespan_us):
+                structure, timeline = trial, tl
+                notes.append(f"overlap limit {limit}")
+
+    # Windows are local; never hand back something the whole step does worse on.
+    if _better(seed_ms, timeline.makespan_us):
+        notes.append(f"per-window choices lost on the whole step ({timeline.makespan_us:.1f} us); kept {label}")
+        s = _base_structure(space, {"xla-default": XLA_DEFAULT_STRUCTURE, "recipe": RECIPE_STRUCTURE,
+                                     "autoccl": XLA_DEFAULT_STRUCTURE}[label])
+        return _finish("lagom", ev, s, _policy_params(ev, s, policy), started, {}, tuple(notes))
+    return _finish("lagom", ev, structure, params, started, reasons, tuple(notes), timeline)
+
+
+def _why(t: Task, hw: HardwareProfile, chosen: CollectiveParams, previous: CollectiveParams,
+         scores: Mapping[CollectiveParams, float]) -> str:
+    """Name the winner's makespan against the previous choice and the fastest-alone one."""
+    fastest = min(scores, key=lambda p: (_time(t, p, hw), p))
+    text = f"{chosen.describe()}: step {scores[chosen]:.1f} us, alone {_time(t, chosen, hw):.1f} us"
+    if chosen == previous:
+        text += " (kept: no candidate shortened the step)"
+    else:
+        text += f"; was {previous.describe()} at {scores[previous]:.1f} us"
+    if fastest != chosen:
+        text += (
+            f"; fastest alone {fastest.describe()} ({_time(t, fastest, hw):.1f} us) gives "
+            f"{scores[fastest]:.1f} us: its extra SMs/HBM slow the overlapped compute more than it saves"
+        )
+    return text
+
+
+def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int = EXHAUSTIVE_LIMIT) -> SearchResult:
+    started = time.perf_counter()
+    ev = _Evaluator(graph, hw, space)
+    if space.tune_structure:
+        structures = [
+            dataclasses.replace(s, overlap_limit=o)
+            for s in (XLA_DEFAULT_STRUCTURE, RECIPE_STRUCTURE, Structure(_thresholds({k: 0 for k in COMBINABLE_KINDS}), True))
+            for o in OVERLAP_CANDIDATES
+        ]
+    else:
+        structures = [RECIPE_STRUCTURE]
+    sizes = []
+    for s in structures:
+        g1 = ev.combined(s).graph
+        sizes.append(math.prod(len(candidates(t, hw, space.max_candidates)) for t in g1.collectives))
+    total = sum(sizes)
+    if total > limit:
+        raise ValueError(
+            f"exhaustive search of {graph.name!r} needs {total} evaluations (limit {limit}): use "
+            f"strategy 'lagom', or a smaller Space(max_candidates=...) / fewer collectives"
+        )
+    best: tuple[float, Structure, dict[int, CollectiveParams], Timeline] | None = None
+    for s in structures:
+        g1 = ev.combined(s).graph
+        ids = [t.id for t in g1.collectives]
+        for combo in itertools.product(*(candidates(g1.tasks[i], hw, space.max_candidates) for i in ids)):
+            params = dict(zip(ids, combo))
+            tl = ev.full(s, params)
+            if best is None or _better(tl.makespan_us, best[0]):
+                best = (tl.makespan_us, s, params, tl)
+    assert best is not None
+    ms, s, params, tl = best
+    reasons = {c: f"optimum of {total} combinations: step {ms:.1f} us" for c in params}
+    return _finish("exhaustive", ev, s, params, started, reasons, (), tl)
+
+
+_STRATEGY_FNS: dict[str, Callable[[StepGraph, HardwareProfile, Space], SearchResult]] = {
+    "xla-default": _xla_default,
+    "recipe": _recipe,
+    "autoccl": _autoccl,
+    "lagom": _lagom,
+    "exhaustive": _exhaustive,
+}
+_CACHE: dict[tuple[str, HardwareProfile, str, Space], SearchResult] = {}
+
+
+def run_strategy(name: str, graph: StepGraph, hw: HardwareProfile, space: Space = Space()) -> SearchResult:
+    """Run one strategy; results are cached by (graph content, hardware, strategy, space)."""
+    if name not in _STRATEGY_FNS:
+        raise ValueError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})")
+    if not graph.collectives:
+        raise ValueError(f"graph {graph.name!r} has no collectives: nothing to tune")
+    key = (fingerprint(graph), hw, name, space)
+    if key not in _CACHE:
+        _CACHE[key] = _STRATEGY_FNS[name](graph, hw, space)
+    return _CACHE[key]
+
+
+def clear_cache() -> None:
+    """Forget cached results (after the cost model changed in-process)."""
+    _CACHE.clear()
+    _CANDIDATES.clear()
+
+
+# --- report --------------------------------------------------------------------------
+
+
+def compare(graph: StepGraph, hw: HardwareProfile, space: Space = Space()) -> dict[str, SearchResult | str]:
+    """Every strategy on one step; a strategy that refuses (exhaustive) maps to its reason."""
+    out: dict[str, SearchResult | str] = {}
+    for name in STRATEGIES:
+        try:
+            out[name] = run_strategy(name, graph, hw, space)
+        except ValueError as e:
+            if name != "exhaustive":
+                raise
+            out[name] = str(e)
+    return out
+
+
+def tune_report(graph: StepGraph, hw: HardwareProfile, *, strategy: str = "lagom", as_json: bool = False) -> str:
+    """The plan of ``strategy`` per collective and every strategy's predicted step, side by side.
+
+    Text for people; with ``as_json`` one JSON object holding at least
+    ``strategies: {name: {"makespan_us", "evaluations"}}`` and ``bound_us``.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    results = compare(graph, hw)
+    chosen = results[strategy]
+    if isinstance(chosen, str):
+        raise ValueError(chosen)
+    base = results["xla-default"]
+    assert isinstance(base, SearchResult)
+    bound = chosen.bound_us
+    table = {
+        name: (
+            {"refused": r}
+            if isinstance(r, str)
+            else {
+                "makespan_us": r.makespan_us,
+                "evaluations": r.evaluations,
+                "search_time_s": r.search_time_s,
+                "speedup_vs_xla_default": base.makespan_us / r.makespan_us,
+            }
+        )
+        for name, r in results.items()
+    }
+    if as_json:
+        return json.dumps(
+            {
+                "graph": graph.name,
+                "hardware": hw.name,
+                "strategy": strategy,
+                "bound_us": bound,
+                "strategies": table,
+                "structure": {
+                    "combine_threshold_bytes": chosen.thresholds,
+                    "latency_hiding_scheduler": chosen.structure.latency_hiding,
+                    "overlap_limit": chosen.overlap_limit,
+                },
+                "collectives": [
+                    {
+                        "name": e.name,
+                        "kind": e.kind,
+                        "bytes": e.nbytes,
+                        "params": dataclasses.asdict(e.params),
+                        "pieces_of": e.chunks,
+                        "time_us": e.time_us,
+                        "exposed_us": e.exposed_us,
+                        "why": e.reason,
+                    }
+                    for e in chosen.explanations
+                ],
+                "notes": list(chosen.notes),
+            },
+            indent=2,
+        )
+    lines = [
+        f"{graph.name} on {hw.name}: {len(graph.collectives)} collectives, strategy {strategy}",
+        "",
+        f"{'strategy':<12} {'step us':>11} {'vs bound':>9} {'speedup':>8} {'evals':>8} {'search s':>9}",
+    ]
+    for name, r in results.items():
+        if isinstance(r, str):
+            lines.append(f"{name:<12} refused: {r}")
+            continue
+        lines.append(
+            f"{name:<12} {r.makespan_us:>11.1f} {r.makespan_us / bound:>8.3f}x "
+            f"{base.makespan_us / r.makespan_us:>7.3f}x {r.evaluations:>8d} {r.search_time_s:>9.3f}"
+        )
+    lines += [
+        f"{'bound':<12} {bound:>11.1f}   (max of compute alone, communication at its fastest)",
+        "",
+        f"structure: latency-hiding scheduler {'on' if chosen.structure.latency_hiding else 'off'}, "
+        f"overlap limit {chosen.overlap_limit}, combine thresholds "
+        + ", ".join(f"{k}={v}" for k, v in chosen.structure.thresholds),
+    ]
+    lines += [f"note: {n}" for n in chosen.notes]
+    lines += ["", f"{'collective':<32} {'bytes':>11} {'params':<40} {'time us':>9} {'exposed':>9}  why"]
+    for e in chosen.explanations:
+        lines.append(
+            f"{e.name[:32]:<32} {e.nbytes:>11.0f} {e.params.describe():<40} {e.time_us:>9.1f} "
+            f"{e.exposed_us:>9.1f}  {e.reason}"
+        )
+    return "\n".join(lines)
