@@ -12,11 +12,13 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import pathlib
 import tempfile
 from typing import Literal
 
+from lagom_jax import nccl_tuner
 from lagom_jax.flags import XlaFlag, compiler_options, render_xla_flags
 
 Algorithm = Literal["ring", "tree"]
@@ -138,6 +140,65 @@ class Plan:
         return "".join(
             f'costs {{ name: "{name}" cost_us: {cost:.3f} }}\n' for name, cost in self.costs
         )
+
+    # -- how the plan reaches NCCL ----------------------------------------------------------
+    def nccl_tuner_rules(self) -> tuple[nccl_tuner.TunerRule, ...]:
+        """Per-collective choices as tuner-plugin rules.
+
+        NCCL asks the plugin by (kind, nBytes, nranks, nnodes) only, so collectives are
+        grouped by those keys; each distinct size owns the byte range up to the geometric
+        midpoints with its neighbours (sizes in between are rare and near either choice).
+        When two collectives share a key, the one with the longest predicted time decides.
+        Collective-permutes are point-to-point, which NCCL never asks a tuner about.
+        """
+        by_key: dict[tuple, dict[int, CollectiveChoice]] = {}
+        for c in self.collectives:
+            if c.kind not in nccl_tuner.TUNER_KINDS:
+                continue
+            sizes = by_key.setdefault((c.kind, c.group_size, c.nodes), {})
+            if c.bytes not in sizes or c.predicted_us > sizes[c.bytes].predicted_us:
+                sizes[c.bytes] = c
+        rules = []
+        for (kind, nranks, nnodes), sizes in sorted(by_key.items()):
+            ordered = sorted(sizes)
+            for i, size in enumerate(ordered):
+                lo = 0 if i == 0 else int(math.sqrt(ordered[i - 1] * size)) + 1
+                hi = None if i == len(ordered) - 1 else int(math.sqrt(size * ordered[i + 1])) + 1
+                rules.append(nccl_tuner.TunerRule.from_params(
+                    kind, sizes[size].params, min_bytes=lo, max_bytes=hi,
+                    nranks=nranks, nnodes=nnodes))
+        return tuple(rules)
+
+    def nccl_tuner_config(self) -> str:
+        """The tuner-plugin config file (format: lagom_jax/nccl_tuner/README.md)."""
+        return nccl_tuner.render_config(self.nccl_tuner_rules())
+
+    def nccl_env(self, *, config_path: str | os.PathLike[str] | None = None,
+                 plugin_path: str | os.PathLike[str] | None = None) -> dict[str, str]:
+        """NCCL environment for every rank, set before the first communicator exists.
+
+        Per-call settings travel through the tuner plugin when one is built
+        (``lagom-jax build-tuner``); its config is written to ``config_path`` (default: next
+        to the plugin, named by the module fingerprint). Threads per CTA cannot be set per
+        call, so a common choice becomes ``NCCL_NTHREADS``; chunks above NCCL's 2 MiB cap
+        (Ring/Simple chunk = NCCL_BUFFSIZE / 2, reference/nccl_lagom_autoccl.md 3.1) raise
+        ``NCCL_BUFFSIZE``.
+        """
+        env: dict[str, str] = {}
+        simple = {c.params.nthreads for c in self.collectives if c.params.protocol != "LL128"}
+        if len(simple) == 1 and (nt := min(512, simple.pop())) != 512:
+            env["NCCL_NTHREADS"] = str(nt)
+        max_chunk = max((c.params.chunk_bytes for c in self.collectives), default=0)
+        if max_chunk > 2 << 20:
+            env["NCCL_BUFFSIZE"] = str(2 * max_chunk)
+        plugin = pathlib.Path(plugin_path) if plugin_path else (
+            nccl_tuner.default_out_dir() / nccl_tuner.PLUGIN_FILE)
+        if plugin.exists():
+            if config_path is None:
+                config_path = plugin.parent / "configs" / f"{self.fingerprint[:16] or 'plan'}.conf"
+            atomic_write_text(config_path, self.nccl_tuner_config())
+            env.update(nccl_tuner.tuner_env(plugin, config_path))
+        return env
 
     # -- serialisation ---------------------------------------------------------------------
     def to_json(self) -> str:

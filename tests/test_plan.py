@@ -94,3 +94,27 @@ def test_eight_processes_share_one_key_without_torn_files(tmp_path):
     assert [p.exitcode for p in procs] == [0] * 8
     assert sum(out.get(timeout=5) for _ in procs) == 8 * 40
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_tuner_config_round_trips_through_the_plugin_parser():
+    from lagom_jax import nccl_tuner
+
+    plan = _plan(n=3)
+    rules, errors = nccl_tuner.parse_config(plan.nccl_tuner_config())
+    assert not errors and len(rules) == 3
+    for c in plan.collectives:
+        rule = nccl_tuner.match_rule(rules, c.kind, c.bytes, c.group_size, c.nodes)
+        assert (rule.algorithm, rule.protocol, rule.nchannels, rule.chunk_bytes) == (
+            c.params.algorithm, c.params.protocol, c.params.nchannels, c.params.chunk_bytes)
+    assert nccl_tuner.match_rule(rules, "all-gather", 1 << 20, 8, 1) is None
+
+
+def test_nccl_env_includes_the_plugin_only_when_built(tmp_path):
+    plan = _plan()
+    env = plan.nccl_env(plugin_path=tmp_path / "missing.so")
+    assert env == {"NCCL_NTHREADS": "256"}
+    so = tmp_path / "libnccl-tuner-lagom.so"
+    so.write_bytes(b"")
+    env = plan.nccl_env(plugin_path=so, config_path=tmp_path / "plan.conf")
+    assert env["NCCL_TUNER_PLUGIN"] == str(so.resolve())
+    assert (tmp_path / "plan.conf").read_text() == plan.nccl_tuner_config()
