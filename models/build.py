@@ -1,0 +1,187 @@
+"""`build`: one call from (model, config, recipe, mesh) to a sharded, jitted train step.
+
+The result carries abstract inputs (`jax.ShapeDtypeStruct` with shardings), so a caller can
+``built.train_step.lower(*built.abstract_inputs).compile()`` for a 1.5B-parameter model
+without allocating it, or call ``built.init(rng)`` and run the step for a tiny one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .families import FAMILIES
+from .pipeline import Pipeline, Stack
+from .sharding import (Layout, activation_rules, check_mesh, default_mesh_shape, make_mesh,
+                       param_rules, parse_mesh, parse_recipe, to_mesh_spec)
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A model under a recipe on a mesh: everything needed to lower, compile or run a step.
+
+    ``train_step(state, batch) -> (state, {"loss": scalar})`` is a `jax.jit` function with
+    in/out shardings (the state argument is donated). ``abstract_inputs`` is
+    ``(state, batch)`` as ShapeDtypeStructs carrying ``shardings``; ``init(rng)`` makes
+    concrete ``(state, batch)`` placed on the mesh (a fixed synthetic batch).
+    """
+
+    model: str
+    config: str
+    recipe: str
+    mesh: Mesh
+    train_step: Any
+    abstract_inputs: tuple[TrainState, dict[str, jax.ShapeDtypeStruct]]
+    shardings: tuple[TrainState, dict[str, NamedSharding]]
+    init: Callable[[jax.Array], tuple[TrainState, dict[str, jax.Array]]]
+    num_params: int
+
+    def lower(self) -> Any:
+        return self.train_step.lower(*self.abstract_inputs)
+
+
+def _known(kind: str, name: str, known: Sequence[str]) -> ValueError:
+    return ValueError(f"unknown {kind} {name!r}; known: {', '.join(known)}")
+
+
+def _opt_state_shardings(opt_abstract: Any, param_shardings: Any, replicated: NamedSharding) -> Any:
+    """Optimizer moments mirror the parameters: match each leaf by its parameter path suffix."""
+    by_path = {tuple(path): s for path, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]}
+
+    def pick(path: tuple, leaf: Any) -> NamedSharding:
+        for k in range(len(path)):
+            if tuple(path[k:]) in by_path:
+                return by_path[tuple(path[k:])]
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(pick, opt_abstract)
+
+
+def _check_divisible(abstract: Any, specs: Any, mesh: Mesh, what: str) -> None:
+    for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(abstract)[0],
+                                  jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))):
+        for dim, axes in zip(leaf.shape, spec):
+            if axes is None:
+                continue
+            n = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+            if dim % n:
+                raise ValueError(
+                    f"{what} {jax.tree_util.keystr(path)} of shape {leaf.shape} cannot be split "
+                    f"{n} ways over mesh axes {axes} (dimension {dim}); choose a mesh whose "
+                    "axis sizes divide it, or another config/recipe")
+
+
+def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, int] | None = None,
+          *, batch_size: int = 8, seq_len: int | None = None, dtype: str = "float32",
+          learning_rate: float = 1e-3, microbatches: int | None = None,
+          devices: Sequence[jax.Device] | None = None) -> Built:
+    """Build a sharded AdamW train step for ``model``/``config`` under ``recipe`` on a mesh.
+
+    model: ``gpt2`` | ``bert`` | ``t5``; config: e.g. ``tiny``, ``124M``, ``1.5B``, ``large``,
+    ``base``; recipe: parts ``dp fsdp tp sp pp`` joined by ``+`` (see sharding.py);
+    mesh_shape: ``"data=2,model=4"`` or a dict (default: all devices on the recipe's one
+    axis); seq_len defaults to the config's maximum length; dtype is the compute dtype
+    (weights and optimizer state stay float32); microbatches (``pp`` only) defaults to
+    twice the number of stages.
+    """
+    if model not in FAMILIES:
+        raise _known("model", model, sorted(FAMILIES))
+    family = FAMILIES[model]
+    if config not in family.configs:
+        raise _known(f"{model} config", config, list(family.configs))
+    if dtype not in DTYPES:
+        raise _known("dtype", dtype, list(DTYPES))
+    cfg, cdt = family.configs[config], DTYPES[dtype]
+    seq_len = cfg.max_len if seq_len is None else seq_len
+    if not 0 < seq_len <= cfg.max_len:
+        raise ValueError(f"seq_len {seq_len} outside 1..{cfg.max_len} for {model} {config}")
+
+    parts = parse_recipe(recipe)
+    devices = list(jax.devices() if devices is None else devices)
+    shape = default_mesh_shape(parts, len(devices)) if mesh_shape is None else parse_mesh(mesh_shape)
+    check_mesh(parts, shape)
+    mesh = make_mesh(shape, devices)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    batch_ways = math.prod(shape.get(a, 1) for a in ("data", "fsdp"))
+    pipeline = None
+    if "pp" in parts:
+        microbatches = microbatches or 2 * shape["stage"]
+        if batch_size % (microbatches * batch_ways):
+            raise ValueError(f"batch_size {batch_size} must be a multiple of microbatches "
+                             f"({microbatches}) x data-parallel ways ({batch_ways})")
+        pipeline = Pipeline(mesh, microbatches)
+    elif batch_size % batch_ways:
+        raise ValueError(f"batch_size {batch_size} must be a multiple of the data-parallel "
+                         f"ways {batch_ways} of mesh {shape}")
+
+    # Parameters: logical names from the boxed abstract init, mapped by the recipe's rules.
+    boxed = jax.eval_shape(lambda r: family.init(cfg, r, cdt), jax.random.key(0))
+    prules = param_rules(parts)
+    pspecs = jax.tree.map(lambda s: to_mesh_spec(s, prules), nn.get_partition_spec(boxed),
+                          is_leaf=lambda s: isinstance(s, PartitionSpec))
+    abstract_params = nn.meta.unbox(boxed)
+    _check_divisible(abstract_params, pspecs, mesh, f"{model} {config} parameter")
+    param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), pspecs,
+                            is_leaf=lambda s: isinstance(s, PartitionSpec))
+
+    tx = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=0.01)
+
+    def init_state(rng: jax.Array) -> TrainState:
+        params = nn.meta.unbox(family.init(cfg, rng, cdt))
+        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+    abstract_state = jax.eval_shape(init_state, jax.random.key(0))
+    state_sh = TrainState(replicated, param_sh,
+                          _opt_state_shardings(abstract_state.opt_state, param_sh, replicated))
+
+    arules = activation_rules(parts, tuple(shape))
+    batch_sh_one = NamedSharding(mesh, to_mesh_spec(("act_batch", None), arules))
+    batch_shapes = family.batch_shapes(batch_size, seq_len)
+    batch_sh = {k: batch_sh_one for k in batch_shapes}
+    layout, stack = Layout(mesh, arules), Stack(pipeline)
+
+    def loss_fn(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+        return family.loss(cfg, params, batch, layout, stack, cdt)
+
+    def step(state: TrainState, batch: dict[str, jax.Array]):
+        loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        new = TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+        return new, {"loss": loss}
+
+    train_step = jax.jit(step, in_shardings=(state_sh, batch_sh),
+                         out_shardings=(state_sh, {"loss": replicated}), donate_argnums=0)
+
+    def with_sharding(a: jax.ShapeDtypeStruct, s: NamedSharding) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+
+    abstract_inputs = (jax.tree.map(with_sharding, abstract_state, state_sh),
+                       {k: with_sharding(v, batch_sh[k]) for k, v in batch_shapes.items()})
+    init_jit = jax.jit(init_state, out_shardings=state_sh)
+
+    def init(rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        batch = family.batch(cfg, jax.random.fold_in(rng, 1), batch_size, seq_len)
+        return init_jit(rng), jax.device_put(batch, batch_sh)
+
+    num_params = sum(math.prod(a.shape) for a in jax.tree.leaves(abstract_params))
+    return Built(model, config, recipe, mesh, train_step, abstract_inputs, (state_sh, batch_sh),
+                 init, num_params)

@@ -1,0 +1,333 @@
+"""GPT-2, BERT and T5: configurations, parameters, losses and synthetic batches.
+
+Each family is a frozen value with the same four methods, so `build` treats them alike:
+``init(cfg, rng, dtype)`` (boxed parameters carrying logical axis names),
+``loss(cfg, params, batch, layout, stack, dtype)``, ``batch(cfg, rng, batch_size, seq_len)``
+and ``batch_shapes(batch_size, seq_len)``. Parameters are a dict with an ``outer`` part
+(embeddings, final norms, heads) and stacked layer parts (``blocks``; T5: ``enc_blocks``
+and ``dec_blocks``) whose leading dimension has logical name ``layers``.
+
+Training is deterministic (no dropout): the tests compare sharded and single-device runs.
+Vocabularies are padded to a multiple of 128, as Megatron-LM does, so that every
+tensor-parallel degree up to 128 divides them (GPT-2 50257 -> 50304, BERT 30522 -> 30592).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .layers import (LOGITS, RESID, Block, BlockStyle, Embed, ModelConfig, Norm, _param,
+                     cross_entropy, normal)
+from .pipeline import Stack
+from .sharding import Layout
+
+_NO_LAYOUT = Layout()
+
+
+def _tiny(**kw: int) -> ModelConfig:
+    base = dict(vocab=128, d_model=32, heads=4, head_dim=8, d_ff=128, layers=2, max_len=16)
+    return ModelConfig(**{**base, **kw})
+
+
+def _stack_init(block: Block, rng: jax.Array, n: int, *args: Any) -> Any:
+    """Initialise n layers at once; the stacked dimension gets the logical name 'layers'."""
+    boxed = jax.vmap(lambda r: block.init(r, *args)["params"])(jax.random.split(rng, n))
+    return jax.tree.map(lambda p: p.replace(names=("layers", *p.names)), boxed,
+                        is_leaf=lambda p: isinstance(p, nn.Partitioned))
+
+
+def _layer_fn(block: Block):
+    return lambda p, h, enc, bias: block.apply({"params": p}, h, enc, bias)
+
+
+def _block_layout(layout: Layout, stack: Stack) -> Layout:
+    # Inside the pipeline's shard_map the stage axis is manual; there the activations
+    # follow the weights' shardings by propagation instead of explicit constraints.
+    return _NO_LAYOUT if stack.pipeline is not None else layout
+
+
+# ----------------------------------------------------------------------------- GPT-2
+
+GPT2_STYLE = BlockStyle(pre_norm=True, rms=False, eps=1e-5, use_bias=True, scaled=True,
+                        activation="gelu_tanh", causal=True, cross=False)
+
+
+class GPT2Outer(nn.Module):
+    cfg: ModelConfig
+    dtype: Any
+    layout: Layout
+
+    def setup(self) -> None:
+        c = self.cfg
+        self.wte = Embed(c.vocab, c.d_model, self.dtype)
+        self.wpe = _param(self, "wpe", (c.max_len, c.d_model), ("pos", "embed"), normal(0.01))
+        self.ln_f = Norm(False, 1e-5, self.dtype)
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        x = self.wte(tokens) + self.wpe[: tokens.shape[1]].astype(self.dtype)
+        return self.layout.constrain(x, RESID)
+
+    def loss(self, x: jax.Array, targets: jax.Array) -> jax.Array:
+        logits = self.layout.constrain(self.wte.attend(self.ln_f(x)), LOGITS)
+        return cross_entropy(logits, targets)
+
+    def __call__(self, tokens: jax.Array, targets: jax.Array) -> jax.Array:
+        return self.loss(self.embed(tokens), targets)
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2:
+    """Decoder-only LM (Radford et al., 2019): pre-LN, learned positions, tied output."""
+
+    configs = {
+        "tiny": _tiny(),
+        "124M": ModelConfig(50304, 768, 12, 64, 3072, 12, 1024),
+        "355M": ModelConfig(50304, 1024, 16, 64, 4096, 24, 1024),
+        "774M": ModelConfig(50304, 1280, 20, 64, 5120, 36, 1024),
+        "1.5B": ModelConfig(50304, 1600, 25, 64, 6400, 48, 1024),
+    }
+
+    def init(self, cfg: ModelConfig, rng: jax.Array, dtype: Any) -> Any:
+        r_outer, r_blocks = jax.random.split(rng)
+        tok = jnp.zeros((1, cfg.max_len), jnp.int32)
+        block = Block(cfg, GPT2_STYLE, dtype, _NO_LAYOUT)
+        x = jnp.zeros((1, cfg.max_len, cfg.d_model), dtype)
+        return {"outer": GPT2Outer(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
+                "blocks": _stack_init(block, r_blocks, cfg.layers, x)}
+
+    def loss(self, cfg: ModelConfig, params: Any, batch: dict, layout: Layout, stack: Stack,
+             dtype: Any) -> jax.Array:
+        outer = GPT2Outer(cfg, dtype, layout)
+        po = {"params": params["outer"]}
+        block = Block(cfg, GPT2_STYLE, dtype, _block_layout(layout, stack))
+        x = outer.apply(po, batch["inputs"], method="embed")
+        x = stack(_layer_fn(block), params["blocks"], x)
+        return outer.apply(po, x, batch["targets"], method="loss")
+
+    def batch_shapes(self, batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+        s = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+        return {"inputs": s, "targets": s}
+
+    def batch(self, cfg: ModelConfig, rng: jax.Array, batch_size: int, seq_len: int) -> dict:
+        tokens = jax.random.randint(rng, (batch_size, seq_len + 1), 0, cfg.vocab, jnp.int32)
+        return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+
+
+# ------------------------------------------------------------------------------ BERT
+
+BERT_STYLE = BlockStyle(pre_norm=False, rms=False, eps=1e-12, use_bias=True, scaled=True,
+                        activation="gelu", causal=False, cross=False)
+MASK_ID = 0  # synthetic batches draw real tokens from 1..vocab-1
+
+
+class BERTOuter(nn.Module):
+    cfg: ModelConfig
+    dtype: Any
+    layout: Layout
+
+    def setup(self) -> None:
+        c, dt = self.cfg, self.dtype
+        self.wte = Embed(c.vocab, c.d_model, dt)
+        self.wpe = _param(self, "wpe", (c.max_len, c.d_model), ("pos", "embed"), normal(0.02))
+        self.wtt = _param(self, "wtt", (2, c.d_model), (None, "embed"), normal(0.02))
+        self.ln_emb = Norm(False, 1e-12, dt)
+        self.mlm_dense = _param(self, "mlm_dense", (c.d_model, c.d_model), ("embed", None),
+                                normal(0.02))
+        self.mlm_bias = _param(self, "mlm_bias", (c.d_model,), ("norm",), nn.initializers.zeros)
+        self.mlm_ln = Norm(False, 1e-12, dt)
+        self.out_bias = _param(self, "out_bias", (c.vocab,), ("vocab",), nn.initializers.zeros)
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        dt = self.dtype
+        # Single-segment inputs: every token has token type 0.
+        x = self.wte(tokens) + self.wpe[: tokens.shape[1]].astype(dt) + self.wtt[0].astype(dt)
+        return self.layout.constrain(self.ln_emb(x), RESID)
+
+    def loss(self, x: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
+        dt = self.dtype
+        h = jax.nn.gelu(x @ self.mlm_dense.astype(dt) + self.mlm_bias.astype(dt), approximate=False)
+        logits = self.wte.attend(self.mlm_ln(h)) + self.out_bias.astype(dt)
+        return cross_entropy(self.layout.constrain(logits, LOGITS), targets, weights)
+
+    def __call__(self, tokens: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
+        return self.loss(self.embed(tokens), targets, weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class BERT:
+    """Bidirectional encoder (Devlin et al., 2019), post-LN, masked-LM loss."""
+
+    configs = {
+        "tiny": _tiny(),
+        "base": ModelConfig(30592, 768, 12, 64, 3072, 12, 512),
+        "large": ModelConfig(30592, 1024, 16, 64, 4096, 24, 512),
+    }
+
+    def init(self, cfg: ModelConfig, rng: jax.Array, dtype: Any) -> Any:
+        r_outer, r_blocks = jax.random.split(rng)
+        tok = jnp.zeros((1, cfg.max_len), jnp.int32)
+        w = jnp.zeros((1, cfg.max_len), jnp.float32)
+        block = Block(cfg, BERT_STYLE, dtype, _NO_LAYOUT)
+        x = jnp.zeros((1, cfg.max_len, cfg.d_model), dtype)
+        return {"outer": BERTOuter(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok, w)["params"],
+                "blocks": _stack_init(block, r_blocks, cfg.layers, x)}
+
+    def loss(self, cfg: ModelConfig, params: Any, batch: dict, layout: Layout, stack: Stack,
+             dtype: Any) -> jax.Array:
+        outer = BERTOuter(cfg, dtype, layout)
+        po = {"params": params["outer"]}
+        block = Block(cfg, BERT_STYLE, dtype, _block_layout(layout, stack))
+        x = outer.apply(po, batch["inputs"], method="embed")
+        x = stack(_layer_fn(block), params["blocks"], x)
+        return outer.apply(po, x, batch["targets"], batch["weights"], method="loss")
+
+    def batch_shapes(self, batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+        s = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+        return {"inputs": s, "targets": s,
+                "weights": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32)}
+
+    def batch(self, cfg: ModelConfig, rng: jax.Array, batch_size: int, seq_len: int) -> dict:
+        r_tok, r_mask = jax.random.split(rng)
+        tokens = jax.random.randint(r_tok, (batch_size, seq_len), 1, cfg.vocab, jnp.int32)
+        masked = jax.random.uniform(r_mask, (batch_size, seq_len)) < 0.15
+        return {"inputs": jnp.where(masked, MASK_ID, tokens), "targets": tokens,
+                "weights": masked.astype(jnp.float32)}
+
+
+# -------------------------------------------------------------------------------- T5
+
+T5_ENC_STYLE = BlockStyle(pre_norm=True, rms=True, eps=1e-6, use_bias=False, scaled=False,
+                          activation="relu", causal=False, cross=False)
+T5_DEC_STYLE = dataclasses.replace(T5_ENC_STYLE, causal=True, cross=True)
+
+
+def relative_position_bucket(rel: jax.Array, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> jax.Array:
+    """T5's bucketing of key-minus-query offsets (Raffel et al., 2020, sec. 2.1).
+
+    Half the buckets (per direction) hold exact small offsets; the rest cover offsets
+    logarithmically up to max_distance, beyond which all offsets share the last bucket.
+    """
+    n = -rel
+    offset = jnp.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        offset = jnp.where(n < 0, num_buckets, 0)
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    exact = num_buckets // 2
+    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / np.log(max_distance / exact)
+    far = jnp.minimum(exact + (log_ratio * (num_buckets - exact)).astype(rel.dtype), num_buckets - 1)
+    return offset + jnp.where(n < exact, n, far)
+
+
+class RelativePositionBias(nn.Module):
+    """Per-head learned bias on attention logits, shared by all layers of a stack."""
+
+    heads: int
+    bidirectional: bool
+    num_buckets: int = 32
+    max_distance: int = 128
+
+    @nn.compact
+    def __call__(self, q_len: int, k_len: int) -> jax.Array:
+        table = _param(self, "table", (self.num_buckets, self.heads), (None, "heads"), normal(0.1))
+        rel = jnp.arange(k_len)[None, :] - jnp.arange(q_len)[:, None]
+        bucket = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
+                                          self.max_distance)
+        return jnp.transpose(table[bucket], (2, 0, 1))  # [heads, q_len, k_len]
+
+
+class T5Outer(nn.Module):
+    cfg: ModelConfig
+    dtype: Any
+    layout: Layout
+
+    def setup(self) -> None:
+        c, dt = self.cfg, self.dtype
+        self.shared = Embed(c.vocab, c.d_model, dt, std=1.0)
+        self.enc_bias = RelativePositionBias(c.heads, bidirectional=True)
+        self.dec_bias = RelativePositionBias(c.heads, bidirectional=False)
+        self.enc_ln = Norm(True, 1e-6, dt)
+        self.dec_ln = Norm(True, 1e-6, dt)
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        return self.layout.constrain(self.shared(tokens), RESID)
+
+    def biases(self, enc_len: int, dec_len: int) -> tuple[jax.Array, jax.Array]:
+        return self.enc_bias(enc_len, enc_len), self.dec_bias(dec_len, dec_len)
+
+    def enc_final(self, x: jax.Array) -> jax.Array:
+        return self.layout.constrain(self.enc_ln(x), RESID)
+
+    def loss(self, y: jax.Array, targets: jax.Array) -> jax.Array:
+        # Tied embeddings: T5 rescales the decoder output by d_model**-0.5 first.
+        y = self.dec_ln(y) * (self.cfg.d_model ** -0.5)
+        return cross_entropy(self.layout.constrain(self.shared.attend(y), LOGITS), targets)
+
+    def __call__(self, enc_tokens: jax.Array, targets: jax.Array) -> jax.Array:
+        self.biases(enc_tokens.shape[1], targets.shape[1])
+        return self.loss(self.enc_final(self.embed(enc_tokens)), targets)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5:
+    """Encoder-decoder (Raffel et al., 2020): pre-RMSNorm, relative position bias, ReLU."""
+
+    configs = {
+        "tiny": _tiny(dec_layers=2),
+        "small": ModelConfig(32128, 512, 8, 64, 2048, 6, 512, dec_layers=6),
+        "base": ModelConfig(32128, 768, 12, 64, 3072, 12, 512, dec_layers=12),
+    }
+
+    def init(self, cfg: ModelConfig, rng: jax.Array, dtype: Any) -> Any:
+        r_outer, r_enc, r_dec = jax.random.split(rng, 3)
+        tok = jnp.zeros((1, cfg.max_len), jnp.int32)
+        x = jnp.zeros((1, cfg.max_len, cfg.d_model), dtype)
+        bias = jnp.zeros((cfg.heads, cfg.max_len, cfg.max_len), jnp.float32)
+        std = cfg.d_model ** -0.5  # T5 scales weights instead of the attention logits
+        enc = Block(cfg, T5_ENC_STYLE, dtype, _NO_LAYOUT, std=std)
+        dec = Block(cfg, T5_DEC_STYLE, dtype, _NO_LAYOUT, std=std)
+        return {"outer": T5Outer(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
+                "enc_blocks": _stack_init(enc, r_enc, cfg.layers, x, None, bias),
+                "dec_blocks": _stack_init(dec, r_dec, cfg.dec_layers, x, x, bias)}
+
+    def loss(self, cfg: ModelConfig, params: Any, batch: dict, layout: Layout, stack: Stack,
+             dtype: Any) -> jax.Array:
+        outer = T5Outer(cfg, dtype, layout)
+        po = {"params": params["outer"]}
+        blay = _block_layout(layout, stack)
+        std = cfg.d_model ** -0.5
+        enc = Block(cfg, T5_ENC_STYLE, dtype, blay, std=std)
+        dec = Block(cfg, T5_DEC_STYLE, dtype, blay, std=std)
+        enc_in, dec_in = batch["enc_inputs"], batch["dec_inputs"]
+        enc_bias, dec_bias = outer.apply(po, enc_in.shape[1], dec_in.shape[1], method="biases")
+        h = stack(_layer_fn(enc), params["enc_blocks"], outer.apply(po, enc_in, method="embed"),
+                  None, enc_bias)
+        h = outer.apply(po, h, method="enc_final")
+        y = stack(_layer_fn(dec), params["dec_blocks"], outer.apply(po, dec_in, method="embed"),
+                  h, dec_bias)
+        return outer.apply(po, y, batch["targets"], method="loss")
+
+    def batch_shapes(self, batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+        s = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+        return {"enc_inputs": s, "dec_inputs": s, "targets": s}
+
+    def batch(self, cfg: ModelConfig, rng: jax.Array, batch_size: int, seq_len: int) -> dict:
+        r_enc, r_tgt = jax.random.split(rng)
+        targets = jax.random.randint(r_tgt, (batch_size, seq_len), 1, cfg.vocab, jnp.int32)
+        # Teacher forcing: the decoder sees the targets shifted right behind a start token 0.
+        dec_inputs = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+        return {"enc_inputs": jax.random.randint(r_enc, (batch_size, seq_len), 1, cfg.vocab,
+                                                 jnp.int32),
+                "dec_inputs": dec_inputs, "targets": targets}
+
+
+FAMILIES: dict[str, Any] = {"gpt2": GPT2(), "bert": BERT(), "t5": T5()}

@@ -1,0 +1,233 @@
+"""Transformer building blocks shared by GPT-2, BERT and T5 (flax linen).
+
+Why linen rather than nnx: a sharding recipe here is a *table* from logical axis names to
+mesh axes. Linen keeps parameters as a plain nested dict that `jax.jit` in/out shardings,
+`jax.shard_map` in_specs and optax states all consume directly, and its
+`nn.with_logical_partitioning` attaches the logical names at the point each weight is
+created. A recipe is then only a list of rules (`nn.logical_to_mesh_axes`); no module is
+rewritten per recipe, and the pipeline recipe can call one block's `apply` on a slice of
+the stacked parameters inside `shard_map` without splitting/merging module state.
+
+Every weight is created in float32 ("master weights"); the forward pass casts to the
+compute dtype (float32 or bfloat16). Normalisation and softmax run in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .sharding import Layout
+
+# Logical names of activation dimensions; a recipe maps them to mesh axes (sharding.py).
+RESID = ("act_batch", "act_res_len", "act_embed")  # the residual stream between sublayers
+HEADS = ("act_batch", None, "act_heads", None)  # q/k/v: [batch, length, heads, head_dim]
+HIDDEN = ("act_batch", None, "act_mlp")  # MLP hidden: [batch, length, d_ff]
+LOGITS = ("act_batch", None, "act_vocab")  # output logits: [batch, length, vocab]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters of one named configuration (e.g. GPT-2 124M)."""
+
+    vocab: int
+    d_model: int
+    heads: int
+    head_dim: int
+    d_ff: int
+    layers: int  # decoder layers for GPT-2, encoder layers for BERT and T5
+    max_len: int
+    dec_layers: int = 0  # T5 only
+
+
+def _param(mod: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...],
+           init: Any) -> jax.Array:
+    return mod.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+def normal(std: float) -> Any:
+    return nn.initializers.normal(stddev=std)
+
+
+class Norm(nn.Module):
+    """LayerNorm (GPT-2, BERT) or RMSNorm without bias or mean removal (T5)."""
+
+    rms: bool
+    eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        d = x.shape[-1]
+        x32 = x.astype(jnp.float32)
+        scale = _param(self, "scale", (d,), ("norm",), nn.initializers.ones)
+        if self.rms:
+            y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
+            return (y * scale).astype(self.dtype)
+        mean = jnp.mean(x32, -1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), -1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        bias = _param(self, "bias", (d,), ("norm",), nn.initializers.zeros)
+        return (y * scale + bias).astype(self.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head attention; Megatron tensor parallelism shards the heads dimension.
+
+    q/k/v are column-parallel (heads on the model axis), the output projection is
+    row-parallel, so under `tp` each attention costs one all-reduce of the residual.
+    """
+
+    cfg: ModelConfig
+    dtype: Any
+    layout: Layout
+    use_bias: bool
+    scaled: bool  # GPT-2/BERT divide logits by sqrt(head_dim); T5 folds it into the init
+    std: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, kv: jax.Array, bias: jax.Array | None,
+                 causal: bool) -> jax.Array:
+        c, dt = self.cfg, self.dtype
+        qkv_axes = ("embed", "heads", "kv")
+        shape = (c.d_model, c.heads, c.head_dim)
+
+        def project(name: str, inp: jax.Array) -> jax.Array:
+            w = _param(self, name, shape, qkv_axes, normal(self.std)).astype(dt)
+            y = jnp.einsum("btd,dhk->bthk", inp, w)
+            if self.use_bias:
+                b = _param(self, name + "_bias", shape[1:], ("heads", "kv"), nn.initializers.zeros)
+                y = y + b.astype(dt)
+            return self.layout.constrain(y, HEADS)
+
+        q, k, v = project("wq", x), project("wk", kv), project("wv", kv)
+        logits = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
+        if self.scaled:
+            logits = logits / np.sqrt(c.head_dim)
+        if bias is not None:
+            logits = logits + bias[None].astype(jnp.float32)
+        if causal:
+            tq, ts = logits.shape[-2:]
+            mask = jnp.tril(jnp.ones((tq, ts), bool))
+            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+        o = self.layout.constrain(jnp.einsum("bhqs,bshk->bqhk", probs, v), HEADS)
+        wo = _param(self, "wo", (c.heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
+                    normal(self.std)).astype(dt)
+        y = jnp.einsum("bqhk,hkd->bqd", o, wo)
+        if self.use_bias:
+            y = y + _param(self, "wo_bias", (c.d_model,), ("norm",), nn.initializers.zeros).astype(dt)
+        return self.layout.constrain(y, RESID)
+
+
+class Mlp(nn.Module):
+    """Position-wise MLP: column-parallel `wi`, row-parallel `wo` under `tp`."""
+
+    cfg: ModelConfig
+    dtype: Any
+    layout: Layout
+    use_bias: bool
+    activation: str  # "gelu_tanh" (GPT-2), "gelu" (BERT), "relu" (T5)
+    std: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        c, dt = self.cfg, self.dtype
+        wi = _param(self, "wi", (c.d_model, c.d_ff), ("embed", "mlp"), normal(self.std)).astype(dt)
+        h = x @ wi
+        if self.use_bias:
+            h = h + _param(self, "wi_bias", (c.d_ff,), ("mlp",), nn.initializers.zeros).astype(dt)
+        if self.activation == "relu":
+            h = jax.nn.relu(h)
+        else:
+            h = jax.nn.gelu(h, approximate=self.activation == "gelu_tanh")
+        h = self.layout.constrain(h, HIDDEN)
+        wo = _param(self, "wo", (c.d_ff, c.d_model), ("mlp", "embed"), normal(self.std)).astype(dt)
+        y = h @ wo
+        if self.use_bias:
+            y = y + _param(self, "wo_bias", (c.d_model,), ("norm",), nn.initializers.zeros).astype(dt)
+        return self.layout.constrain(y, RESID)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockStyle:
+    """What distinguishes the three families' layers."""
+
+    pre_norm: bool  # GPT-2 and T5 normalise before each sublayer; BERT after the residual add
+    rms: bool
+    eps: float
+    use_bias: bool
+    scaled: bool
+    activation: str
+    causal: bool
+    cross: bool  # T5 decoder: cross-attention to the encoder output
+
+
+class Block(nn.Module):
+    """One transformer layer; the stacks scan (or pipeline) it over stacked parameters."""
+
+    cfg: ModelConfig
+    style: BlockStyle
+    dtype: Any
+    layout: Layout
+    std: float = 0.02
+
+    @nn.compact
+    def __call__(self, x: jax.Array, enc: jax.Array | None = None,
+                 bias: jax.Array | None = None) -> jax.Array:
+        s, lay = self.style, self.layout
+        kw = dict(cfg=self.cfg, dtype=self.dtype, layout=lay, use_bias=s.use_bias, std=self.std)
+
+        def norm(name: str, h: jax.Array) -> jax.Array:
+            # Sequence parallelism: the norm runs on the length-sharded residual stream.
+            return lay.constrain(Norm(s.rms, s.eps, self.dtype, name=name)(h), RESID)
+
+        attn = Attention(scaled=s.scaled, name="attn", **kw)
+        mlp = Mlp(activation=s.activation, name="mlp", **kw)
+        x = lay.constrain(x, RESID)
+        if s.pre_norm:
+            h = norm("ln_attn", x)
+            x = x + attn(h, h, bias, s.causal)
+            if s.cross:
+                h = norm("ln_cross", x)
+                x = x + Attention(scaled=s.scaled, name="cross", **kw)(h, enc, None, False)
+            x = x + mlp(norm("ln_mlp", x))
+        else:
+            x = norm("ln_attn", x + attn(x, x, bias, s.causal))
+            x = norm("ln_mlp", x + mlp(x))
+        return lay.constrain(x, RESID)
+
+
+class Embed(nn.Module):
+    """Token embedding, vocab-parallel under `tp`; `attend` is the tied output projection."""
+
+    vocab: int
+    d_model: int
+    dtype: Any
+    std: float = 0.02
+
+    def setup(self) -> None:
+        self.embedding = _param(self, "embedding", (self.vocab, self.d_model), ("vocab", "embed"),
+                                normal(self.std))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        return jnp.einsum("btd,vd->btv", x, self.embedding.astype(self.dtype))
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array,
+                  weights: jax.Array | None = None) -> jax.Array:
+    """Mean token cross-entropy in float32 (weighted mean when weights are given)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    if weights is None:
+        return jnp.mean(nll)
+    w = weights.astype(jnp.float32)
+    return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
