@@ -348,6 +348,7 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
     return hw.launch_us + max(flops / (hw.achieved_tflops * 1e6 * sm_left), nbytes / (hbm * 1e3))
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,
                       cfg: CostConfig = DEFAULT_CONFIG) -> tuple[float, float]:
     """(SMs, HBM GB/s) a running collective holds: one SM per channel, and HBM traffic

@@ -1,0 +1,357 @@
+"""Event-driven replay of a StepGraph on one GPU: the Timeline of one training step.
+
+The driver over the cost model (``cost``): compute tasks run in schedule order on one
+compute stream; collectives run on up to ``overlap_limit`` communication streams. It is a
+*fluid* model: every running task progresses at a rate, and the rates are recomputed at
+each event (a task starting or ending), because a collective that starts or ends changes
+the SMs and HBM bandwidth left to compute (``cost.ResourceTracker``).
+
+Semantics (the shared contract):
+
+* a compute task starts when the previous compute task ended, all its deps ended, and
+  every collective ``c`` with ``c.done_before == task.id`` ended (the ``*-done`` wait);
+* a collective is ready when its deps ended; ready collectives issue by ``priority``
+  (higher first; unset = 0), ties in schedule order, while fewer than ``overlap_limit``
+  collectives run;
+* concurrent collectives share the network (processor sharing: with ``k`` running, each
+  progresses at ``1/k`` of its own rate), so the communication never beats the sum of
+  its parts and the overlap bound holds;
+* a task with ``trip_count`` r stands for r executions unless the graph holds unrolled
+  copies (some task has ``iteration > 0``); then each copy counts once.
+
+The simulator is called O(N*K) times by the search, so everything that depends only on
+(graph, hardware) is computed once per pair and cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import math
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from lagom_jax import cost
+from lagom_jax.graph import StepGraph, Task
+from lagom_jax.hardware import HardwareProfile
+from lagom_jax.plan import CollectiveParams
+
+COMPUTE_STREAM = "compute"
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """When one task ran, and on which stream (``compute`` or ``comm<k>``)."""
+
+    task_id: int
+    stream: str
+    start: float
+    end: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective's run: its params, interval and the time compute waited idle."""
+
+    task_id: int
+    name: str
+    params: CollectiveParams
+    start: float
+    end: float
+    exposed_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """The result of one replay. Times in microseconds.
+
+    ``exposed_comm_us`` is the time at least one collective ran while the compute stream
+    was idle; a collective's ``exposed_us`` is its share of that idle time (the idle time
+    inside its interval).
+    """
+
+    makespan_us: float
+    bound_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    intervals: tuple[Interval, ...]
+    per_collective: tuple[CollectiveRecord, ...]
+    overlap_limit: int = 1
+
+    @property
+    def exposed(self) -> dict[int, float]:
+        """Task id -> exposed time of that collective."""
+        return {r.task_id: r.exposed_us for r in self.per_collective}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "makespan_us": self.makespan_us,
+            "bound_us": self.bound_us,
+            "compute_us": self.compute_us,
+            "comm_us": self.comm_us,
+            "exposed_comm_us": self.exposed_comm_us,
+            "overlap_limit": self.overlap_limit,
+            "intervals": [dataclasses.asdict(i) for i in self.intervals],
+            "per_collective": [
+                dataclasses.asdict(r) | {"params": dataclasses.asdict(r.params)} for r in self.per_collective
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """Everything about (graph, hardware) that does not depend on params or priorities."""
+
+    is_coll: tuple[bool, ...]
+    repeat: tuple[int, ...]
+    # Collectives: (kind, bytes, group size, nodes spanned); None for compute tasks.
+    coll_key: tuple[tuple[str, float, int, int] | None, ...]
+    compute_order: tuple[int, ...]
+    pending: tuple[int, ...]  # deps + done_before waits
+    successors: tuple[tuple[int, ...], ...]
+    compute_alone: tuple[float, ...]
+    default_params: Mapping[int, CollectiveParams]
+    compute_us: float
+    bound_us: float
+
+
+_PREPARED: dict[tuple[int, HardwareProfile], tuple[weakref.ref[StepGraph], _Prepared]] = {}
+
+
+def _coll_key(t: Task, graph: StepGraph, hw: HardwareProfile) -> tuple[str, float, int, int]:
+    if t.groups or t.pairs:
+        n, nodes = t.group_size, t.nodes_spanned(hw.gpus_per_node)
+    else:  # HLO's empty replica_groups: every device takes part
+        n = max(graph.num_devices, 1)
+        nodes = math.ceil(n / hw.gpus_per_node)
+    return t.kind, float(t.bytes), n, min(nodes, n)
+
+
+def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
+    key = (id(graph), hw)
+    hit = _PREPARED.get(key)
+    if hit is not None and hit[0]() is graph:
+        return hit[1]
+    tasks = graph.tasks
+    unrolled = any(t.iteration > 0 for t in tasks)
+    repeat = tuple(1 if unrolled else max(t.trip_count, 1) for t in tasks)
+    is_coll = tuple(t.is_collective for t in tasks)
+    coll_key = tuple(_coll_key(t, graph, hw) if c else None for t, c in zip(tasks, is_coll))
+    pending = [len(t.deps) for t in tasks]
+    succ: list[list[int]] = [list(c) for c in graph.consumers]
+    for t in tasks:
+        j = t.done_before
+        if t.is_collective and j is not None:
+            if not 0 <= j < len(tasks) or is_coll[j]:
+                raise ValueError(
+                    f"collective {t.name!r} (id {t.id}) has done_before={j}, which is not a compute task id")
+            pending[j] += 1
+            succ[t.id].append(j)
+    compute_alone = tuple(
+        0.0 if c else r * cost.compute_time_us(t.flops, t.bytes, hw) for t, c, r in zip(tasks, is_coll, repeat))
+    default_params = {i: cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
+                      for i, k in enumerate(coll_key) if k is not None}
+    compute_us = sum(compute_alone)
+    fastest = sum(r * cost.fastest_time_us(*k, hw) for k, r in zip(coll_key, repeat) if k is not None)
+    prepared = _Prepared(
+        is_coll=is_coll, repeat=repeat, coll_key=coll_key,
+        compute_order=tuple(i for i, c in enumerate(is_coll) if not c),
+        pending=tuple(pending), successors=tuple(tuple(s) for s in succ),
+        compute_alone=compute_alone, default_params=default_params,
+        compute_us=compute_us, bound_us=max(compute_us, fastest),
+    )
+    # Drop entries whose graph is gone, so the cache never outgrows the live graphs.
+    for k in [k for k, (ref, _) in _PREPARED.items() if ref() is None]:
+        del _PREPARED[k]
+    _PREPARED[key] = (weakref.ref(graph), prepared)
+    return prepared
+
+
+def simulate(graph: StepGraph, hw: HardwareProfile,
+             params: Mapping[int, CollectiveParams] | None = None, *,
+             overlap_limit: int = 1, priority: Mapping[int, float] | None = None) -> Timeline:
+    """Replay ``graph`` on ``hw`` with per-collective ``params`` (missing ids get NCCL's
+    defaults) and return its Timeline."""
+    if overlap_limit < 1:
+        raise ValueError(f"overlap_limit must be >= 1, got {overlap_limit}")
+    prep = _prepare(graph, hw)
+    tasks = graph.tasks
+    chosen = dict(prep.default_params)
+    if params:
+        bad = sorted(i for i in params if i not in chosen)
+        if bad:
+            raise ValueError(f"params given for ids {bad[:5]} that are not collectives of graph {graph.name!r}")
+        chosen.update(params)
+    prio = priority or {}
+
+    # Per-collective constants under these params: time alone and resources held.
+    coll_time: dict[int, float] = {}
+    coll_use: dict[int, tuple[float, float]] = {}
+    for i, p in chosen.items():
+        kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
+        coll_time[i] = prep.repeat[i] * cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
+        coll_use[i] = cost.comm_resource_use(p, hw, nodes=nodes)
+
+    tracker = cost.ResourceTracker(hw)
+    pending = list(prep.pending)
+    successors, is_coll, repeat = prep.successors, prep.is_coll, prep.repeat
+    order = prep.compute_order
+    start = [0.0] * len(tasks)
+    end = [0.0] * len(tasks)
+    ready: list[tuple[float, int]] = [(-prio.get(i, 0.0), i) for i in chosen if pending[i] == 0]
+    heapq.heapify(ready)
+    free_streams = list(range(overlap_limit))
+    stream_of: dict[int, int] = {}
+    running: dict[int, float] = {}  # collective id -> fraction left
+    exposed: dict[int, float] = dict.fromkeys(chosen, 0.0)
+    exposed_total = 0.0
+    cur, cur_left, cur_dur, nxt = -1, 0.0, 0.0, 0
+    stale = True  # the compute rate must be recomputed (contention or task changed)
+    now = 0.0
+    done = 0
+
+    def finish(i: int) -> None:
+        nonlocal done
+        end[i] = now
+        done += 1
+        for s in successors[i]:
+            pending[s] -= 1
+            if pending[s] == 0 and is_coll[s]:
+                heapq.heappush(ready, (-prio.get(s, 0.0), s))
+
+    while True:
+        while ready and len(running) < overlap_limit:
+            _, i = heapq.heappop(ready)
+            running[i] = 1.0
+            start[i] = now
+            stream_of[i] = heapq.heappop(free_streams)
+            tracker.acquire(coll_use[i])
+            stale = True
+        if cur < 0 and nxt < len(order) and pending[order[nxt]] == 0:
+            cur, cur_left = order[nxt], 1.0
+            nxt += 1
+            start[cur] = now
+            stale = True
+        if cur < 0 and not running:
+            break
+        if cur >= 0 and stale:
+            t = tasks[cur]
+            cur_dur = repeat[cur] * tracker.compute_time_us(t.flops, t.bytes)
+            stale = False
+        # Time to the next event; k running collectives share the network.
+        k = len(running)
+        dt = cur_left * cur_dur if cur >= 0 else math.inf
+        for i, left in running.items():
+            dt = min(dt, left * coll_time[i] * k)
+        now += dt
+        if cur < 0:
+            exposed_total += dt
+            for i in running:
+                exposed[i] += dt
+        if cur >= 0:
+            cur_left = cur_left - dt / cur_dur if cur_dur > 0 else 0.0
+        ended = []
+        for i, left in running.items():
+            total = coll_time[i] * k
+            left = left - dt / total if total > 0 else 0.0
+            running[i] = left
+            if left <= 1e-12:
+                ended.append(i)
+        for i in ended:
+            del running[i]
+            tracker.release(coll_use[i])
+            heapq.heappush(free_streams, stream_of[i])
+            finish(i)
+            stale = True
+        if cur >= 0 and cur_left <= 1e-12:
+            c, cur = cur, -1
+            finish(c)
+    if done != len(tasks):
+        stuck = [tasks[i].name for i in range(len(tasks)) if pending[i] > 0][:5]
+        raise ValueError(
+            f"graph {graph.name!r} cannot complete: tasks {stuck} wait on work that never runs "
+            f"(check deps and done_before)")
+
+    intervals = tuple(
+        Interval(i, f"comm{stream_of[i]}" if is_coll[i] else COMPUTE_STREAM, start[i], end[i])
+        for i in range(len(tasks)))
+    records = tuple(
+        CollectiveRecord(i, tasks[i].name, chosen[i], start[i], end[i], exposed[i]) for i in sorted(chosen))
+    return Timeline(
+        makespan_us=now, bound_us=prep.bound_us, compute_us=prep.compute_us,
+        comm_us=sum(coll_time.values()), exposed_comm_us=exposed_total,
+        intervals=intervals, per_collective=records, overlap_limit=overlap_limit,
+    )
+
+
+def _fmt_us(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.3f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f} ms"
+    return f"{us:.1f} us"
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= size:
+            return f"{b / size:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def format_timeline(timeline: Timeline, graph: StepGraph, top: int = 10) -> str:
+    """A readable summary: makespan against the bound, exposed communication, and the
+    collectives that expose the most time (with the params they ran with)."""
+    tl = timeline
+    ratio = tl.makespan_us / tl.bound_us if tl.bound_us > 0 else 1.0
+    share = tl.exposed_comm_us / tl.comm_us if tl.comm_us > 0 else 0.0
+    lines = [
+        f"step {graph.name!r}: {len(graph.tasks)} tasks, {len(tl.per_collective)} collectives, "
+        f"overlap limit {tl.overlap_limit}",
+        f"  makespan      {_fmt_us(tl.makespan_us):>12}   ({ratio:.3f}x the overlap bound)",
+        f"  overlap bound {_fmt_us(tl.bound_us):>12}   max(compute alone, comm at its fastest)",
+        f"  compute alone {_fmt_us(tl.compute_us):>12}",
+        f"  comm alone    {_fmt_us(tl.comm_us):>12}",
+        f"  exposed comm  {_fmt_us(tl.exposed_comm_us):>12}   ({share:.1%} of comm)",
+    ]
+    worst = sorted(tl.per_collective, key=lambda r: (-r.exposed_us, r.task_id))[:top]
+    if worst:
+        lines.append(f"  top {len(worst)} collectives by exposed time:")
+        lines.append(f"    {'id':>5} {'name':<28} {'kind':<18} {'bytes':>10} {'time':>11} {'exposed':>11}  params")
+        for r in worst:
+            t = graph.tasks[r.task_id]
+            lines.append(
+                f"    {r.task_id:>5} {t.name[:28]:<28} {t.kind:<18} {_fmt_bytes(t.bytes):>10} "
+                f"{_fmt_us(r.end - r.start):>11} {_fmt_us(r.exposed_us):>11}  {r.params.describe()}")
+    return "\n".join(lines)
+
+
+def simulate_report(graph: StepGraph, hw: HardwareProfile, *, as_json: bool,
+                    overlap_limit: int = 1) -> str:
+    """What ``lagom-jax simulate`` prints: the summary text, or one JSON object."""
+    tl = simulate(graph, hw, overlap_limit=overlap_limit)
+    if as_json:
+        return json.dumps({
+            "graph": graph.name,
+            "hardware": hw.name,
+            "nodes": hw.nodes,
+            "num_tasks": len(graph.tasks),
+            "num_collectives": len(tl.per_collective),
+            "makespan_us": tl.makespan_us,
+            "bound_us": tl.bound_us,
+            "compute_us": tl.compute_us,
+            "comm_us": tl.comm_us,
+            "exposed_comm_us": tl.exposed_comm_us,
+            "per_collective": [
+                {"task_id": r.task_id, "name": r.name, "params": r.params.describe(),
+                 "start_us": r.start, "end_us": r.end, "exposed_us": r.exposed_us}
+                for r in tl.per_collective
+            ],
+        })
+    return f"hardware {hw.name} x{hw.nodes} node(s)\n" + format_timeline(tl, graph)
