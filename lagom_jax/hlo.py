@@ -598,7 +598,9 @@ class _Parser:
             for a, b in zip(bounds, bounds[1:]):
                 am = _ATTR_KEY_RE.match(line, a + 1, b)
                 if am is None:
-                    raise HloParseError(lineno, a + 2, f"expected attribute=value, got {line[a + 1 : b].strip()[:30]!r}")
+                    piece = line[a + 1 : b]
+                    col = a + 2 + len(piece) - len(piece.lstrip())
+                    raise HloParseError(lineno, col, f"expected attribute=value, got {piece.strip()[:30]!r}")
                 value = line[am.end() : b].strip()
                 if not value:
                     raise HloParseError(lineno, am.end() + 1, f"attribute {am.group(1)} has no value")
@@ -724,9 +726,9 @@ class _Parser:
         for inst in comp.instructions:
             for op in inst.operands:
                 if op not in defined:
-                    col = inst.source.find(op) + 1
+                    col = _name_col(inst.source, op, inst.source.find("(", inst.source.find("=")))
                     problem = "is used before its definition" if op in names else f"is not defined in {comp.name}"
-                    raise HloParseError(inst.line, max(col, 1), f"operand {op!r} {problem}")
+                    raise HloParseError(inst.line, col, f"operand {op!r} {problem}")
             defined.add(inst.name)
             if inst.opcode == "parameter":
                 if inst.literal in numbers:
@@ -740,8 +742,8 @@ class _Parser:
             for inst in comp.instructions:
                 for c in inst.called_computations:
                     if c not in known:
-                        col = inst.source.find(c) + 1
-                        raise HloParseError(inst.line, max(col, 1), f"{inst.name} calls unknown computation {c!r}")
+                        col = _name_col(inst.source, c, 0)
+                        raise HloParseError(inst.line, col, f"{inst.name} calls unknown computation {c!r}")
         # Calls must form a DAG: the graph builder walks into called computations.
         state: dict[str, int] = {}
 
@@ -758,6 +760,12 @@ class _Parser:
         for comp in module.computations:
             if comp.name not in state:
                 visit(comp)
+
+
+def _name_col(line: str, name: str, start: int) -> int:
+    """1-based column of the name ``name`` (as a whole word) in ``line`` after ``start``."""
+    m = re.compile(rf"(?<![\w.\-$]){re.escape(name)}(?![\w.\-$])").search(line, max(start, 0))
+    return m.start() + 1 if m else 1
 
 
 def _skip_space_comments(text: str, pos: int, lineno: int) -> int:
