@@ -1,0 +1,297 @@
+"""``lagom_jax.tune``: capture a jitted step, search, apply the Plan, and never break the step.
+
+The whole flow of tuning one input signature::
+
+    lowered  = jitted.lower(*args)                      # JAX's own lowering
+    baseline = lowered.compile()                        # the untuned executable
+    graph    = graph.from_hlo_text(baseline.as_text())  # StepGraph of the compiled HLO
+    plan     = make_plan(graph, hw, strategy)           # search + baselines -> Plan
+    flags.validate(options=plan.compiler_options())     # the installed XLA accepts them
+    tuned    = lowered.compile(compiler_options=...)    # the tuned executable, kept
+
+Any exception on that path leaves the user's step running untuned (the baseline
+executable, or plain ``jitted`` if even that failed) with a warning that says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+from lagom_jax import cost as cost_lib
+from lagom_jax import flags as flags_lib
+from lagom_jax import graph as graph_lib
+from lagom_jax import hardware as hardware_lib
+from lagom_jax import search as search_lib
+from lagom_jax.flags import XlaFlag
+from lagom_jax.plan import CollectiveChoice, Plan, PlanCache
+
+__all__ = ["tune", "Tuned", "make_plan", "auto_hardware", "BASELINES", "TuningWarning"]
+
+VERSION = "0.1.0"
+BASELINES = ("xla-default", "recipe", "autoccl")
+COMBINE_FLAG = {
+    "all-reduce": "xla_gpu_all_reduce_combine_threshold_bytes",
+    "all-gather": "xla_gpu_all_gather_combine_threshold_bytes",
+    "reduce-scatter": "xla_gpu_reduce_scatter_combine_threshold_bytes",
+    "collective-permute": "xla_gpu_collective_permute_combine_threshold_bytes",
+}
+# device_kind substrings -> preset (reference/nccl_model.md, section 3 for the GPUs).
+_KIND_TO_PRESET = (("H100", "h100-sxm-8"), ("H200", "h100-sxm-8"), ("H800", "h100-sxm-8"),
+                   ("A100", "a100-sxm-8"), ("A800", "a100-sxm-8"), ("A40", "a40-pcie-8"),
+                   ("V100", "v100-25g"))
+DEFAULT_PREDICTED_CLUSTER = "h100-sxm-8"
+
+
+class TuningWarning(UserWarning):
+    """Tuning did not (fully) happen; the step still runs."""
+
+
+def auto_hardware(devices: list[Any] | None = None) -> tuple[hardware_lib.HardwareProfile, str]:
+    """A preset for the devices this process sees, and a sentence saying what was chosen."""
+    devices = devices if devices is not None else jax.devices()
+    d0 = devices[0]
+    n = len(devices)
+    if d0.platform == "gpu" or d0.platform == "cuda":
+        for needle, preset in _KIND_TO_PRESET:
+            if needle in d0.device_kind:
+                per_node = hardware_lib.get(preset).gpus_per_node
+                nodes = max(1, math.ceil(n / per_node))
+                return (hardware_lib.get(preset, nodes=nodes),
+                        f"hardware=auto: {n}x {d0.device_kind} -> preset {preset}, {nodes} node(s)")
+        note = f"hardware=auto: no preset for {d0.device_kind!r}; predicting for {DEFAULT_PREDICTED_CLUSTER}"
+    else:
+        note = (f"hardware=auto: {n} {d0.platform.upper()} device(s), no GPU here; "
+                f"predicting for the {DEFAULT_PREDICTED_CLUSTER} cluster")
+    per_node = hardware_lib.get(DEFAULT_PREDICTED_CLUSTER).gpus_per_node
+    return hardware_lib.get(DEFAULT_PREDICTED_CLUSTER, nodes=max(1, math.ceil(n / per_node))), note
+
+
+def resolve_hardware(hardware: str | hardware_lib.HardwareProfile, devices=None):
+    if isinstance(hardware, hardware_lib.HardwareProfile):
+        return hardware, f"hardware: {hardware.name}"
+    if hardware == "auto":
+        return auto_hardware(devices)
+    hw = hardware_lib.resolve(hardware)
+    return hw, f"hardware: {hw.name}"
+
+
+def _plan_flags(result: search_lib.SearchResult) -> tuple[XlaFlag, ...]:
+    """The flag-level choices of a search result, as typed XLA flags."""
+    structure = result.structure
+    out = [XlaFlag("xla_gpu_enable_latency_hiding_scheduler", bool(structure.latency_hiding))]
+    for kind, threshold in structure.thresholds:
+        if kind in COMBINE_FLAG:
+            out.append(XlaFlag(COMBINE_FLAG[kind], int(threshold)))
+    out.append(XlaFlag("xla_gpu_experimental_parallel_collective_overlap_limit",
+                       int(structure.overlap_limit)))
+    channels = [p.nchannels for _, p in result.params]
+    if channels:
+        out.append(XlaFlag("xla_gpu_nccl_collective_max_nchannels", max(channels)))
+    return tuple(out)
+
+
+def make_plan(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
+              strategy: str = "lagom", fingerprint: str = "",
+              baselines: tuple[str, ...] = BASELINES) -> Plan:
+    """Search ``graph`` with ``strategy`` and every baseline; the chosen result as a Plan."""
+    results = {name: search_lib.run_strategy(name, graph, hw)
+               for name in dict.fromkeys((strategy, *baselines))}
+    chosen = results[strategy]
+    tuned_graph, timeline, params = chosen.graph, chosen.timeline, chosen.param_map
+    why = {e.name: e.reason for e in chosen.explanations}
+    spans = {iv.task_id: (iv.start, iv.end) for iv in timeline.intervals}
+    exposed = timeline.exposed
+    choices = []
+    for task in tuned_graph.collectives:
+        nodes = task.nodes_spanned(hw.gpus_per_node)
+        start, end = spans.get(task.id, (0.0, 0.0))
+        choices.append(CollectiveChoice(
+            name=task.name, kind=task.kind, bytes=int(task.bytes), group_size=task.group_size,
+            nodes=nodes, params=params[task.id],
+            default_params=cost_lib.nccl_default_params(
+                task.kind, task.bytes, task.group_size, nodes, hw),
+            predicted_us=end - start, exposed_us=exposed.get(task.id, 0.0),
+            why=why.get(task.name, ""),
+        ))
+    costs = tuple((tuned_graph.tasks[i].name, end - start)
+                  for i, (start, end) in sorted(spans.items()) if end > start)
+    return Plan(
+        module=graph.name, fingerprint=fingerprint, hardware=hw.name,
+        gpus_per_node=hw.gpus_per_node, nodes=hw.nodes, strategy=strategy, version=VERSION,
+        collectives=tuple(choices), flags=_plan_flags(chosen),
+        predicted_us=tuple((name, r.makespan_us) for name, r in results.items()),
+        bound_us=chosen.bound_us, evaluations=chosen.evaluations,
+        search_seconds=chosen.search_time_s, costs=costs, timeline_json=timeline.to_json(),
+    )
+
+
+def _leaf_key(x: Any) -> Any:
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) or hasattr(x, "shape") and hasattr(x, "dtype"):
+        sharding = getattr(x, "sharding", None)
+        return ("array", tuple(x.shape), str(x.dtype), getattr(x, "weak_type", False), str(sharding))
+    try:
+        hash(x)
+        return ("static", x)
+    except TypeError:
+        return ("object", type(x).__name__, id(x))
+
+
+def _signature(args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten((args, dict(kwargs)))
+    return (treedef, tuple(_leaf_key(x) for x in leaves))
+
+
+class Tuned:
+    """A jitted function that compiles each input signature once, with its tuned Plan.
+
+    It mirrors the function it wraps: same call, ``lower``, ``trace``, ``__wrapped__``,
+    and ``plan(*args)`` for the Plan of a signature.
+    """
+
+    def __init__(self, fn: Callable, *, hardware="auto", strategy: str = "lagom",
+                 cache_dir: str | os.PathLike[str] | None = None, use_cache: bool = True,
+                 with_profile: bool = False, verbose: bool = False) -> None:
+        if strategy not in search_lib.STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(search_lib.STRATEGIES)})")
+        self._jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        self.__wrapped__ = fn
+        functools.update_wrapper(self, fn, updated=())
+        self._hardware = hardware
+        self._strategy = strategy
+        self._cache = PlanCache(cache_dir) if use_cache else None
+        self._with_profile = with_profile
+        self._verbose = verbose
+        self._entries: dict[tuple, tuple[Callable, Plan | None]] = {}
+
+    # -- the jit surface ------------------------------------------------------------------
+    def lower(self, *args, **kwargs):
+        return self._jitted.lower(*args, **kwargs)
+
+    def trace(self, *args, **kwargs):
+        return self._jitted.trace(*args, **kwargs)
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def __call__(self, *args, **kwargs):
+        key = _signature(args, kwargs)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = self._tune(args, kwargs)
+        return entry[0](*args, **kwargs)
+
+    def plan(self, *args, **kwargs) -> Plan | None:
+        """The Plan of this input signature (tuning first if needed); None if tuning failed."""
+        key = _signature(args, kwargs)
+        if key not in self._entries:
+            self._entries[key] = self._tune(args, kwargs)
+        return self._entries[key][1]
+
+    # -- tuning -------------------------------------------------------------------------
+    def _tune(self, args, kwargs) -> tuple[Callable, Plan | None]:
+        try:
+            lowered = self._jitted.lower(*args, **kwargs)
+            baseline = lowered.compile()
+        except Exception as err:  # the user's own program fails to lower: let jit say so
+            warnings.warn(f"lagom-jax: could not compile the step for tuning ({err}); running it untuned",
+                          TuningWarning, stacklevel=3)
+            return self._jitted, None
+        try:
+            plan = self._plan_for(baseline)
+            options = plan.compiler_options(with_profile=self._with_profile)
+            flags_lib.validate("", options)
+            tuned = lowered.compile(compiler_options=options)
+        except Exception as err:
+            warnings.warn(f"lagom-jax: tuning failed, running the step untuned: "
+                          f"{type(err).__name__}: {err}", TuningWarning, stacklevel=3)
+            return baseline, None
+        return tuned, plan
+
+    def _plan_for(self, compiled) -> Plan:
+        text = compiled.as_text()
+        fingerprint = hashlib.sha256(text.encode()).hexdigest()
+        hw, note = resolve_hardware(self._hardware)
+        if self._verbose:
+            print(f"lagom-jax: {note}")
+        key = PlanCache.key(fingerprint, hw.to_json(), self._strategy, VERSION)
+        if self._cache is not None:
+            try:
+                cached = self._cache.get(key)
+            except ValueError as err:  # a corrupt file: tune again and overwrite it
+                warnings.warn(f"lagom-jax: {err}; tuning again", TuningWarning, stacklevel=4)
+                cached = None
+            except OSError as err:
+                warnings.warn(f"lagom-jax: cannot read the plan cache ({err}); tuning again",
+                              TuningWarning, stacklevel=4)
+                cached = None
+            if cached is not None:
+                return cached
+        start = time.perf_counter()
+        plan = _one_plan_for_all_processes(
+            key, lambda: make_plan(graph_lib.from_hlo_text(text), hw, strategy=self._strategy,
+                                   fingerprint=fingerprint))
+        if self._verbose:
+            print(f"lagom-jax: tuned {plan.module} in {time.perf_counter() - start:.2f}s")
+        if self._cache is not None:
+            try:
+                self._cache.put(key, plan)
+            except OSError as err:
+                warnings.warn(f"lagom-jax: could not write the plan cache ({err}); "
+                              "the plan is used but not cached", TuningWarning, stacklevel=4)
+        return plan
+
+
+_SHARE_TIMEOUT_MS = 10 * 60 * 1000
+
+
+def _one_plan_for_all_processes(key: str, search: Callable[[], Plan]) -> Plan:
+    """Process 0 searches; the others read its Plan from ``jax.distributed``'s key-value store.
+
+    The search is deterministic, so every process would reach the same Plan anyway; sharing
+    it makes that a guarantee (one search, one answer) even if hosts differ in speed or
+    library versions. A failure on process 0 is published too, so nobody waits forever.
+    """
+    from jax._src import distributed
+
+    state = distributed.global_state
+    if state.client is None or (state.num_processes or 1) <= 1:
+        return search()
+    store_key = f"lagom_jax/plan/{key}"
+    if state.process_id != 0:
+        text = state.client.blocking_key_value_get(store_key, _SHARE_TIMEOUT_MS)
+        if text.startswith("error:"):
+            raise RuntimeError(f"process 0 could not tune this step: {text[6:]}")
+        return Plan.from_json(text)
+    try:
+        plan = search()
+    except Exception as err:
+        _publish(state.client, store_key, f"error:{type(err).__name__}: {err}")
+        raise
+    _publish(state.client, store_key, plan.to_json())
+    return plan
+
+
+def _publish(client, key: str, value: str) -> None:
+    try:
+        client.key_value_set(key, value)
+    except Exception as err:  # already published by an earlier tune of the same step
+        if "ALREADY_EXISTS" not in str(err).upper().replace(" ", "_"):
+            raise
+
+
+def tune(fn: Callable | None = None, **options) -> Tuned | Callable[[Callable], Tuned]:
+    """``@lagom_jax.tune(hardware=...)`` above ``@jax.jit``, or ``lagom_jax.tune(jitted, ...)``."""
+    if fn is None:
+        return lambda f: Tuned(f, **options)
+    return Tuned(fn, **options)

@@ -1,0 +1,148 @@
+"""The ``tune`` decorator: behaves like jit, compiles once per signature, never breaks a step."""
+
+from __future__ import annotations
+
+import warnings
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import lagom_jax
+from lagom_jax import api
+from lagom_jax.hlo import HloParseError
+
+_COMPILES: list[str] = []
+
+
+def _count(event: str, duration: float, **kw) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES.append(event)
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((2, 4), ("data", "model"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _step(w1, w2, x):
+    """A tiny DP x TP MLP train step: the gradients need all-reduces."""
+
+    def loss(w1, w2):
+        h = jnp.tanh(x @ w1)
+        return jnp.mean((h @ w2) ** 2)
+
+    l, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2)
+    return w1 - 0.1 * g1, w2 - 0.1 * g2, l
+
+
+@pytest.fixture(scope="module")
+def inputs(mesh):
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    w1 = jax.device_put(jax.random.normal(k1, (32, 64)) * 0.1, NamedSharding(mesh, P(None, "model")))
+    w2 = jax.device_put(jax.random.normal(k2, (64, 32)) * 0.1, NamedSharding(mesh, P("model", None)))
+    x = jax.device_put(jax.random.normal(k3, (16, 32)), NamedSharding(mesh, P("data", None)))
+    return w1, w2, x
+
+
+def _tuned(tmp_path, **kw):
+    return lagom_jax.tune(jax.jit(_step), hardware="h100-sxm-8", cache_dir=tmp_path, **kw)
+
+
+def test_tuned_matches_jit_and_never_recompiles(tmp_path, inputs):
+    tuned = _tuned(tmp_path)
+    expected = jax.jit(_step)(*inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", api.TuningWarning)
+        got = tuned(*inputs)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    before = len(_COMPILES)
+    for _ in range(3):
+        tuned(*inputs)
+    assert len(_COMPILES) == before
+    plan = tuned.plan(*inputs)
+    assert plan is not None and plan.strategy == "lagom"
+    assert plan.collectives, "a DP x TP step has collectives"
+    assert len(_COMPILES) == before
+
+
+def test_mirrors_jit_surface(tmp_path, inputs):
+    jitted = jax.jit(_step)
+    tuned = lagom_jax.tune(hardware="h100-sxm-8", cache_dir=tmp_path)(jitted)
+    assert tuned.__wrapped__ is jitted
+    assert "all-reduce" in tuned.lower(*inputs).compile().as_text()
+
+
+def test_decorator_form_and_cache_hit(tmp_path, inputs):
+    @lagom_jax.tune(hardware="h100-sxm-8", cache_dir=tmp_path)
+    @jax.jit
+    def step(w1, w2, x):
+        return _step(w1, w2, x)
+
+    first = step.plan(*inputs)
+    assert list(tmp_path.glob("*.json"))
+    again = lagom_jax.tune(step.__wrapped__, hardware="h100-sxm-8", cache_dir=tmp_path)
+    with mock.patch.object(api.search_lib, "run_strategy", side_effect=AssertionError("searched")):
+        assert again.plan(*inputs) == first
+
+
+def test_auto_hardware_on_cpu_says_what_it_predicts():
+    hw, note = api.auto_hardware()
+    assert hw.name.startswith("h100-sxm-8")
+    assert "no GPU" in note and "h100-sxm-8" in note
+
+
+@pytest.mark.parametrize(
+    "fault, match",
+    [
+        (lambda: mock.patch.object(api.graph_lib, "from_hlo_text",
+                                   side_effect=HloParseError("line 3, col 7: expected shape", 3, 7)),
+         "HloParseError"),
+        (lambda: mock.patch.object(api.search_lib, "run_strategy",
+                                   side_effect=RuntimeError("search exploded")), "search exploded"),
+        (lambda: mock.patch.object(api.Plan, "compiler_options",
+                                   return_value={"xla_gpu_bogus_option": 1}), "xla_gpu_bogus_option"),
+    ],
+    ids=["parser-error", "search-error", "invalid-flag"],
+)
+def test_failures_leave_the_step_running_untuned(tmp_path, inputs, fault, match):
+    tuned = _tuned(tmp_path)
+    expected = jax.jit(_step)(*inputs)
+    with fault(), pytest.warns(api.TuningWarning, match=match):
+        got = tuned(*inputs)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert tuned.plan(*inputs) is None
+
+
+def test_unwritable_cache_still_tunes(tmp_path, inputs):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    tuned = lagom_jax.tune(jax.jit(_step), hardware="h100-sxm-8", cache_dir=blocker / "plans")
+    with pytest.warns(api.TuningWarning, match="could not write the plan cache"):
+        tuned(*inputs)
+    assert tuned.plan(*inputs) is not None
+
+
+def test_corrupt_cache_file_is_retuned(tmp_path, inputs):
+    _tuned(tmp_path).plan(*inputs)
+    (path,) = tmp_path.glob("*.json")
+    path.write_text('{"module": "trunc')
+    tuned = _tuned(tmp_path)
+    with pytest.warns(api.TuningWarning, match="corrupt plan cache file"):
+        plan = tuned.plan(*inputs)
+    assert plan is not None
+    assert api.Plan.load(path) == plan
+
+
+def test_unknown_strategy_is_refused():
+    with pytest.raises(ValueError, match="known:"):
+        lagom_jax.tune(jax.jit(_step), strategy="fastest")
