@@ -90,7 +90,10 @@ MIN_CHUNK_PIECE_BYTES = 1 << 20
 OVERLAP_CANDIDATES = (1, 2, 4)
 # Steps up to this many tasks are evaluated whole; larger ones per collective window.
 FULL_GRAPH_TASKS = 64
-WINDOW_MARGIN_TASKS = 6
+WINDOW_MARGIN_TASKS = 3
+SEGMENT_TASKS = 160
+# Candidates per collective evaluated in the coarse pass of lagom's scan.
+SCAN_COARSE = 8
 EXHAUSTIVE_LIMIT = 200_000
 
 
@@ -208,31 +211,42 @@ def fingerprint(graph: StepGraph) -> str:
 # --- candidates ----------------------------------------------------------------------
 
 
-def _shape(t: Task, hw: HardwareProfile) -> tuple[str, float, int, int]:
-    return (t.kind, t.bytes, t.group_size, t.nodes_spanned(hw.gpus_per_node))
+def _shape(t: Task, num_devices: int, hw: HardwareProfile) -> tuple[str, float, int, int]:
+    """(kind, bytes, ranks, nodes) as the simulator sizes a collective: HLO's empty
+    replica_groups mean every device takes part."""
+    if t.groups or t.pairs:
+        n, nodes = t.group_size, t.nodes_spanned(hw.gpus_per_node)
+    else:
+        n = max(num_devices, 1)
+        nodes = math.ceil(n / hw.gpus_per_node)
+    return t.kind, float(t.bytes), n, min(nodes, n)
 
 
-def _time(t: Task, p: CollectiveParams, hw: HardwareProfile) -> float:
-    kind, nbytes, n, nodes = _shape(t, hw)
+def _time(t: Task, p: CollectiveParams, hw: HardwareProfile, num_devices: int) -> float:
+    kind, nbytes, n, nodes = _shape(t, num_devices, hw)
     return cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
 
 
-def _default(t: Task, hw: HardwareProfile) -> CollectiveParams:
-    return cost.nccl_default_params(*_shape(t, hw), hw)
+def _default(t: Task, hw: HardwareProfile, num_devices: int) -> CollectiveParams:
+    return cost.nccl_default_params(*_shape(t, num_devices, hw), hw)
 
 
 _CANDIDATES: dict[tuple, tuple[CollectiveParams, ...]] = {}
 
 
-def candidates(t: Task, hw: HardwareProfile, max_candidates: int | None = None) -> tuple[CollectiveParams, ...]:
+def candidates(
+    t: Task, hw: HardwareProfile, max_candidates: int | None = None, *, num_devices: int = 1
+) -> tuple[CollectiveParams, ...]:
     """The Pareto front of ``cost.candidate_params`` in (time, SMs, HBM), NCCL's pick first.
 
     With ``max_candidates`` the front is thinned evenly (by channel count) to that many.
+    ``num_devices`` sizes collectives with empty replica groups (all devices).
     """
-    key = (_shape(t, hw), hw, max_candidates)
+    shape = _shape(t, num_devices, hw)
+    key = (shape, hw, max_candidates)
     if key in _CANDIDATES:
         return _CANDIDATES[key]
-    kind, nbytes, n, nodes = _shape(t, hw)
+    kind, nbytes, n, nodes = shape
     scored = []
     for p in cost.candidate_params(kind, nbytes, n, nodes, hw):
         sms, hbm = cost.comm_resource_use(p, hw, nodes=nodes)
@@ -248,7 +262,7 @@ def candidates(t: Task, hw: HardwareProfile, max_candidates: int | None = None) 
     if max_candidates is not None and len(picks) > max_candidates:
         step = (len(picks) - 1) / max(max_candidates - 1, 1)
         picks = [picks[round(i * step)] for i in range(max_candidates)]
-    default = _default(t, hw)
+    default = cost.nccl_default_params(*shape, hw)
     out = (default,) + tuple(p for p in dict.fromkeys(picks) if p != default)
     _CANDIDATES[key] = out
     return out
@@ -259,19 +273,44 @@ def candidates(t: Task, hw: HardwareProfile, max_candidates: int | None = None) 
 
 @dataclasses.dataclass(frozen=True)
 class _Built:
+    """A structure applied: the scheduled graph and, per collective, its combined-graph id."""
+
     schedule: Schedule
-    params: dict[int, CollectiveParams]
     origins: tuple[tuple[int, ...], ...]
+    parent: tuple[tuple[int, int], ...]  # (collective id in schedule.graph, combined-graph id)
+
+    def params(self, params: Mapping[int, CollectiveParams], override: tuple[int, CollectiveParams] | None = None
+               ) -> dict[int, CollectiveParams]:
+        if override is None:
+            return {i: params[c] for i, c in self.parent}
+        cid, p = override
+        return {i: p if c == cid else params[c] for i, c in self.parent}
 
 
 class _Evaluator:
-    """Builds and simulates configurations of one step, counting every evaluation."""
+    """Builds and simulates configurations of one step, counting every evaluation.
+
+    Built schedules are cached per structure (and per window), so trying the candidates
+    of one collective re-simulates the same graph object with other params only.
+    """
 
     def __init__(self, graph: StepGraph, hw: HardwareProfile, space: Space) -> None:
         self.graph, self.hw, self.space = graph, hw, space
         self.evaluations = 0
         self._combined: dict[tuple, Rewrite] = {}
-        self._windows: dict[tuple, tuple[StepGraph, dict[int, int]]] = {}
+        self._built: dict[tuple, _Built] = {}
+
+    def time(self, t: Task, p: CollectiveParams) -> float:
+        return _time(t, p, self.hw, self.graph.num_devices)
+
+    def default(self, t: Task) -> CollectiveParams:
+        return _default(t, self.hw, self.graph.num_devices)
+
+    def candidates(self, t: Task) -> tuple[CollectiveParams, ...]:
+        return candidates(t, self.hw, self.space.max_candidates, num_devices=self.graph.num_devices)
+
+    def resources(self, t: Task, p: CollectiveParams) -> tuple[float, float]:
+        return cost.comm_resource_use(p, self.hw, nodes=_shape(t, self.graph.num_devices, self.hw)[3])
 
     def combined(self, structure: Structure) -> Rewrite:
         key = structure.thresholds
@@ -279,63 +318,77 @@ class _Evaluator:
             self._combined[key] = combine_rewrite(self.graph, structure.threshold_map)
         return self._combined[key]
 
-    def build(self, structure: Structure, params: Mapping[int, CollectiveParams]) -> _Built:
-        """Params are keyed by collective ids of the combined graph; pieces inherit them."""
-        g1 = self.combined(structure).graph
-        rw = chunk_rewrite(g1, dict(structure.chunks))
+    def _apply(self, g1: StepGraph, chunks: Mapping[int, int], structure: Structure,
+               back: Mapping[int, int] | None = None) -> _Built:
+        rw = chunk_rewrite(g1, chunks)
         sched = schedule(rw.graph, overlap_limit=structure.overlap_limit, latency_hiding=structure.latency_hiding)
-        out = {t.id: params[rw.origins[t.id][0]] for t in rw.graph.collectives}
-        return _Built(sched, out, rw.origins)
+        parent = tuple(
+            (t.id, back[rw.origins[t.id][0]] if back is not None else rw.origins[t.id][0])
+            for t in rw.graph.collectives
+        )
+        return _Built(sched, rw.origins, parent)
 
-    def full(self, structure: Structure, params: Mapping[int, CollectiveParams]) -> Timeline:
-        built = self.build(structure, params)
+    def build(self, structure: Structure) -> _Built:
+        """The whole step under ``structure``; collectives keep their combined-graph ids."""
+        if structure not in self._built:
+            self._built[structure] = self._apply(self.combined(structure).graph, dict(structure.chunks), structure)
+        return self._built[structure]
+
+    def _simulate(self, built: _Built, params: dict[int, CollectiveParams]) -> Timeline:
         self.evaluations += 1
         return simulate(
-            built.schedule.graph, self.hw, built.params,
+            built.schedule.graph, self.hw, params,
             overlap_limit=built.schedule.overlap_limit, priority=built.schedule.priority_map,
         )
 
-    def window(self, structure: Structure, params: Mapping[int, CollectiveParams], cid: int) -> float:
-        """Makespan of the part of the step collective ``cid`` (combined graph) can affect.
+    def full(self, structure: Structure, params: Mapping[int, CollectiveParams]) -> Timeline:
+        built = self.build(structure)
+        return self._simulate(built, built.params(params))
+
+    def window(self, structure: Structure, params: Mapping[int, CollectiveParams], cid: int,
+               p: CollectiveParams | None = None) -> float:
+        """Makespan of the part of the step that collective ``cid`` (combined graph) can
+        affect, with ``cid`` running ``p`` (default: its params in ``params``).
 
         Small steps are simulated whole, so the search on them is exact under the model.
         """
+        override = None if p is None else (cid, p)
         g1 = self.combined(structure).graph
         if len(g1.tasks) <= FULL_GRAPH_TASKS:
-            return self.full(structure, params).makespan_us
-        sub, ids = self._window_graph(structure, cid)
-        chunks = {ids[c]: k for c, k in structure.chunks if c in ids}
-        rw = chunk_rewrite(sub, chunks)
-        sched = schedule(rw.graph, overlap_limit=structure.overlap_limit, latency_hiding=structure.latency_hiding)
-        back = {v: k for k, v in ids.items()}
-        sub_params = {t.id: params[back[rw.origins[t.id][0]]] for t in rw.graph.collectives}
-        self.evaluations += 1
-        return simulate(sched.graph, self.hw, sub_params, overlap_limit=sched.overlap_limit).makespan_us
+            built = self.build(structure)
+        else:
+            built = self._window(structure, cid)
+        return self._simulate(built, built.params(params, override)).makespan_us
 
-    def _window_graph(self, structure: Structure, cid: int) -> tuple[StepGraph, dict[int, int]]:
-        key = (structure.thresholds, cid)
-        if key not in self._windows:
-            g1 = self.combined(structure).graph
-            t = g1.tasks[cid]
-            users = g1.consumers[cid]
-            lo = max(0, min(t.deps, default=cid) - WINDOW_MARGIN_TASKS)
-            hi = min(len(g1.tasks) - 1, max(users, default=cid) + WINDOW_MARGIN_TASKS)
-            ids = {old: new for new, old in enumerate(range(lo, hi + 1))}
+    def _window(self, structure: Structure, cid: int) -> _Built:
+        """Tasks from a few before ``cid``'s producers to a few after its first consumer."""
+        g1 = self.combined(structure).graph
+        t = g1.tasks[cid]
+        users = g1.consumers[cid]
+        lo = max(0, min(t.deps, default=cid) - WINDOW_MARGIN_TASKS)
+        hi = min(len(g1.tasks) - 1, max(users[:1], default=cid) + WINDOW_MARGIN_TASKS)
+        chunks = tuple((c, k) for c, k in structure.chunks if lo <= c <= hi)
+        key = (structure.thresholds, structure.latency_hiding, structure.overlap_limit, chunks, lo, hi)
+        if key not in self._built:
+            ids = {old: old - lo for old in range(lo, hi + 1)}
             tasks = tuple(
                 dataclasses.replace(
-                    g1.tasks[old], id=new, deps=tuple(ids[d] for d in g1.tasks[old].deps if d in ids), done_before=None
+                    g1.tasks[old], id=new, done_before=None,
+                    deps=tuple(ids[d] for d in g1.tasks[old].deps if d in ids),
                 )
                 for old, new in ids.items()
             )
-            self._windows[key] = (StepGraph(f"{g1.name}[{lo}:{hi + 1}]", tasks, g1.num_devices), ids)
-        return self._windows[key]
+            sub = StepGraph(f"{g1.name}[{lo}:{hi + 1}]", tasks, g1.num_devices)
+            self._built[key] = self._apply(sub, {c - lo: k for c, k in chunks}, structure,
+                                           back={new: old for old, new in ids.items()})
+        return self._built[key]
 
 
 # --- the result ----------------------------------------------------------------------
 
 
 def _exposed(timeline: Timeline) -> dict[int, float]:
-    return dict(timeline.exposed_by_task)
+    return timeline.exposed
 
 
 def _finish(
@@ -348,15 +401,16 @@ def _finish(
     notes: tuple[str, ...] = (),
     timeline: Timeline | None = None,
 ) -> SearchResult:
-    built = ev.build(structure, params)
+    built = ev.build(structure)
     if timeline is None:
         timeline = ev.full(structure, params)
     exposed = _exposed(timeline)
     chunks = dict(structure.chunks)
+    final = built.params(params)
     explanations = []
     for t in built.schedule.graph.collectives:
         origin = built.origins[t.id][0]
-        p = built.params[t.id]
+        p = final[t.id]
         explanations.append(
             Explanation(
                 name=t.name,
@@ -364,7 +418,7 @@ def _finish(
                 nbytes=t.bytes,
                 params=p,
                 chunks=chunks.get(origin, 1),
-                time_us=_time(t, p, ev.hw),
+                time_us=ev.time(t, p),
                 exposed_us=exposed.get(t.id, 0.0),
                 reason=reasons.get(origin, ""),
             )
@@ -375,7 +429,7 @@ def _finish(
         graph_fingerprint=fingerprint(ev.graph),
         graph=built.schedule.graph,
         timeline=timeline,
-        params=tuple(sorted(built.params.items())),
+        params=tuple(sorted(final.items())),
         structure=structure,
         evaluations=ev.evaluations,
         search_time_s=time.perf_counter() - started,
@@ -390,9 +444,9 @@ def _policy_params(ev: _Evaluator, structure: Structure, policy: str) -> dict[in
     out = {}
     for t in g1.collectives:
         if policy == "nccl":
-            out[t.id] = _default(t, ev.hw)
+            out[t.id] = ev.default(t)
         else:  # "fastest": AutoCCL's objective, the collective's own duration
-            out[t.id] = min(candidates(t, ev.hw, ev.space.max_candidates), key=lambda p, t=t: _time(t, p, ev.hw))
+            out[t.id] = min(ev.candidates(t), key=lambda p, t=t: ev.time(t, p))
     return out
 
 
@@ -423,32 +477,44 @@ def _autoccl(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResul
     params = _policy_params(ev, s, "fastest")
     g1 = ev.combined(s).graph
     # AutoCCL tries candidates on the running job: one measurement per candidate.
-    ev.evaluations += sum(len(candidates(t, hw, space.max_candidates)) for t in g1.collectives)
+    ev.evaluations += sum(len(ev.candidates(t)) for t in g1.collectives)
     reasons = {
-        t.id: f"fastest alone ({_time(t, params[t.id], hw):.1f} us; NCCL's pick "
-        f"{_time(t, _default(t, hw), hw):.1f} us), blind to the compute it slows"
+        t.id: f"fastest alone ({ev.time(t, params[t.id]):.1f} us; NCCL's pick "
+        f"{ev.time(t, ev.default(t)):.1f} us), blind to the compute it slows"
         for t in g1.collectives
     }
     return _finish("autoccl", ev, s, params, started, reasons)
 
 
 def _priority(ev: _Evaluator, structure: Structure, params: Mapping[int, CollectiveParams],
-              timeline: Timeline) -> list[int]:
-    """Collectives of the combined graph, highest effect on the makespan first.
+              timeline: Timeline) -> tuple[list[int], dict[int, float]]:
+    """Collectives of the combined graph, highest effect on the makespan first, and
+    the exposed time of each.
 
     Effect = exposed time + the compute time it takes away while running (its duration x
     the share of SMs it holds): the two ways a collective lengthens the step.
     """
-    built = ev.build(structure, params)
+    built = ev.build(structure)
     exposed = _exposed(timeline)
     score: dict[int, float] = {}
+    exposed_by: dict[int, float] = {}
+    final = built.params(params)
     for t in built.schedule.graph.collectives:
         origin = built.origins[t.id][0]
-        p = built.params[t.id]
-        d = _time(t, p, ev.hw)
-        sms, _ = cost.comm_resource_use(p, ev.hw, nodes=t.nodes_spanned(ev.hw.gpus_per_node))
-        score[origin] = score.get(origin, 0.0) + exposed.get(t.id, 0.0) + d * sms / ev.hw.sm_count
-    return sorted(score, key=lambda c: (-score[c], c))
+        p = final[t.id]
+        sms, _ = ev.resources(t, p)
+        exposed_by[origin] = exposed_by.get(origin, 0.0) + exposed.get(t.id, 0.0)
+        score[origin] = score.get(origin, 0.0) + exposed.get(t.id, 0.0) + ev.time(t, p) * sms / ev.hw.sm_count
+    return sorted(score, key=lambda c: (-score[c], c)), exposed_by
+
+
+def _prefix(graph: StepGraph, n: int) -> StepGraph:
+    """The first ``n`` tasks: deps point backwards, so a prefix is a step of its own."""
+    tasks = tuple(
+        dataclasses.replace(t, done_before=t.done_before if t.done_before is not None and t.done_before < n else None)
+        for t in graph.tasks[:n]
+    )
+    return StepGraph(f"{graph.name}[:{n}]", tasks, graph.num_devices)
 
 
 def _better(a: float, b: float) -> bool:
@@ -475,7 +541,11 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
     notes.append(f"started from {label} ({best_ms:.1f} us)")
 
     # 2. Structure: scheduler and per-kind combine thresholds (params follow the policy).
+    # A long step is judged on its first SEGMENT_TASKS tasks (a few layers of a step
+    # that repeats its layers); the whole-step check at the end guards the choice.
+    sev = ev if len(graph.tasks) <= SEGMENT_TASKS else _Evaluator(_prefix(graph, SEGMENT_TASKS), hw, space)
     if space.tune_structure:
+        best_ms = sev.full(structure, _policy_params(sev, structure, policy)).makespan_us
         kinds = {t.kind for t in graph.collectives}
         moves: list[tuple[str, int]] = [("latency-hiding", 0)] + [
             (kind, v) for kind in COMBINABLE_KINDS if kind in kinds for v in THRESHOLD_CANDIDATES
@@ -490,12 +560,14 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
                 trial = dataclasses.replace(
                     structure, thresholds=_thresholds({**structure.threshold_map, what: value})
                 )
-                if ev.combined(trial).origins == ev.combined(structure).origins:
+                if sev.combined(trial).origins == sev.combined(structure).origins:
                     continue  # the same combine groups: nothing new to evaluate
-            trial_params = _policy_params(ev, trial, policy)
-            ms = ev.full(trial, trial_params).makespan_us
+            ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
             if _better(ms, best_ms):
-                best_ms, structure, params = ms, trial, trial_params
+                best_ms, structure = ms, trial
+        params = _policy_params(ev, structure, policy)
+        if sev is not ev:
+            ev.evaluations += sev.evaluations
         seed_thresholds = dict(seeds[[x[1] for x in seeds].index(label)][2].thresholds)
         changed = [k for k, v in structure.thresholds if k in kinds and v != seed_thresholds[k]]
         if changed:
@@ -506,7 +578,7 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
 
     # 3. Per collective, in priority order: params, then pipelining.
     g1 = ev.combined(structure).graph
-    order = _priority(ev, structure, params, ev.full(structure, params))
+    order, exposed = _priority(ev, structure, params, ev.full(structure, params))
     params = dict(params)
     reasons: dict[int, str] = {}
     for cid in order:
@@ -514,14 +586,15 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
         current = params[cid]
         base = ev.window(structure, params, cid)
         scores: dict[CollectiveParams, float] = {current: base}
-        for p in candidates(t, hw, space.max_candidates):
-            if p not in scores:
-                scores[p] = ev.window(structure, {**params, cid: p}, cid)
+        _scan(ev.candidates(t), scores, lambda p, cid=cid: ev.window(structure, params, cid, p))
         winner = min(scores, key=lambda p: (scores[p], p != current))
         if _better(scores[winner], base):
             params[cid] = winner
-        reasons[cid] = _why(t, hw, params[cid], current, scores)
-        if space.tune_structure and t.bytes / max(CHUNK_CANDIDATES) >= MIN_CHUNK_PIECE_BYTES:
+        reasons[cid] = _why(ev, t, params[cid], current, scores)
+        # Pipelining only removes exposed fill and drain; with nothing exposed it could
+        # only add launches.
+        if (space.tune_structure and exposed[cid] > 0
+                and t.bytes / max(CHUNK_CANDIDATES) >= MIN_CHUNK_PIECE_BYTES):
             now = scores[params[cid]]
             for k in CHUNK_CANDIDATES:
                 trial = dataclasses.replace(structure, chunks=tuple(sorted({**dict(structure.chunks), cid: k}.items())))
@@ -551,18 +624,49 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
     return _finish("lagom", ev, structure, params, started, reasons, tuple(notes), timeline)
 
 
-def _why(t: Task, hw: HardwareProfile, chosen: CollectiveParams, previous: CollectiveParams,
+def _scan(cands: tuple[CollectiveParams, ...], scores: dict[CollectiveParams, float],
+          evaluate: Callable[[CollectiveParams], float]) -> None:
+    """Score candidates into ``scores``: all of them when there are few, else coarse to fine.
+
+    ``cands`` after NCCL's pick runs along the Pareto front from the fewest resources to
+    the most; the step time along it falls while the collective is exposed and rises once
+    the compute it slows dominates. So: every SCAN_COARSE-th point, then walk from the best
+    one to its neighbours while they improve.
+    """
+    def score(i: int) -> float:
+        p = front[i]
+        if p not in scores:
+            scores[p] = evaluate(p)
+        return scores[p]
+
+    if cands[0] not in scores:
+        scores[cands[0]] = evaluate(cands[0])
+    front = cands[1:]
+    if len(front) <= SCAN_COARSE:
+        for i in range(len(front)):
+            score(i)
+        return
+    step = (len(front) - 1) / (SCAN_COARSE - 1)
+    coarse = sorted({round(i * step) for i in range(SCAN_COARSE)})
+    best = min(coarse, key=score)
+    for direction in (-1, 1):
+        i = best
+        while 0 <= i + direction < len(front) and score(i + direction) < score(i):
+            i += direction
+
+
+def _why(ev: _Evaluator, t: Task, chosen: CollectiveParams, previous: CollectiveParams,
          scores: Mapping[CollectiveParams, float]) -> str:
     """Name the winner's makespan against the previous choice and the fastest-alone one."""
-    fastest = min(scores, key=lambda p: (_time(t, p, hw), p))
-    text = f"{chosen.describe()}: step {scores[chosen]:.1f} us, alone {_time(t, chosen, hw):.1f} us"
+    fastest = min(scores, key=lambda p: (ev.time(t, p), p))
+    text = f"{chosen.describe()}: step {scores[chosen]:.1f} us, alone {ev.time(t, chosen):.1f} us"
     if chosen == previous:
         text += " (kept: no candidate shortened the step)"
     else:
         text += f"; was {previous.describe()} at {scores[previous]:.1f} us"
     if fastest != chosen:
         text += (
-            f"; fastest alone {fastest.describe()} ({_time(t, fastest, hw):.1f} us) gives "
+            f"; fastest alone {fastest.describe()} ({ev.time(t, fastest):.1f} us) gives "
             f"{scores[fastest]:.1f} us: its extra SMs/HBM slow the overlapped compute more than it saves"
         )
     return text
@@ -582,7 +686,7 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
     sizes = []
     for s in structures:
         g1 = ev.combined(s).graph
-        sizes.append(math.prod(len(candidates(t, hw, space.max_candidates)) for t in g1.collectives))
+        sizes.append(math.prod(len(ev.candidates(t)) for t in g1.collectives))
     total = sum(sizes)
     if total > limit:
         raise ValueError(
@@ -593,7 +697,7 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
     for s in structures:
         g1 = ev.combined(s).graph
         ids = [t.id for t in g1.collectives]
-        for combo in itertools.product(*(candidates(g1.tasks[i], hw, space.max_candidates) for i in ids)):
+        for combo in itertools.product(*(ev.candidates(g1.tasks[i]) for i in ids)):
             params = dict(zip(ids, combo))
             tl = ev.full(s, params)
             if best is None or _better(tl.makespan_us, best[0]):

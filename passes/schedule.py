@@ -56,7 +56,7 @@ def schedule(
     """Place every collective's wait point and fix the issue order settings.
 
     ``latency_hiding`` mirrors ``xla_gpu_enable_latency_hiding_scheduler``: True waits at
-    the first consumer (or never, inside the step, when there is none); False waits right
+    the first compute consumer (or only at the end of the step when there is none); False waits right
     after issue except for all-reduce and collective-permute. ``priority`` maps collective
     id -> priority, higher first; left out, ready collectives go in schedule order.
     """
@@ -79,7 +79,8 @@ def schedule(
     for t in graph.collectives:
         is_async = latency_hiding or t.kind in _EARLY_LATE_WITHOUT_LHS
         if is_async:
-            wait = consumers[t.id][0] if consumers[t.id] else None
+            # A collective consumer waits through its deps; the wait point is compute.
+            wait = next((u for u in consumers[t.id] if not tasks[u].is_collective), None)
         else:
             # Synchronous: the next compute task in program order waits for it.
             wait = next_compute[t.id]
