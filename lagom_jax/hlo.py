@@ -297,7 +297,8 @@ _EXPLICIT_GROUPS_RE = re.compile(r"\{\s*(\{[\d,\s]*\}(?:\s*,\s*\{[\d,\s]*\})*)?\
 _IOTA_RE = re.compile(
     r"\[(\d+(?:,\d+)*)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?"
 )
-_MESH_RE = re.compile(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_MESH_RE = re.compile(r"mesh\[([^\]]*)\](?:,\s*device_ids=\(([^()]*(?:\([\d,]*\))?)\))?\s*\{([^}]*)\}")
+_DEVICE_IOTA_RE = re.compile(r"\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
 _MESH_AXIS_RE = re.compile(r"'([^']+)'\s*=\s*(\d+)")
 _AXIS_REF_RE = re.compile(r"'([^']+)'(?::\((\d+)\)(\d+))?")
 
@@ -343,9 +344,11 @@ def parse_replica_groups(raw: str) -> tuple[tuple[int, ...], ...]:
     * explicit ``{{0,1},{2,3}}`` (``{}`` = all devices, returned as ``()``);
     * iota ``[2,4]<=[4,2]T(1,0)``: a [groups, group_size] array of device ids;
     * mesh axes ``mesh['axis_0'=4,'axis_1'=2] {'axis_0'}``: one group per index of the
-      other axes, holding the devices that differ only along the named axes (devices are
-      numbered row-major over the mesh; ``'a':(p)s`` names the sub-axis of size s after
-      a pre-size p).
+      other axes, holding the devices that differ only along the named axes (mesh
+      positions are numbered row-major; ``'a':(p)s`` names the sub-axis of size s after
+      a pre-size p). An optional ``, device_ids=([4,2]T(1,0))`` (iota) or
+      ``, device_ids=(0,2,...)`` says which device sits at each position; without it
+      position i is device i.
     """
     raw = raw.strip()
     m = _EXPLICIT_GROUPS_RE.fullmatch(raw)
@@ -364,11 +367,29 @@ def parse_replica_groups(raw: str) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(ids[i : i + size]) for i in range(0, len(ids), size))
     m = _MESH_RE.fullmatch(raw)
     if m:
-        return _mesh_groups(m.group(1), m.group(2))
+        groups = _mesh_groups(m.group(1), m.group(3))
+        if m.group(2) is None:
+            return groups
+        ids = _device_ids(m.group(2))
+        if len(ids) != sum(len(g) for g in groups):
+            raise ValueError(f"device_ids=({m.group(2)}) does not list one device per mesh position")
+        return tuple(tuple(ids[p] for p in g) for g in groups)
     raise ValueError(
         f"replica_groups {raw[:60]!r} is in none of the forms {{{{0,1}},{{2,3}}}}, "
         "[2,4]<=[8] or mesh['a'=2,'b'=4] {'a'}"
     )
+
+
+def _device_ids(raw: str) -> list[int]:
+    """The device at each mesh position: ``[4,2]T(1,0)`` (iota) or ``0,2,4,...``."""
+    m = _DEVICE_IOTA_RE.fullmatch(raw.strip())
+    if m:
+        dims = _ints(m.group(1))
+        return _iota((math.prod(dims),), dims, _ints(m.group(2)) if m.group(2) else None)
+    try:
+        return [int(x) for x in raw.split(",")]
+    except ValueError:
+        raise ValueError(f"device_ids=({raw}) is neither [dims]T(perm) nor a list of ids") from None
 
 
 def _mesh_groups(axes_text: str, refs_text: str) -> tuple[tuple[int, ...], ...]:
@@ -604,7 +625,12 @@ class _Parser:
                 value = line[am.end() : b].strip()
                 if not value:
                     raise HloParseError(lineno, am.end() + 1, f"attribute {am.group(1)} has no value")
-                attrs[am.group(1)] = value
+                key = am.group(1)
+                if key == "device_ids" and attrs.get("replica_groups", "").startswith("mesh["):
+                    # mesh[...], device_ids=(...) {axes}: one value split by its own comma.
+                    attrs["replica_groups"] += ", device_ids=" + value
+                    continue
+                attrs[key] = value
         called = []
         for key in _CALL_ATTRS:
             v = attrs.get(key)

@@ -62,6 +62,13 @@ def test_bounded_dynamic_dims_count_their_bound():
         ("mesh['a'=2,'b'=2,'c'=2] {'a','c'}", ((0, 1, 4, 5), (2, 3, 6, 7))),
         # 'b' (size 4) split as pre-size 2 × sub-axis 2: the sub-axis is b's minor half.
         ("mesh['a'=2,'b'=4] {'b':(2)2}", ((0, 1), (2, 3), (4, 5), (6, 7))),
+        # As jax 0.10.2 prints it for a ("model", "data")-sharded embedding: position p of
+        # the mesh holds device ([4,2]T(1,0))[p] = (0,2,4,6,1,3,5,7)[p].
+        ("mesh['axis_0'=1,'axis_1'=1,'axis_2'=2,'axis_3'=4], device_ids=([4,2]T(1,0)) {'axis_2'}",
+         ((0, 1), (2, 3), (4, 5), (6, 7))),
+        ("mesh['axis_0'=1,'axis_1'=1,'axis_2'=4,'axis_3'=2], device_ids=([4,2]T(1,0)) {'axis_3'}",
+         ((0, 2), (4, 6), (1, 3), (5, 7))),
+        ("mesh['a'=2,'b'=2], device_ids=(3,2,1,0) {'a'}", ((3, 1), (2, 0))),
     ],
 )
 def test_replica_group_forms(raw, groups):
@@ -74,6 +81,19 @@ def test_replica_group_forms(raw, groups):
 def test_bad_replica_groups_raise(raw):
     with pytest.raises(ValueError):
         hlo.parse_replica_groups(raw)
+
+
+def test_mesh_groups_with_device_ids_stay_one_attribute():
+    m = hlo.parse(
+        "HloModule m, num_partitions=8\n"
+        "add {\n  a = f32[] parameter(0)\n}\n"
+        "ENTRY e {\n  p = f32[8]{0} parameter(0)\n"
+        "  r = f32[8]{0} all-reduce(p), channel_id=1, replica_groups=mesh['x'=4,'y'=2], "
+        "device_ids=([2,4]T(1,0)) {'y'}, use_global_device_ids=true, to_apply=add\n}\n"
+    )
+    r = m.entry.by_name["r"]
+    assert "device_ids" not in r.attributes and r.attributes["use_global_device_ids"] == "true"
+    assert r.replica_groups() == ((0, 4), (1, 5), (2, 6), (3, 7))
 
 
 def test_source_target_pairs():
