@@ -19,6 +19,7 @@ import functools
 import hashlib
 import math
 import os
+import shlex
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -34,7 +35,8 @@ from lagom_jax import search as search_lib
 from lagom_jax.flags import XlaFlag
 from lagom_jax.plan import CollectiveChoice, Plan, PlanCache
 
-__all__ = ["tune", "Tuned", "make_plan", "auto_hardware", "BASELINES", "TuningWarning"]
+__all__ = ["tune", "Tuned", "make_plan", "auto_hardware", "apply_nccl_env", "launch_line",
+           "BASELINES", "TuningWarning"]
 
 VERSION = "0.1.0"
 BASELINES = ("xla-default", "recipe", "autoccl")
@@ -216,6 +218,7 @@ class Tuned:
             warnings.warn(f"lagom-jax: tuning failed, running the step untuned: "
                           f"{type(err).__name__}: {err}", TuningWarning, stacklevel=3)
             return baseline, None
+        apply_nccl_env(plan)
         return tuned, plan
 
     def _plan_for(self, compiled) -> Plan:
@@ -250,6 +253,43 @@ class Tuned:
                 warnings.warn(f"lagom-jax: could not write the plan cache ({err}); "
                               "the plan is used but not cached", TuningWarning, stacklevel=4)
         return plan
+
+
+def launch_line(plan: Plan, command: str = "python train.py") -> str:
+    """The shell line that starts a job with this plan's NCCL environment and XLA flags."""
+    env = dict(plan.nccl_env())
+    env["XLA_FLAGS"] = plan.xla_flags()
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + f" {command}"
+
+
+def _gpu_backend_started() -> bool:
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        return False
+    return any(p in ("gpu", "cuda", "rocm") for p in xla_bridge.backends())
+
+
+def apply_nccl_env(plan: Plan, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Put the plan's NCCL environment into this process, only while that is safe.
+
+    NCCL reads its environment when a communicator is created, and XLA creates them
+    lazily once a GPU backend is up; after that, a change would apply to some
+    communicators and not others. So the environment is set only while no GPU backend has
+    started (NCCL cannot have a communicator yet); otherwise nothing is changed and a
+    warning gives the exact launch line. Returns what was set.
+    """
+    environ = os.environ if environ is None else environ
+    missing = {k: v for k, v in plan.nccl_env().items() if environ.get(k) != v}
+    if not missing:
+        return {}
+    if _gpu_backend_started():
+        warnings.warn("lagom-jax: NCCL settings must be in place before the first NCCL "
+                      f"communicator exists; relaunch with: {launch_line(plan)}",
+                      TuningWarning, stacklevel=2)
+        return {}
+    environ.update(missing)
+    return missing
 
 
 _SHARE_TIMEOUT_MS = 10 * 60 * 1000

@@ -146,3 +146,15 @@ def test_corrupt_cache_file_is_retuned(tmp_path, inputs):
 def test_unknown_strategy_is_refused():
     with pytest.raises(ValueError, match="known:"):
         lagom_jax.tune(jax.jit(_step), strategy="fastest")
+
+
+def test_nccl_env_is_set_only_before_a_gpu_backend(tmp_path, inputs, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no tuner plugin built there
+    plan = _tuned(tmp_path).plan(*inputs)
+    plan = api.Plan.from_json(plan.to_json().replace('"nthreads": 512', '"nthreads": 256'))
+    environ: dict[str, str] = {}
+    assert api.apply_nccl_env(plan, environ) == {"NCCL_NTHREADS": "256"} == environ
+    assert api.apply_nccl_env(plan, environ) == {}
+    with mock.patch.object(api, "_gpu_backend_started", return_value=True), \
+            pytest.warns(api.TuningWarning, match="relaunch with: NCCL_NTHREADS=256 XLA_FLAGS="):
+        assert api.apply_nccl_env(plan, {}) == {}
