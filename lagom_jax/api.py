@@ -33,9 +33,9 @@ from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
 from lagom_jax.flags import XlaFlag
-from lagom_jax.plan import CollectiveChoice, Plan, PlanCache
+from lagom_jax.plan import MAX_CHANNELS, CollectiveChoice, Plan, PlanCache
 
-__all__ = ["tune", "Tuned", "make_plan", "auto_hardware", "apply_nccl_env", "launch_line",
+__all__ = ["tune", "Tuned", "make_plan", "search_all", "plan_from_results", "auto_hardware", "apply_nccl_env", "launch_line",
            "BASELINES", "TuningWarning"]
 
 VERSION = "0.1.0"
@@ -87,26 +87,31 @@ def resolve_hardware(hardware: str | hardware_lib.HardwareProfile, devices=None)
 
 
 def _plan_flags(result: search_lib.SearchResult) -> tuple[XlaFlag, ...]:
-    """The flag-level choices of a search result, as typed XLA flags."""
+    """The flag-level choices of a search result that differ from XLA's defaults."""
     structure = result.structure
-    out = [XlaFlag("xla_gpu_enable_latency_hiding_scheduler", bool(structure.latency_hiding))]
-    for kind, threshold in structure.thresholds:
-        if kind in COMBINE_FLAG:
-            out.append(XlaFlag(COMBINE_FLAG[kind], int(threshold)))
-    out.append(XlaFlag("xla_gpu_experimental_parallel_collective_overlap_limit",
-                       int(structure.overlap_limit)))
+    out = [XlaFlag("xla_gpu_enable_latency_hiding_scheduler", bool(structure.latency_hiding)),
+           XlaFlag("xla_gpu_experimental_parallel_collective_overlap_limit",
+                   int(structure.overlap_limit))]
+    out += [XlaFlag(COMBINE_FLAG[kind], int(threshold))
+            for kind, threshold in structure.thresholds if kind in COMBINE_FLAG]
     channels = [p.nchannels for _, p in result.params]
-    if channels:
+    if channels and max(channels) < MAX_CHANNELS:
         out.append(XlaFlag("xla_gpu_nccl_collective_max_nchannels", max(channels)))
-    return tuple(out)
+    return tuple(f for f in out if not f.is_default)
 
 
-def make_plan(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
-              strategy: str = "lagom", fingerprint: str = "",
-              baselines: tuple[str, ...] = BASELINES) -> Plan:
-    """Search ``graph`` with ``strategy`` and every baseline; the chosen result as a Plan."""
-    results = {name: search_lib.run_strategy(name, graph, hw)
-               for name in dict.fromkeys((strategy, *baselines))}
+def search_all(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
+               strategy: str = "lagom", baselines: tuple[str, ...] = BASELINES
+               ) -> dict[str, search_lib.SearchResult]:
+    """``strategy`` and every baseline on one step, by name (chosen strategy first)."""
+    return {name: search_lib.run_strategy(name, graph, hw)
+            for name in dict.fromkeys((strategy, *baselines))}
+
+
+def plan_from_results(results: Mapping[str, search_lib.SearchResult], strategy: str,
+                      hw: hardware_lib.HardwareProfile, *, module: str,
+                      fingerprint: str = "") -> Plan:
+    """The Plan of ``results[strategy]``, with every other result as a baseline prediction."""
     chosen = results[strategy]
     tuned_graph, timeline, params = chosen.graph, chosen.timeline, chosen.param_map
     why = {e.name: e.reason for e in chosen.explanations}
@@ -127,13 +132,21 @@ def make_plan(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
     costs = tuple((tuned_graph.tasks[i].name, end - start)
                   for i, (start, end) in sorted(spans.items()) if end > start)
     return Plan(
-        module=graph.name, fingerprint=fingerprint, hardware=hw.name,
+        module=module, fingerprint=fingerprint, hardware=hw.name,
         gpus_per_node=hw.gpus_per_node, nodes=hw.nodes, strategy=strategy, version=VERSION,
         collectives=tuple(choices), flags=_plan_flags(chosen),
         predicted_us=tuple((name, r.makespan_us) for name, r in results.items()),
         bound_us=chosen.bound_us, evaluations=chosen.evaluations,
         search_seconds=chosen.search_time_s, costs=costs, timeline_json=timeline.to_json(),
     )
+
+
+def make_plan(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
+              strategy: str = "lagom", fingerprint: str = "",
+              baselines: tuple[str, ...] = BASELINES) -> Plan:
+    """Search ``graph`` with ``strategy`` and every baseline; the chosen result as a Plan."""
+    results = search_all(graph, hw, strategy=strategy, baselines=baselines)
+    return plan_from_results(results, strategy, hw, module=graph.name, fingerprint=fingerprint)
 
 
 def _leaf_key(x: Any) -> Any:

@@ -118,6 +118,39 @@ class Plan:
             raise KeyError(f"no prediction for {baseline!r} (have: {', '.join(times)})")
         return times[baseline] / self.makespan_us
 
+    def timeline(self) -> dict:
+        """The predicted timeline of this plan (``Timeline.to_dict()`` of the simulator)."""
+        return json.loads(self.timeline_json)
+
+    def report(self, *, top: int = 20) -> str:
+        """The table a person reads: predictions, speedups and each collective's choice."""
+        times = dict(self.predicted_us)
+        lines = [
+            f"lagom-jax plan for {self.module} on {self.hardware} "
+            f"({self.nodes} node(s) x {self.gpus_per_node} GPUs), strategy {self.strategy}",
+            f"predicted step {self.makespan_us / 1e3:.3f} ms; overlap bound "
+            f"{self.bound_us / 1e3:.3f} ms (efficiency {self.bound_us / self.makespan_us:.1%})",
+        ]
+        others = [n for n in times if n != self.strategy]
+        if others:
+            lines.append("speedup: " + ", ".join(
+                f"{self.speedup_over(n):.3f}x over {n} ({times[n] / 1e3:.3f} ms)" for n in others))
+        lines.append(f"search: {self.evaluations} evaluations in {self.search_seconds:.2f} s")
+        if not self.collectives:
+            lines.append("no collectives: nothing to tune")
+            return "\n".join(lines)
+        lines += ["", f"{'collective':<28} {'kind':<18} {'bytes':>10} {'ranks':>5} {'nodes':>5}  "
+                      f"{'NCCL default':<36} {'chosen':<36} {'time us':>9} {'exposed':>9}  why"]
+        ranked = sorted(self.collectives, key=lambda c: -c.predicted_us)
+        for c in ranked[:top]:
+            lines.append(
+                f"{c.name[:28]:<28} {c.kind:<18} {_human_bytes(c.bytes):>10} {c.group_size:>5} "
+                f"{c.nodes:>5}  {c.default_params.describe():<36} {c.params.describe():<36} "
+                f"{c.predicted_us:>9.1f} {c.exposed_us:>9.1f}  {c.why}")
+        if len(ranked) > top:
+            lines.append(f"... {len(ranked) - top} more collectives (all of them: --json / Plan.to_json)")
+        return "\n".join(lines)
+
     # -- how the plan reaches XLA --------------------------------------------------------
     def compiler_options(self, *, with_profile: bool = False) -> dict[str, object]:
         """Options for ``lowered.compile(compiler_options=...)``.
@@ -235,6 +268,14 @@ class Plan:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         return cls.from_json(pathlib.Path(path).read_text())
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def _to_jsonable(value: object) -> object:

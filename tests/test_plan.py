@@ -118,3 +118,11 @@ def test_nccl_env_includes_the_plugin_only_when_built(tmp_path):
     env = plan.nccl_env(plugin_path=so, config_path=tmp_path / "plan.conf")
     assert env["NCCL_TUNER_PLUGIN"] == str(so.resolve())
     assert (tmp_path / "plan.conf").read_text() == plan.nccl_tuner_config()
+
+
+def test_report_names_every_prediction_and_choice():
+    text = _plan().report()
+    assert "strategy lagom" in text and "1.111x over xla-default" in text
+    assert "ring/LL128 nc=24" in text and "ring/Simple nc=6" in text
+    assert "fewer channels win" in text
+    assert len(_plan(n=30).report(top=5).splitlines()) < 15
