@@ -37,6 +37,7 @@ hardware, strategy, space).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -222,13 +223,22 @@ def _shape(t: Task, num_devices: int, hw: HardwareProfile) -> tuple[str, float, 
     return t.kind, float(t.bytes), n, min(nodes, n)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _shape_time(shape: tuple[str, float, int, int], p: CollectiveParams, hw: HardwareProfile) -> float:
+    return cost.collective_time_us(*shape, p, hw)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _shape_default(shape: tuple[str, float, int, int], hw: HardwareProfile) -> CollectiveParams:
+    return cost.nccl_default_params(*shape, hw)
+
+
 def _time(t: Task, p: CollectiveParams, hw: HardwareProfile, num_devices: int) -> float:
-    kind, nbytes, n, nodes = _shape(t, num_devices, hw)
-    return cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
+    return _shape_time(_shape(t, num_devices, hw), p, hw)
 
 
 def _default(t: Task, hw: HardwareProfile, num_devices: int) -> CollectiveParams:
-    return cost.nccl_default_params(*_shape(t, num_devices, hw), hw)
+    return _shape_default(_shape(t, num_devices, hw), hw)
 
 
 _CANDIDATES: dict[tuple, tuple[CollectiveParams, ...]] = {}
@@ -250,7 +260,7 @@ def candidates(
     scored = []
     for p in cost.candidate_params(kind, nbytes, n, nodes, hw):
         sms, hbm = cost.comm_resource_use(p, hw, nodes=nodes)
-        scored.append(((cost.collective_time_us(kind, nbytes, n, nodes, p, hw), sms, hbm), p))
+        scored.append(((_shape_time(shape, p, hw), sms, hbm), p))
     scored.sort()
     front: list[tuple[tuple[float, float, float], CollectiveParams]] = []
     for s, p in scored:
@@ -262,7 +272,7 @@ def candidates(
     if max_candidates is not None and len(picks) > max_candidates:
         step = (len(picks) - 1) / max(max_candidates - 1, 1)
         picks = [picks[round(i * step)] for i in range(max_candidates)]
-    default = cost.nccl_default_params(*shape, hw)
+    default = _shape_default(shape, hw)
     out = (default,) + tuple(p for p in dict.fromkeys(picks) if p != default)
     _CANDIDATES[key] = out
     return out
@@ -298,7 +308,8 @@ class _Evaluator:
         self.graph, self.hw, self.space = graph, hw, space
         self.evaluations = 0
         self._combined: dict[tuple, Rewrite] = {}
-        self._built: dict[tuple, _Built] = {}
+        self._built: dict[Structure, _Built] = {}
+        self._windows: dict[tuple, _Built] = {}
 
     def time(self, t: Task, p: CollectiveParams) -> float:
         return _time(t, p, self.hw, self.graph.num_devices)
@@ -369,7 +380,10 @@ class _Evaluator:
         hi = min(len(g1.tasks) - 1, max(users[:1], default=cid) + WINDOW_MARGIN_TASKS)
         chunks = tuple((c, k) for c, k in structure.chunks if lo <= c <= hi)
         key = (structure.thresholds, structure.latency_hiding, structure.overlap_limit, chunks, lo, hi)
-        if key not in self._built:
+        if key not in self._windows:
+            # One collective is tuned at a time: keep only its window alive, so that
+            # per-graph caches downstream (the simulator's) do not grow with the step.
+            self._windows.clear()
             ids = {old: old - lo for old in range(lo, hi + 1)}
             tasks = tuple(
                 dataclasses.replace(
@@ -379,9 +393,9 @@ class _Evaluator:
                 for old, new in ids.items()
             )
             sub = StepGraph(f"{g1.name}[{lo}:{hi + 1}]", tasks, g1.num_devices)
-            self._built[key] = self._apply(sub, {c - lo: k for c, k in chunks}, structure,
-                                           back={new: old for old, new in ids.items()})
-        return self._built[key]
+            self._windows[key] = self._apply(sub, {c - lo: k for c, k in chunks}, structure,
+                                             back={new: old for old, new in ids.items()})
+        return self._windows[key]
 
 
 # --- the result ----------------------------------------------------------------------
@@ -734,6 +748,8 @@ def clear_cache() -> None:
     """Forget cached results (after the cost model changed in-process)."""
     _CACHE.clear()
     _CANDIDATES.clear()
+    _shape_time.cache_clear()
+    _shape_default.cache_clear()
 
 
 # --- report --------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""How good and how cheap the Lagom search is, under the cost model (predicted numbers).
+
+Run: ``python -m benchmarks.search_quality [--quick]``. Records, in benchmarks/RESULTS.md:
+
+1. evaluations of ``lagom`` against N x K for N = 10 ... 1000 collectives (linear growth);
+2. the gap of ``lagom`` to ``exhaustive`` on 200 random steps of 2-6 collectives, both
+   searching the same space (recipe structure, K <= 4 candidates per collective);
+3. every strategy on the named benchmark steps, on two presets;
+4. the wall time of the search on a 1000-collective step on this machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from lagom_jax import hardware, search
+from lagom_jax.synthetic import benchmark_graphs, random_graph
+
+from .common import machine_line, write_section
+
+BASELINES = ("xla-default", "recipe", "autoccl")
+
+
+def linearity(hw: hardware.HardwareProfile, sizes: tuple[int, ...]) -> list[str]:
+    rows = [
+        "| N collectives | mean K | evaluations | evaluations / (N x K) | search s |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n in sizes:
+        g = random_graph(n, seed=n, name=f"linear-n{n}")
+        ev = search._Evaluator(g, hw, search.Space())
+        k = statistics.mean(len(ev.candidates(t)) for t in g.collectives)
+        search.clear_cache()
+        r = search.run_strategy("lagom", g, hw)
+        rows.append(
+            f"| {n} | {k:.1f} | {r.evaluations} | {r.evaluations / (n * k):.2f} | {r.search_time_s:.2f} |"
+        )
+    return rows
+
+
+def gap(hw: hardware.HardwareProfile, count: int) -> tuple[list[str], float, float]:
+    space = search.Space(max_candidates=3, tune_structure=False)
+    gaps = []
+    evals = []
+    for seed in range(count):
+        n = 2 + seed % 5
+        g = random_graph(n, seed=10_000 + seed, intensity=(0.3, 0.7, 1.0, 1.5, 3.0)[(seed // 5) % 5])
+        opt = search.run_strategy("exhaustive", g, hw, space)
+        got = search.run_strategy("lagom", g, hw, space)
+        gaps.append(got.makespan_us / opt.makespan_us - 1)
+        evals.append((got.evaluations, opt.evaluations))
+    med, worst = statistics.median(gaps), max(gaps)
+    rows = [
+        f"{count} random steps of 2-6 collectives, intensities 0.3-3.0, {hw.name}; both strategies search "
+        "the recipe structure with at most 4 candidates per collective (NCCL's pick + 3 on the Pareto front).",
+        "",
+        "| gap to exhaustive | value |",
+        "|---|---:|",
+        f"| median | {100 * med:.3f}% |",
+        f"| 90th percentile | {100 * sorted(gaps)[int(0.9 * (len(gaps) - 1))]:.3f}% |",
+        f"| max | {100 * worst:.3f}% |",
+        f"| steps at the optimum | {sum(g <= 1e-9 for g in gaps)}/{len(gaps)} |",
+        f"| mean evaluations lagom / exhaustive | {statistics.mean(e[0] for e in evals):.1f} / "
+        f"{statistics.mean(e[1] for e in evals):.1f} |",
+    ]
+    return rows, med, worst
+
+
+def strategies(hws: list[hardware.HardwareProfile], n: int) -> tuple[list[str], bool]:
+    rows = [
+        "| hardware | step | xla-default us | recipe us | autoccl us | lagom us | bound us | "
+        "lagom vs xla-default | lagom vs best baseline | lagom evals |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    never_worse = True
+    for hw in hws:
+        for name, g in benchmark_graphs(n).items():
+            res = {s: search.run_strategy(s, g, hw) for s in BASELINES + ("lagom",)}
+            best = min(res[b].makespan_us for b in BASELINES)
+            lagom = res["lagom"]
+            never_worse &= lagom.makespan_us <= best * (1 + 1e-9)
+            rows.append(
+                f"| {hw.name} | {name} | "
+                + " | ".join(f"{res[s].makespan_us:.0f}" for s in BASELINES + ("lagom",))
+                + f" | {lagom.bound_us:.0f} | {res['xla-default'].makespan_us / lagom.makespan_us:.3f}x"
+                f" | {best / lagom.makespan_us:.3f}x | {lagom.evaluations} |"
+            )
+    return rows, never_worse
+
+
+def main(argv: list[str]) -> None:
+    quick = "--quick" in argv
+    hw = hardware.get("h100-sxm-8")
+    sizes = (10, 30, 100) if quick else (10, 30, 100, 300, 1000)
+    lin = linearity(hw, sizes)
+    gap_rows, med, worst = gap(hw, 20 if quick else 200)
+    strat_rows, never_worse = strategies([hw, hardware.get("a40-pcie-8")], 24)
+    search.clear_cache()
+    big = random_graph(1000, seed=1, name="n1000")
+    t0 = time.perf_counter()
+    r = search.run_strategy("lagom", big, hw)
+    wall = time.perf_counter() - t0
+    md = "\n".join(
+        [
+            "## search_quality (predicted, cost model)",
+            "",
+            f"Machine: {machine_line()}",
+            "",
+            "### Evaluations grow linearly: lagom on random steps (K = candidates per collective on the Pareto front)",
+            "",
+            *lin,
+            "",
+            "### Gap to exhaustive",
+            "",
+            *gap_rows,
+            "",
+            f"### Strategies side by side (benchmark steps of 24 collectives); lagom never worse than every "
+            f"baseline: {'yes' if never_worse else 'NO'}",
+            "",
+            *strat_rows,
+            "",
+            "### Search time",
+            "",
+            f"lagom on a 1000-collective step ({len(big.tasks)} tasks): {wall:.2f} s wall, "
+            f"{r.evaluations} evaluations, predicted {r.makespan_us:.0f} us "
+            f"(xla-default {search.run_strategy('xla-default', big, hw).makespan_us:.0f} us).",
+        ]
+    )
+    print(md)
+    if not quick:
+        write_section("search_quality", md)
+    print(f"\ngap median {100 * med:.3f}% max {100 * worst:.3f}%; never worse: {never_worse}; 1000-collective search {wall:.2f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
