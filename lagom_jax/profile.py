@@ -408,7 +408,7 @@ class ContentionFit:
     sm_per_cta: float  # SMs one copy CTA takes from a compute-bound GEMM (cost model: 1.0)
     slowdown_rms: float  # rms residual of the slowdown curve
     hbm_gbps_per_cta: float  # bandwidth one CTA drives before HBM saturates
-    hbm_saturation_gbps: float
+    hbm_saturation_gbps: float  # when no point saturates: b x the largest k (a lower bound)
     bandwidth_rms_gbps: float
     points: int
 
