@@ -457,13 +457,23 @@ _COMP_HEAD_RE = re.compile(rf"(ENTRY\s+)?%?({_NAME})\s*(\(.*\)\s*->.*?)?\s*\{{\s
 _MODULE_RE = re.compile(rf"HloModule\s+%?({_NAME})\s*(?:,\s*(.*))?$")
 _ARRAY_SHAPE_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\})?")
 _OPCODE_RE = re.compile(r"\s*([a-z][\w\-]*)\(")
-_TOKEN_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"|/\*.*?\*/|[(){}\[\],]')
+_TOKEN_RE = re.compile(r'[(){}\[\],]|"(?:[^"\\\n]|\\.)*"|/\*.*?\*/')
 _OPERAND_NAME_RE = re.compile(rf"%?({_NAME})$")
 _ATTR_KEY_RE = re.compile(r"\s*([\w\-.]+)=")
+_ATTR_HEAD_RE = re.compile(r"\s*,\s*([\w\-.]+)=")
+_STRING = r'"(?:[^"\\\n]|\\.)*+"'
+# One attribute whose value is a string, a brace group without nested braces (strings
+# inside allowed), or a bare word, followed by the next comma or the end of the line.
+_FAST_ATTR_RE = re.compile(
+    rf'\s*,\s*([\w\-.]+)=({_STRING}|\{{(?:[^{{}}"\n]|{_STRING})*+\}}|[^,{{}}\[\]()"\s]+)\s*(?=,|$)'
+)
+_BARE_NAME_RE = re.compile(rf"%?({_NAME})")
+_SIMPLE_OPERANDS_RE = re.compile(rf"\(\s*((?:%?{_NAME}\s*,\s*)*%?{_NAME})?\s*\)")
 _COMMENT_RE = re.compile(r"/\*.*?\*/")
 _SECTION_RE = re.compile(r"[A-Z][A-Za-z]*$")
 _DIM_RE = re.compile(r"\s*(<=)?(\d+)\s*$")
 _CLOSE = {")": "(", "}": "{", "]": "["}
+_OPENERS = {"(": ")", "{": "}", "[": "]"}
 
 
 class _Parser:
@@ -561,76 +571,18 @@ class _Parser:
             raise HloParseError(lineno, pos + 2, f"expected opcode(, got {got!r}")
         opcode = om.group(1)
         open_pos = om.end() - 1
-        # One scan over the rest of the line: operand commas at depth 1, attribute commas
-        # at depth 0 after the operand list closes.
-        depth = 0
-        operand_cuts: list[int] = []
-        attr_cuts: list[int] = []
-        close_pos = -1
-        stack: list[str] = []
-        for tm in _TOKEN_RE.finditer(line, open_pos):
-            c = tm.group(0)[0]
-            if c == "," and len(tm.group(0)) == 1:
-                if depth == 1 and close_pos < 0:
-                    operand_cuts.append(tm.start())
-                elif depth == 0:
-                    attr_cuts.append(tm.start())
-            elif c in "({[" and len(tm.group(0)) == 1:
-                stack.append(c)
-                depth += 1
-            elif c in ")}]" and len(tm.group(0)) == 1:
-                if not stack or stack[-1] != _CLOSE[c]:
-                    raise HloParseError(lineno, tm.start() + 1, f"unbalanced {c!r}")
-                stack.pop()
-                depth -= 1
-                if depth == 0 and close_pos < 0:
-                    close_pos = tm.start()
-        if stack:
-            raise HloParseError(lineno, len(line) + 1, f"unclosed {stack[-1]!r} at end of line")
-        # operands
-        inner = line[open_pos + 1 : close_pos]
+        # Fast path: plain operand names "(%a, %b)" (the usual case); anything else
+        # (typed operands, literals, comments) goes through the bracket scanner.
         operands: tuple[str, ...] = ()
         literal = ""
-        if opcode in _LITERAL_OPERAND_OPCODES:
-            literal = inner.strip()
-            if opcode == "parameter" and not literal.isdigit():
-                raise HloParseError(lineno, open_pos + 2, f"parameter number must be an integer, got {literal!r}")
-        elif inner.strip():
-            names = []
-            start = open_pos + 1
-            for cut in operand_cuts + [close_pos]:
-                piece = _COMMENT_RE.sub("", line[start:cut]).strip()
-                nm = _OPERAND_NAME_RE.search(piece)
-                if nm is None or (nm.start() > 0 and piece[nm.start() - 1] not in " %"):
-                    raise HloParseError(lineno, start + 1, f"expected operand name, got {piece[:30]!r}")
-                if nm.start() > 0:
-                    # A typed operand: check the type is a shape.
-                    self.shape_at(piece[: nm.start()].rstrip(" %"), 0, lineno)
-                names.append(nm.group(1))
-                start = cut + 1
-            operands = tuple(names)
-        # attributes
-        rest = line[close_pos + 1 :]
-        attrs: dict[str, str] = {}
-        if rest.strip():
-            if not attr_cuts or line[close_pos + 1 : attr_cuts[0]].strip():
-                raise HloParseError(lineno, close_pos + 2, f"expected ', attribute=value', got {rest.strip()[:30]!r}")
-            bounds = attr_cuts + [len(line)]
-            for a, b in zip(bounds, bounds[1:]):
-                am = _ATTR_KEY_RE.match(line, a + 1, b)
-                if am is None:
-                    piece = line[a + 1 : b]
-                    col = a + 2 + len(piece) - len(piece.lstrip())
-                    raise HloParseError(lineno, col, f"expected attribute=value, got {piece.strip()[:30]!r}")
-                value = line[am.end() : b].strip()
-                if not value:
-                    raise HloParseError(lineno, am.end() + 1, f"attribute {am.group(1)} has no value")
-                key = am.group(1)
-                if key == "device_ids" and attrs.get("replica_groups", "").startswith("mesh["):
-                    # mesh[...], device_ids=(...) {axes}: one value split by its own comma.
-                    attrs["replica_groups"] += ", device_ids=" + value
-                    continue
-                attrs[key] = value
+        sm = _SIMPLE_OPERANDS_RE.match(line, open_pos)
+        if sm is not None and opcode not in _LITERAL_OPERAND_OPCODES:
+            close_pos = sm.end() - 1
+            if sm.group(1):
+                operands = tuple(_BARE_NAME_RE.findall(sm.group(1)))
+        else:
+            close_pos, operands, literal = self.operands(line, open_pos, opcode, lineno)
+        attrs = self.attributes(line, close_pos + 1, lineno) if close_pos + 1 < len(line) else {}
         called = []
         for key in _CALL_ATTRS:
             v = attrs.get(key)
@@ -643,6 +595,95 @@ class _Parser:
         return Instruction(
             name, opcode, shape, operands, attrs, tuple(called), is_root, literal, lineno, line
         )
+
+    def operands(self, line: str, open_pos: int, opcode: str, lineno: int):
+        """(index of the closing paren, operand names, literal text) of ``opcode(...)``."""
+        operand_cuts: list[int] = []
+        close_pos = -1
+        closers: list[str] = []  # the closing bracket each open bracket expects
+        for tm in _TOKEN_RE.finditer(line, open_pos):
+            tok = tm.group()
+            if tok == ",":
+                if len(closers) == 1:
+                    operand_cuts.append(tm.start())
+            elif tok in _OPENERS:
+                closers.append(_OPENERS[tok])
+            elif tok in _CLOSE:
+                if not closers or closers.pop() != tok:
+                    raise HloParseError(lineno, tm.start() + 1, f"unbalanced {tok!r}")
+                if not closers:
+                    close_pos = tm.start()
+                    break
+        if closers:
+            raise HloParseError(lineno, len(line) + 1, f"unclosed {_CLOSE[closers[-1]]!r} at end of line")
+        inner = line[open_pos + 1 : close_pos]
+        if opcode in _LITERAL_OPERAND_OPCODES:
+            literal = inner.strip()
+            if opcode == "parameter" and not literal.isdigit():
+                raise HloParseError(lineno, open_pos + 2, f"parameter number must be an integer, got {literal!r}")
+            return close_pos, (), literal
+        names = []
+        if inner.strip():
+            start = open_pos + 1
+            for cut in operand_cuts + [close_pos]:
+                piece = _COMMENT_RE.sub("", line[start:cut]).strip()
+                nm = _OPERAND_NAME_RE.search(piece)
+                if nm is None or (nm.start() > 0 and piece[nm.start() - 1] not in " %"):
+                    raise HloParseError(lineno, start + 1, f"expected operand name, got {piece[:30]!r}")
+                if nm.start() > 0:
+                    # A typed operand: check the type is a shape.
+                    self.shape_at(piece[: nm.start()].rstrip(" %"), 0, lineno)
+                names.append(nm.group(1))
+                start = cut + 1
+        return close_pos, tuple(names), ""
+
+    def attributes(self, line: str, pos: int, lineno: int) -> dict[str, str]:
+        """``, key=value, ...`` from ``pos`` to the end of the line, values as raw text."""
+        attrs: dict[str, str] = {}
+        n = len(line)
+        while pos < n:
+            m = _FAST_ATTR_RE.match(line, pos)
+            if m is not None:
+                key, value, pos = m.group(1), m.group(2), m.end()
+            else:
+                km = _ATTR_HEAD_RE.match(line, pos)
+                if km is None:
+                    rest = line[pos:]
+                    if not rest.strip():
+                        break
+                    if rest.lstrip().startswith(","):
+                        col = pos + 1 + len(rest) - len(rest.lstrip(" ,"))
+                        raise HloParseError(lineno, col, f"expected attribute=value, got {rest.strip(' ,')[:30]!r}")
+                    col = pos + 1 + len(rest) - len(rest.lstrip())
+                    raise HloParseError(lineno, col, f"expected ', attribute=value', got {rest.strip()[:30]!r}")
+                end = self.value_end(line, km.end(), lineno)
+                key, value, pos = km.group(1), line[km.end() : end].strip(), end
+                if not value:
+                    raise HloParseError(lineno, km.end() + 1, f"attribute {key} has no value")
+            if key == "device_ids" and attrs.get("replica_groups", "").startswith("mesh["):
+                # mesh[...], device_ids=(...) {axes}: one value split by its own comma.
+                attrs["replica_groups"] += ", device_ids=" + value
+                continue
+            attrs[key] = value
+        return attrs
+
+    @staticmethod
+    def value_end(line: str, pos: int, lineno: int) -> int:
+        """Index of the comma that ends the attribute value starting at ``pos`` (or EOL)."""
+        closers: list[str] = []
+        for tm in _TOKEN_RE.finditer(line, pos):
+            tok = tm.group()
+            if tok == ",":
+                if not closers:
+                    return tm.start()
+            elif tok in _OPENERS:
+                closers.append(_OPENERS[tok])
+            elif tok in _CLOSE:
+                if not closers or closers.pop() != tok:
+                    raise HloParseError(lineno, tm.start() + 1, f"unbalanced {tok!r}")
+        if closers:
+            raise HloParseError(lineno, len(line) + 1, f"unclosed {_CLOSE[closers[-1]]!r} at end of line")
+        return len(line)
 
     # -- module ---------------------------------------------------------------
     def module(self) -> Module:

@@ -290,8 +290,13 @@ def test_lazy_attribute_errors_are_parse_errors():
 
 # ----------------------------------------------------------------------------- fuzzing
 
-_CORPUS = [example_text(), (FIXTURES / "gpu_collectives.hlo").read_text(),
-           (FIXTURES / "gpu_bare_names.hlo").read_text()]
+# Hand-written GPU modules and real CPU ones (compiled by jax 0.10.2 on 8 devices and
+# stored: an FSDP+TP MLP step and a scanned one with a while loop).
+_CORPUS = [example_text()] + [
+    (FIXTURES / name).read_text()
+    for name in ("gpu_collectives.hlo", "gpu_bare_names.hlo", "cpu_fsdp_mlp_step.hlo",
+                 "cpu_scan_mlp_step.hlo")
+]
 _NOISE = st.text(alphabet="{}[]()<>=,%\"'/* \n0123456789abcfsTx:.-_", min_size=1, max_size=6)
 
 
