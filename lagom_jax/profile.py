@@ -539,7 +539,7 @@ def profile_sizes(backend: str, *, quick: bool) -> ProfileSizes:
     their 4x MLP) and square GEMMs; CPU sizes are tiny, only to exercise the code."""
     if backend != "gpu":
         return ProfileSizes(((64, 64, 64), (128, 128, 128), (256, 256, 256)), "float32",
-                            (1 << 14, 1 << 16, 1 << 18), 5 if quick else 10, ())
+                            (1 << 16, 1 << 18, 1 << 20), 5 if quick else 10, ())
     gemms = ((8192, 768, 768), (8192, 3072, 768), (8192, 1024, 4096), (8192, 4096, 4096), (8192, 8192, 8192))
     hbm = (1 << 24, 1 << 26, 1 << 28)
     if quick:
