@@ -22,8 +22,11 @@ and predicts the step with ``simulate``. Strategies:
   thresholds, the scheduler and the overlap limit; accept only makespan gains. The work
   is O(N x K) evaluations for N collectives with K candidates each: a collective is
   evaluated on the window of the step it can influence (the whole step when it is small);
-* ``exhaustive`` - every combination (K^N), the optimum under the model; refuses large
-  instances.
+* ``exhaustive`` - every combination of per-collective candidates (K^N), under each of
+  the xla-default, recipe and no-combining structures and every overlap limit (or only
+  the recipe structure with ``Space(tune_structure=False)``): the optimum under the model
+  of that space, to measure lagom's gap; pipelining is not enumerated. Refuses instances
+  above ``EXHAUSTIVE_LIMIT`` evaluations.
 
 Candidates are ``cost.candidate_params`` cut to its Pareto front in (time alone, SMs
 held, HBM bandwidth held): a candidate that is slower and holds at least as much of both
