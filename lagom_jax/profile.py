@@ -10,6 +10,8 @@ Three measurements, each a plain JAX program so that the same code runs on any b
   copy kernel occupying ``k`` CTAs (k = 1, 2, 4 ... 64, as NCCL runs one CTA per channel)
   runs beside it on a second stream, plus the bandwidth that copy kernel reaches:
   ``contention_sweep`` with a ``ContentionProbe``.
+* **Per-op times** of any jitted step from a profiler trace (``per_op_times_us``) and
+  their error against the cost model's predictions (``accuracy``, MAPE).
 
 How the sweep gets "k CTAs" from JAX, which has no direct CTA control: the copy kernel
 is a Pallas kernel (``jax.experimental.pallas``) with ``grid=(k,)``. On the GPU Pallas
@@ -386,6 +388,65 @@ class GpuContentionProbe:
                 raise ProfileError(f"no {which!r} kernel on the GPU device plane (is CUPTI available?)")
             samples.append(sum(times))
         return Timing(tuple(samples))
+
+
+# --- Per-op accuracy ----------------------------------------------------------------------
+
+
+def per_op_times_us(xplane_path: str | pathlib.Path, *, module: str | None = None) -> dict[str, float]:
+    """Time per HLO instruction (us) in a JAX profiler trace, summed over its events.
+
+    XLA tags every kernel (GPU device plane) or thunk (CPU host plane) with an ``hlo_op``
+    stat naming the instruction, the name that ``StepGraph`` tasks carry. GPU device
+    planes are used when the trace has any; otherwise the host planes (CPU backend).
+    ``module`` keeps only events of that ``hlo_module`` (e.g. ``"jit_step"``).
+    """
+    from jax.profiler import ProfileData
+
+    data = ProfileData.from_file(str(xplane_path))
+    planes = list(data.planes)
+    gpu = [pl for pl in planes if pl.name.startswith("/device:GPU")]
+    out: dict[str, float] = {}
+    for plane in gpu or [pl for pl in planes if pl.name.startswith("/host:")]:
+        for line in plane.lines:
+            for ev in line.events:
+                stats = dict(ev.stats)
+                op = stats.get("hlo_op")
+                if not op or (module is not None and stats.get("hlo_module") != module):
+                    continue
+                out[str(op)] = out.get(str(op), 0.0) + ev.duration_ns / 1e3
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Accuracy:
+    """Mean absolute percentage error of predicted against measured per-op times."""
+
+    mape: float  # percent
+    per_op: tuple[tuple[str, float, float], ...]  # (op, measured us, predicted us)
+    unmatched: tuple[str, ...]  # measured ops with no prediction
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mape_percent": self.mape, "unmatched": list(self.unmatched),
+                "per_op": [{"op": o, "measured_us": m, "predicted_us": p} for o, m, p in self.per_op]}
+
+
+def accuracy(measured_us: dict[str, float], predicted_us: dict[str, float], *,
+             min_measured_us: float = 0.0) -> Accuracy:
+    """MAPE over the ops present in both maps (ops measured under ``min_measured_us`` are
+    left out: their percentage error is dominated by timer resolution)."""
+    ops = sorted(o for o in measured_us if o in predicted_us and measured_us[o] >= min_measured_us)
+    if not ops:
+        raise ProfileError(f"no op is both measured and predicted (measured: {sorted(measured_us)[:5]}, "
+                           f"predicted: {sorted(predicted_us)[:5]}): are the names from the same module?")
+    rows = []
+    for o in ops:
+        m, p = float(measured_us[o]), float(predicted_us[o])
+        if not (math.isfinite(m) and m > 0 and math.isfinite(p) and p >= 0):
+            raise ProfileError(f"op {o!r}: measured {m} us and predicted {p} us must be finite, measured > 0")
+        rows.append((o, m, p))
+    mape = 100.0 * float(np.mean([abs(p - m) / m for _, m, p in rows]))
+    return Accuracy(mape, tuple(rows), tuple(sorted(set(measured_us) - set(predicted_us))))
 
 
 # --- Fitting ------------------------------------------------------------------------------

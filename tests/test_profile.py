@@ -198,3 +198,30 @@ def test_run_profile_on_cpu_says_so_and_writes_loadable_files(tmp_path):
     fit = raw["fits"]["contention"]
     assert fit["sm_per_cta"] == pytest.approx(1.0) and fit["hbm_gbps_per_cta"] == pytest.approx(50.0)
     assert fit["hbm_saturation_gbps"] == pytest.approx(2000.0)
+
+
+def test_per_op_times_from_a_real_cpu_trace_match_compiled_hlo_names(tmp_path):
+    import jax
+
+    f = jax.jit(lambda a: jnp.tanh(a @ a) + 1)
+    x = jnp.full((64, 64), 0.5, jnp.float32)
+    hlo_text = f.lower(x).compile().as_text()
+    f(x).block_until_ready()
+    with jax.profiler.trace(str(tmp_path)):
+        f(x).block_until_ready()
+    (xplane,) = tmp_path.rglob("*.xplane.pb")
+    times = profile.per_op_times_us(xplane)
+    assert times and all(t > 0 for t in times.values())
+    assert all(op in hlo_text for op in times)
+    assert profile.per_op_times_us(xplane, module="no_such_module") == {}
+
+
+def test_accuracy_mape():
+    acc = profile.accuracy({"a": 10.0, "b": 20.0, "tiny": 0.1, "c": 5.0}, {"a": 12.0, "b": 15.0, "tiny": 9.0},
+                           min_measured_us=1.0)
+    assert acc.mape == pytest.approx(100 * (0.2 + 0.25) / 2)
+    assert [o for o, _, _ in acc.per_op] == ["a", "b"] and acc.unmatched == ("c",)
+    with pytest.raises(ProfileError, match="same module"):
+        profile.accuracy({"a": 1.0}, {"x": 1.0})
+    with pytest.raises(ProfileError, match="'a'"):
+        profile.accuracy({"a": 1.0}, {"a": float("nan")})
