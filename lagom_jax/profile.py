@@ -313,6 +313,25 @@ def device_kernel_times_us(xplane_path: str | pathlib.Path, marker: str = "lagom
     return out
 
 
+def gemm_beside_copy(copy: Callable[[Any], Any], stream: int = 1) -> Callable[..., tuple[Any, Any]]:
+    """``(a, b, x) -> (a @ b, copy(x))`` with the copy placed on GPU stream ``stream``
+    (``_xla_stream_annotation``) and the matmul on the main compute stream."""
+    import jax.numpy as jnp
+
+    try:
+        from jax.experimental.compute_on import compute_on
+    except ImportError as e:
+        raise ProfileError(f"jax.experimental.compute_on does not import ({e}); it places the "
+                           "copy kernel on a second stream (needs a newer jax)") from e
+
+    def both(a, b, x):  # noqa: ANN001, ANN202 - arrays
+        with compute_on(f"gpu_stream:{stream}"):
+            y = copy(x)
+        return jnp.matmul(a, b), y
+
+    return both
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuContentionProbe:
     """The real probe: a ``size``-cubed GEMM on the main stream and the Pallas copy kernel
@@ -333,11 +352,6 @@ class GpuContentionProbe:
         import jax
         import jax.numpy as jnp
 
-        try:
-            from jax.experimental.compute_on import compute_on
-        except ImportError as e:
-            raise ProfileError(f"jax.experimental.compute_on does not import ({e}); it places the "
-                               "copy kernel on a second stream (needs jax >= 0.4.36)") from e
         if jax.default_backend() != "gpu":
             raise ProfileError(f"the contention probe needs a GPU; the default backend is {jax.default_backend()!r}")
         dt = jnp.dtype(self.dtype)
@@ -355,13 +369,8 @@ class GpuContentionProbe:
         elems = unit * max(1, math.ceil(want_bytes / 4 / unit))
         copy = pallas_copy_kernel(k, elems, jnp.float32, block=self.block)
 
-        def both(a, b, x):  # noqa: ANN001
-            with compute_on("gpu_stream:1"):
-                y = copy(x)
-            return jnp.matmul(a, b), y
-
         src = random_inputs([(elems,)], jnp.float32, sets=1, seed=200 + k)[0]
-        both_j = jax.jit(both)
+        both_j = jax.jit(gemm_beside_copy(copy))
         contended = self._kernel_times(both_j, (*ab, *src), "other")
         copy_t = self._kernel_times(both_j, (*ab, *src), "marked")
         return ContentionPoint(k, gemm_alone, contended, 2 * elems * 4, copy_t)

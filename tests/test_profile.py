@@ -225,3 +225,16 @@ def test_accuracy_mape():
         profile.accuracy({"a": 1.0}, {"x": 1.0})
     with pytest.raises(ProfileError, match="'a'"):
         profile.accuracy({"a": 1.0}, {"a": float("nan")})
+
+
+def test_contention_program_puts_only_the_copy_on_the_second_stream():
+    import jax
+
+    copy = profile.pallas_copy_kernel(2, 512, jnp.float32, block=128, interpret=True)
+    a = jnp.ones((8, 8), jnp.float32)
+    x = jnp.arange(1, 513, dtype=jnp.float32)
+    text = jax.jit(profile.gemm_beside_copy(copy)).lower(a, a, x).as_text()
+    lines = text.splitlines()
+    dots = [ln for ln in lines if "dot_general" in ln]
+    assert dots and not any("_xla_stream_annotation" in ln for ln in dots)
+    assert any('_xla_stream_annotation = "1"' in ln for ln in lines)
