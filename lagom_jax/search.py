@@ -114,6 +114,10 @@ class Space:
 
     max_candidates: int | None = None
     tune_structure: bool = True
+    # Splitting one collective into pipelined pieces (passes.chunk) has no XLA flag that
+    # applies it to a compiled step, so a Plan could not carry it out: off unless asked
+    # for, as a what-if.
+    split_collectives: bool = False
 
     def __post_init__(self) -> None:
         if self.max_candidates is not None and self.max_candidates < 1:
@@ -610,7 +614,7 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
         reasons[cid] = _why(ev, t, params[cid], current, scores)
         # Pipelining only removes exposed fill and drain; with nothing exposed it could
         # only add launches.
-        if (space.tune_structure and exposed[cid] > 0
+        if (space.tune_structure and space.split_collectives and exposed[cid] > 0
                 and t.bytes / max(CHUNK_CANDIDATES) >= MIN_CHUNK_PIECE_BYTES):
             now = scores[params[cid]]
             for k in CHUNK_CANDIDATES:
