@@ -373,6 +373,10 @@ class GpuContentionProbe:
         both_j = jax.jit(gemm_beside_copy(copy))
         contended = self._kernel_times(both_j, (*ab, *src), "other")
         copy_t = self._kernel_times(both_j, (*ab, *src), "marked")
+        if copy_t.median_us < contended.median_us:
+            raise ProfileError(f"k={k}: the copy ({copy_t.median_us:.0f} us) ended before the GEMM "
+                               f"({contended.median_us:.0f} us), so part of the GEMM ran alone; "
+                               f"raise copy_over_gemm (now {self.copy_over_gemm})")
         return ContentionPoint(k, gemm_alone, contended, 2 * elems * 4, copy_t)
 
     def _kernel_times(self, fn: Callable[..., Any], args: tuple[Any, ...], which: str) -> Timing:
