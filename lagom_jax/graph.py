@@ -146,6 +146,9 @@ _ELEMENTWISE_FLOP_OPCODES = frozenset({
     "ceil", "round-nearest-even", "round-nearest-afz", "is-finite", "shift-left",
     "shift-right-logical", "shift-right-arithmetic", "popcnt", "clz", "real", "imag",
 })  # fmt: skip
+_REDUCING_OPCODES = frozenset({
+    "reduce", "reduce-window", "all-reduce", "reduce-scatter", "scatter", "select-and-scatter",
+})  # fmt: skip
 _COLLECTIVE_START = {
     "all-reduce-start": "all-reduce",
     "all-gather-start": "all-gather",
@@ -203,7 +206,9 @@ def _gemm_flops(inst: hlo.Instruction, lhs: hlo.Shape) -> float:
     try:
         dims = tuple(int(d) for d in raw)
     except (TypeError, ValueError):
-        raise hlo.HloParseError(inst.line, 1, f"{inst.name}: bad lhs_contracting_dimensions {raw!r}") from None
+        raise hlo.HloParseError(
+            inst.line, 1, f"{inst.name}: bad lhs_contracting_dimensions {raw!r}"
+        ) from None
     result = inst.shape.leaves()[0]  # (output, workspace) tuple: the output comes first
     return 2.0 * result.elements * _contracted(inst, lhs, dims)
 
@@ -253,6 +258,9 @@ class _Builder:
             self.flops_cache[comp.name] = cached
         return cached
 
+    def called_flops(self, inst: hlo.Instruction) -> list[float]:
+        return [self.computation_flops(self.module.computation(c)) for c in inst.called_computations]
+
     def inst_flops(self, comp: hlo.Computation, inst: hlo.Instruction) -> float:
         op = inst.opcode
         shapes = [comp.by_name[o].shape for o in inst.operands]
@@ -265,13 +273,14 @@ class _Builder:
             if target in _GEMM_TARGETS:
                 return _gemm_flops(inst, shapes[0])
             return 0.0
+        if op == "conditional":
+            # One branch runs; without the predicate, charge the most expensive one.
+            return max(self.called_flops(inst), default=0.0)
         if op in ("fusion", "call"):
-            return sum(self.computation_flops(self.module.computation(c)) for c in inst.called_computations)
-        if op in ("reduce", "reduce-window", "all-reduce", "reduce-scatter", "scatter", "select-and-scatter"):
+            return sum(self.called_flops(inst))
+        if op in _REDUCING_OPCODES:
             # The reducer runs about once per input element.
-            reducer = sum(
-                self.computation_flops(self.module.computation(c)) for c in inst.called_computations
-            )
+            reducer = sum(self.called_flops(inst))
             n_in = sum(s.elements for s in shapes[: max(1, len(shapes) // 2)]) if shapes else 0
             return reducer * n_in
         if op in _ELEMENTWISE_FLOP_OPCODES:
@@ -300,7 +309,8 @@ class _Builder:
                 src = vals[inst.operands[0]] if inst.operands else frozenset()
                 idx = inst.attributes.get("index", "0")
                 k = int(idx) if idx.isdigit() else -1
-                vals[inst.name] = src[k] if isinstance(src, tuple) and 0 <= k < len(src) else self.flat(src)
+                in_range = isinstance(src, tuple) and 0 <= k < len(src)
+                vals[inst.name] = src[k] if in_range else self.flat(src)
             elif op in _TRIVIAL_OPCODES:
                 vals[inst.name] = deps
             elif op in _COLLECTIVE_DONE:
@@ -314,10 +324,14 @@ class _Builder:
             elif op == "while":
                 vals[inst.name] = self.walk_while(comp, inst, deps, vals, trip, iteration)
             elif op in ("call", "async-start") and not inst.called_computations:
-                raise hlo.HloParseError(inst.line, 1, f"{inst.name}: {op} needs a called computation")
+                raise hlo.HloParseError(
+                    inst.line, 1, f"{inst.name}: {op} needs a called computation"
+                )
             elif op == "call":
                 callee = self.module.computation(inst.called_computations[0])
-                vals[inst.name] = self.walk(callee, [vals[o] for o in inst.operands], trip, iteration)
+                vals[inst.name] = self.walk(
+                    callee, [vals[o] for o in inst.operands], trip, iteration
+                )
             else:
                 tid = self.task(comp, inst, deps, trip, iteration)
                 vals[inst.name] = frozenset({tid})
@@ -344,14 +358,18 @@ class _Builder:
     def task(self, comp, inst, deps, trip, iteration) -> int:
         op = inst.opcode
         kind, target = _collective_kind(self.module, inst)
-        dtype = next((s.dtype for s in inst.shape.leaves() if s.dtype not in ("token", "opaque")), "")
+        dtype = next(
+            (s.dtype for s in inst.shape.leaves() if s.dtype not in ("token", "opaque")), ""
+        )
         if kind is None:
             if op == "async-start":
                 wrapped = self.module.computation(inst.called_computations[0])
                 flops = self.computation_flops(wrapped)
             else:
                 flops = self.inst_flops(comp, inst)
-            nbytes = float(inst.shape.bytes + sum(comp.by_name[o].shape.bytes for o in inst.operands))
+            nbytes = float(
+                inst.shape.bytes + sum(comp.by_name[o].shape.bytes for o in inst.operands)
+            )
             return self.emit(
                 name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,
                 opcode=op, deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,
@@ -402,7 +420,9 @@ def _collective_kind(module: hlo.Module, inst: hlo.Instruction):
     return None, None
 
 
-def from_module(module: hlo.Module, *, unroll_loops: bool = True, max_tasks: int = 200_000) -> StepGraph:
+def from_module(
+    module: hlo.Module, *, unroll_loops: bool = True, max_tasks: int = 200_000
+) -> StepGraph:
     """The StepGraph of ``module``'s entry computation, in its printed (schedule) order.
 
     With ``unroll_loops`` every while body with a known trip count is repeated that many

@@ -157,7 +157,9 @@ class Instruction:
         try:
             count = int(n)
         except (TypeError, ValueError):
-            raise self._error("backend_config", f"known_trip_count {n!r} is not an integer") from None
+            raise self._error(
+                "backend_config", f"known_trip_count {n!r} is not an integer"
+            ) from None
         if count < 0:
             raise self._error("backend_config", f"known_trip_count {count} is negative")
         return count
@@ -297,7 +299,9 @@ _EXPLICIT_GROUPS_RE = re.compile(r"\{\s*(\{[\d,\s]*\}(?:\s*,\s*\{[\d,\s]*\})*)?\
 _IOTA_RE = re.compile(
     r"\[(\d+(?:,\d+)*)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?"
 )
-_MESH_RE = re.compile(r"mesh\[([^\]]*)\](?:,\s*device_ids=\(([^()]*(?:\([\d,]*\))?)\))?\s*\{([^}]*)\}")
+_MESH_RE = re.compile(
+    r"mesh\[([^\]]*)\](?:,\s*device_ids=\(([^()]*(?:\([\d,]*\))?)\))?\s*\{([^}]*)\}"
+)
 _DEVICE_IOTA_RE = re.compile(r"\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
 _MESH_AXIS_RE = re.compile(r"'([^']+)'\s*=\s*(\d+)")
 _AXIS_REF_RE = re.compile(r"'([^']+)'(?::\((\d+)\)(\d+))?")
@@ -372,7 +376,9 @@ def parse_replica_groups(raw: str) -> tuple[tuple[int, ...], ...]:
             return groups
         ids = _device_ids(m.group(2))
         if len(ids) != sum(len(g) for g in groups):
-            raise ValueError(f"device_ids=({m.group(2)}) does not list one device per mesh position")
+            raise ValueError(
+                f"device_ids=({m.group(2)}) does not list one device per mesh position"
+            )
         return tuple(tuple(ids[p] for p in g) for g in groups)
     raise ValueError(
         f"replica_groups {raw[:60]!r} is in none of the forms {{{{0,1}},{{2,3}}}}, "
@@ -461,11 +467,11 @@ _TOKEN_RE = re.compile(r'[(){}\[\],]|"(?:[^"\\\n]|\\.)*"|/\*.*?\*/')
 _OPERAND_NAME_RE = re.compile(rf"%?({_NAME})$")
 _ATTR_KEY_RE = re.compile(r"\s*([\w\-.]+)=")
 _ATTR_HEAD_RE = re.compile(r"\s*,\s*([\w\-.]+)=")
-_STRING = r'"(?:[^"\\\n]|\\.)*+"'
+_STRING = r'"(?:[^"\\\n]|\\.)*"'
 # One attribute whose value is a string, a brace group without nested braces (strings
 # inside allowed), or a bare word, followed by the next comma or the end of the line.
 _FAST_ATTR_RE = re.compile(
-    rf'\s*,\s*([\w\-.]+)=({_STRING}|\{{(?:[^{{}}"\n]|{_STRING})*+\}}|[^,{{}}\[\]()"\s]+)\s*(?=,|$)'
+    rf'\s*,\s*([\w\-.]+)=({_STRING}|\{{(?:[^{{}}"\n]|{_STRING})*\}}|[^,{{}}\[\]()"\s]+)\s*(?=,|$)'
 )
 _BARE_NAME_RE = re.compile(rf"%?({_NAME})")
 _SIMPLE_OPERANDS_RE = re.compile(rf"\(\s*((?:%?{_NAME}\s*,\s*)*%?{_NAME})?\s*\)")
@@ -516,7 +522,9 @@ class _Parser:
                 dm = _DIM_RE.match(d)
                 if dm is None:
                     # Unbounded dynamic dims ('?') have no size we could cost.
-                    raise HloParseError(lineno, pos + 1, f"bad dimension {d.strip()!r} in {m.group(0)!r}")
+                    raise HloParseError(
+                        lineno, pos + 1, f"bad dimension {d.strip()!r} in {m.group(0)!r}"
+                    )
                 dims.append(int(dm.group(2)))
         return Shape(dtype, tuple(dims), (), m.group(3) or "")
 
@@ -535,7 +543,9 @@ class _Parser:
                 continue
             if text[pos] == ")":
                 break
-            raise HloParseError(lineno, pos + 1, f"expected ',' or ')' in tuple shape, got {text[pos]!r}")
+            raise HloParseError(
+                lineno, pos + 1, f"expected ',' or ')' in tuple shape, got {text[pos]!r}"
+            )
         if pos + 1 != end:
             raise HloParseError(lineno, pos + 1, "unbalanced parentheses in tuple shape")
         return Shape("tuple", (), tuple(parts))
@@ -562,7 +572,9 @@ class _Parser:
         m = _INST_HEAD_RE.match(line)
         if m is None:
             got = line.strip().split(" ")[0]
-            raise HloParseError(lineno, 1, f"expected instruction 'name = shape opcode(...)', got {got!r}")
+            raise HloParseError(
+                lineno, 1, f"expected instruction 'name = shape opcode(...)', got {got!r}"
+            )
         is_root, name = m.group(1) is not None, m.group(2)
         shape, pos = self.shape_at(line, m.end(), lineno)
         om = _OPCODE_RE.match(line, pos)
@@ -590,7 +602,9 @@ class _Parser:
                 for c in v.strip("{}").split(","):
                     c = c.strip().lstrip("%")
                     if not re.fullmatch(_NAME, c):
-                        raise HloParseError(lineno, line.find(key + "=") + 1, f"{key}= expects computation names, got {v[:40]!r}")
+                        raise HloParseError(
+                            lineno, line.find(key + "=") + 1, f"{key}= expects computation names, got {v[:40]!r}"
+                        )
                     called.append(c)
         return Instruction(
             name, opcode, shape, operands, attrs, tuple(called), is_root, literal, lineno, line
@@ -615,12 +629,16 @@ class _Parser:
                     close_pos = tm.start()
                     break
         if closers:
-            raise HloParseError(lineno, len(line) + 1, f"unclosed {_CLOSE[closers[-1]]!r} at end of line")
+            raise HloParseError(
+                lineno, len(line) + 1, f"unclosed {_CLOSE[closers[-1]]!r} at end of line"
+            )
         inner = line[open_pos + 1 : close_pos]
         if opcode in _LITERAL_OPERAND_OPCODES:
             literal = inner.strip()
             if opcode == "parameter" and not literal.isdigit():
-                raise HloParseError(lineno, open_pos + 2, f"parameter number must be an integer, got {literal!r}")
+                raise HloParseError(
+                    lineno, open_pos + 2, f"parameter number must be an integer, got {literal!r}"
+                )
             return close_pos, (), literal
         names = []
         if inner.strip():
@@ -629,7 +647,9 @@ class _Parser:
                 piece = _COMMENT_RE.sub("", line[start:cut]).strip()
                 nm = _OPERAND_NAME_RE.search(piece)
                 if nm is None or (nm.start() > 0 and piece[nm.start() - 1] not in " %"):
-                    raise HloParseError(lineno, start + 1, f"expected operand name, got {piece[:30]!r}")
+                    raise HloParseError(
+                        lineno, start + 1, f"expected operand name, got {piece[:30]!r}"
+                    )
                 if nm.start() > 0:
                     # A typed operand: check the type is a shape.
                     self.shape_at(piece[: nm.start()].rstrip(" %"), 0, lineno)
@@ -653,9 +673,13 @@ class _Parser:
                         break
                     if rest.lstrip().startswith(","):
                         col = pos + 1 + len(rest) - len(rest.lstrip(" ,"))
-                        raise HloParseError(lineno, col, f"expected attribute=value, got {rest.strip(' ,')[:30]!r}")
+                        raise HloParseError(
+                            lineno, col, f"expected attribute=value, got {rest.strip(' ,')[:30]!r}"
+                        )
                     col = pos + 1 + len(rest) - len(rest.lstrip())
-                    raise HloParseError(lineno, col, f"expected ', attribute=value', got {rest.strip()[:30]!r}")
+                    raise HloParseError(
+                        lineno, col, f"expected ', attribute=value', got {rest.strip()[:30]!r}"
+                    )
                 end = self.value_end(line, km.end(), lineno)
                 key, value, pos = km.group(1), line[km.end() : end].strip(), end
                 if not value:
@@ -682,7 +706,9 @@ class _Parser:
                 if not closers or closers.pop() != tok:
                     raise HloParseError(lineno, tm.start() + 1, f"unbalanced {tok!r}")
         if closers:
-            raise HloParseError(lineno, len(line) + 1, f"unclosed {_CLOSE[closers[-1]]!r} at end of line")
+            raise HloParseError(
+                lineno, len(line) + 1, f"unclosed {_CLOSE[closers[-1]]!r} at end of line"
+            )
         return len(line)
 
     # -- module ---------------------------------------------------------------
@@ -696,13 +722,17 @@ class _Parser:
             raise HloParseError(1, 1, "empty input: expected 'HloModule <name>, ...'")
         m = _MODULE_RE.match(lines[i].strip())
         if m is None:
-            raise HloParseError(i + 1, 1, f"expected 'HloModule <name>', got {lines[i].strip()[:30]!r}")
+            raise HloParseError(
+                i + 1, 1, f"expected 'HloModule <name>', got {lines[i].strip()[:30]!r}"
+            )
         name = m.group(1)
         mod_attrs = self.split_attrs(m.group(2) or "", i + 1, lines[i].find(",") + 2)
         for key in ("replica_count", "num_partitions"):
             value = mod_attrs.get(key, "1")
             if not value.isdigit() or not 1 <= int(value) <= _MAX_DEVICES:
-                raise HloParseError(i + 1, lines[i].find(key) + 1, f"{key}={value} is not a device count in 1..{_MAX_DEVICES}")
+                raise HloParseError(
+                    i + 1, lines[i].find(key) + 1, f"{key}={value} is not a device count in 1..{_MAX_DEVICES}"
+                )
         i += 1
         computations: list[Computation] = []
         entry: Computation | None = None
@@ -720,7 +750,9 @@ class _Parser:
                 continue
             hm = _COMP_HEAD_RE.match(stripped)
             if hm is None:
-                raise HloParseError(i + 1, 1, f"expected computation 'name (...) -> shape {{', got {stripped[:30]!r}")
+                raise HloParseError(
+                    i + 1, 1, f"expected computation 'name (...) -> shape {{', got {stripped[:30]!r}"
+                )
             if hm.group(3):
                 self.match_close(hm.group(3), 0, i + 1)
             comp_line = i + 1
@@ -728,7 +760,9 @@ class _Parser:
             insts: list[Instruction] = []
             while True:
                 if i >= n:
-                    raise HloParseError(n, 1, f"computation {hm.group(2)} (line {comp_line}) is never closed with '}}'")
+                    raise HloParseError(
+                        n, 1, f"computation {hm.group(2)} (line {comp_line}) is never closed with '}}'"
+                    )
                 body = lines[i]
                 s = body.strip()
                 if s == "}":
@@ -744,11 +778,15 @@ class _Parser:
             computations.append(comp)
             if comp.is_entry:
                 if entry is not None:
-                    raise HloParseError(comp_line, 1, f"second ENTRY computation {comp.name} (first: {entry.name})")
+                    raise HloParseError(
+                        comp_line, 1, f"second ENTRY computation {comp.name} (first: {entry.name})"
+                    )
                 entry = comp
         if not computations:
             raise HloParseError(n, 1, f"module {name} has no computations")
-        module = Module(name, tuple(computations), entry or computations[-1], MappingProxyType(mod_attrs))
+        module = Module(
+            name, tuple(computations), entry or computations[-1], MappingProxyType(mod_attrs)
+        )
         self.check_calls(module)
         return module
 
@@ -772,7 +810,9 @@ class _Parser:
         for a, b in zip(cuts, cuts[1:]):
             am = _ATTR_KEY_RE.match(text, a + 1, b)
             if am is None:
-                raise HloParseError(lineno, col0 + a + 1, f"expected key=value, got {text[a + 1 : b].strip()[:30]!r}")
+                raise HloParseError(
+                    lineno, col0 + a + 1, f"expected key=value, got {text[a + 1 : b].strip()[:30]!r}"
+                )
             out[am.group(1)] = text[am.end() : b].strip()
         return out
 
@@ -783,7 +823,9 @@ class _Parser:
             seen: set[str] = set()
             for inst in comp.instructions:
                 if inst.name in seen:
-                    raise HloParseError(inst.line, 1, f"instruction name {inst.name!r} defined twice")
+                    raise HloParseError(
+                        inst.line, 1, f"instruction name {inst.name!r} defined twice"
+                    )
                 seen.add(inst.name)
         if sum(inst.is_root for inst in comp.instructions) > 1:
             inst = [x for x in comp.instructions if x.is_root][1]
@@ -799,7 +841,9 @@ class _Parser:
             defined.add(inst.name)
             if inst.opcode == "parameter":
                 if inst.literal in numbers:
-                    raise HloParseError(inst.line, 1, f"parameter({inst.literal}) defined twice in {comp.name}")
+                    raise HloParseError(
+                        inst.line, 1, f"parameter({inst.literal}) defined twice in {comp.name}"
+                    )
                 numbers.add(inst.literal)
 
     @staticmethod
@@ -810,7 +854,9 @@ class _Parser:
                 for c in inst.called_computations:
                     if c not in known:
                         col = _name_col(inst.source, c, 0)
-                        raise HloParseError(inst.line, col, f"{inst.name} calls unknown computation {c!r}")
+                        raise HloParseError(
+                            inst.line, col, f"{inst.name} calls unknown computation {c!r}"
+                        )
         # Calls must form a DAG: the graph builder walks into called computations.
         state: dict[str, int] = {}
 
@@ -819,7 +865,9 @@ class _Parser:
             for inst in comp.instructions:
                 for c in inst.called_computations:
                     if state.get(c) == 1:
-                        raise HloParseError(inst.line, 1, f"{inst.name} calls {c!r}, which calls back into {comp.name}")
+                        raise HloParseError(
+                            inst.line, 1, f"{inst.name} calls {c!r}, which calls back into {comp.name}"
+                        )
                     if c not in state:
                         visit(known[c])
             state[comp.name] = 2

@@ -207,3 +207,24 @@ def test_format_analysis_lists_every_collective():
         assert c["name"] in table
     assert "nodes" in table.splitlines()[1]
     assert "compute:" in table
+
+
+def test_conditional_charges_its_most_expensive_branch():
+    text = """HloModule c
+b1 {
+  p1 = f32[4]{0} parameter(0)
+  ROOT n1 = f32[4]{0} negate(p1)
+}
+b2 {
+  p2 = f32[4]{0} parameter(0)
+  e2 = f32[4]{0} exponential(p2)
+  ROOT m2 = f32[4]{0} multiply(e2, e2)
+}
+ENTRY e {
+  i = s32[] parameter(0)
+  x = f32[4]{0} parameter(1)
+  ROOT c = f32[4]{0} conditional(i, x, x), branch_computations={b1, b2}
+}
+"""
+    (task,) = graph.from_hlo_text(text).tasks
+    assert task.opcode == "conditional" and task.flops == 8.0 and task.bytes == 4 + 3 * 16
