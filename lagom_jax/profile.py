@@ -295,6 +295,15 @@ def pallas_copy_kernel(ctas: int, elements: int, dtype: Any, *, block: int = 409
                           interpret=interpret, name="lagom_copy")
 
 
+# Lines that summarise other lines (added by the profiler's derived timelines); counting
+# them would count every kernel twice.
+_DERIVED_LINES = ("XLA Modules", "XLA Ops", "XLA TraceMe", "Steps", "Source code", "Framework")
+
+
+def _kernel_lines(plane: Any) -> list[Any]:
+    return [ln for ln in plane.lines if not ln.name.startswith(_DERIVED_LINES)]
+
+
 def device_kernel_times_us(xplane_path: str | pathlib.Path, marker: str = "lagom_copy") -> dict[str, list[float]]:
     """Kernel durations (us) on the GPU device planes of a profiler trace, split into
     those whose name contains ``marker`` (``"marked"``) and all others (``"other"``)."""
@@ -305,10 +314,10 @@ def device_kernel_times_us(xplane_path: str | pathlib.Path, marker: str = "lagom
     for plane in data.planes:
         if not plane.name.startswith("/device:GPU"):
             continue
-        for line in plane.lines:
-            if "memcpy" in line.name.lower():
-                continue
+        for line in _kernel_lines(plane):
             for ev in line.events:
+                if any(w in ev.name.lower() for w in ("memcpy", "memset")) or "memcpy" in line.name.lower():
+                    continue
                 out["marked" if marker in ev.name else "other"].append(ev.duration_ns / 1e3)
     return out
 
@@ -421,7 +430,7 @@ def per_op_times_us(xplane_path: str | pathlib.Path, *, module: str | None = Non
     gpu = [pl for pl in planes if pl.name.startswith("/device:GPU")]
     out: dict[str, float] = {}
     for plane in gpu or [pl for pl in planes if pl.name.startswith("/host:")]:
-        for line in plane.lines:
+        for line in _kernel_lines(plane):
             for ev in line.events:
                 stats = dict(ev.stats)
                 op = stats.get("hlo_op")

@@ -238,3 +238,35 @@ def test_contention_program_puts_only_the_copy_on_the_second_stream():
     dots = [ln for ln in lines if "dot_general" in ln]
     assert dots and not any("_xla_stream_annotation" in ln for ln in dots)
     assert any('_xla_stream_annotation = "1"' in ln for ln in lines)
+
+
+# A GPU trace as the profiler writes it: kernels on a stream line (one tagged with its
+# HLO op), a memcpy, and a derived "XLA Ops" line that repeats the GEMM.
+GPU_XSPACE = '''
+planes {
+  id: 1
+  name: "/device:GPU:0"
+  lines { id: 1 name: "Stream #13(Compute)" timestamp_ns: 1000
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 7000000 stats { metadata_id: 10 str_value: "dot.3" } }
+    events { metadata_id: 2 offset_ps: 8000000 duration_ps: 2000000 }
+    events { metadata_id: 3 offset_ps: 9000000 duration_ps: 500000 }
+  }
+  lines { id: 2 name: "XLA Ops" timestamp_ns: 1000
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 7000000 stats { metadata_id: 10 str_value: "dot.3" } }
+  }
+  event_metadata { key: 1 value { id: 1 name: "sm90_xmma_gemm_bf16" } }
+  event_metadata { key: 2 value { id: 2 name: "lagom_copy" } }
+  event_metadata { key: 3 value { id: 3 name: "MemcpyD2D" } }
+  stat_metadata { key: 10 value { id: 10 name: "hlo_op" } }
+}
+planes { id: 2 name: "/host:CPU" lines { id: 1 name: "python" } }
+'''
+
+
+def test_gpu_trace_kernel_times_skip_memcpy_and_derived_lines(tmp_path):
+    from jax.profiler import ProfileData
+
+    path = tmp_path / "gpu.xplane.pb"
+    path.write_bytes(ProfileData.text_proto_to_serialized_xspace(GPU_XSPACE))
+    assert profile.device_kernel_times_us(path) == {"marked": [2.0], "other": [7.0]}
+    assert profile.per_op_times_us(path) == {"dot.3": 7.0}
