@@ -27,11 +27,10 @@ from lagom_jax.search import STRATEGIES as STRATEGIES
 from lagom_jax.search import SearchResult as SearchResult
 from lagom_jax.search import run_strategy as run_strategy
 from lagom_jax.simulate import Timeline as Timeline
-from lagom_jax.simulate import simulate as simulate
 
 __all__ = [
     "BASELINES", "CollectiveChoice", "CollectiveParams", "FlagError", "HardwareProfile",
     "HloParseError", "Plan", "PlanCache", "STRATEGIES", "SearchResult", "StepGraph", "Task",
     "Timeline", "Tuned", "TuningWarning", "XlaFlag", "__version__", "auto_hardware",
-    "from_hlo_text", "from_module", "make_plan", "parse_hlo", "run_strategy", "simulate", "tune",
+    "from_hlo_text", "from_module", "make_plan", "parse_hlo", "run_strategy", "tune",
 ]

@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib.resources
 import json
+import pathlib
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from lagom_jax import graph, hlo
+from lagom_jax import graph, hardware, hlo
+
+STRATEGY_CHOICES = ("lagom", "autoccl", "recipe", "xla-default", "exhaustive")
 
 EXAMPLES = ("gpt_train_step",)
 
@@ -29,26 +33,75 @@ class _UsageError(Exception):
     """A bad argument or input file: reported on stderr, exit status 2, no traceback."""
 
 
-def _read_module(args: argparse.Namespace) -> hlo.Module:
+def _read_text(args: argparse.Namespace) -> str:
+    """The HLO text named by PATH, ``-`` (stdin) or ``--example``."""
     if args.example is not None:
         if args.path is not None:
             raise _UsageError("give either PATH or --example, not both")
-        text, where = example_text(args.example), f"example {args.example}"
-    elif args.path is None:
+        return example_text(args.example)
+    if args.path is None:
         raise _UsageError("missing PATH (an HLO text file, or - for stdin); or use --example")
-    elif args.path == "-":
-        text, where = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            with open(args.path, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise _UsageError(f"cannot read {args.path}: {e}") from None
-        where = args.path
+    if args.path == "-":
+        return sys.stdin.read()
+    try:
+        with open(args.path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise _UsageError(f"cannot read {args.path}: {e}") from None
+
+
+def _where(args: argparse.Namespace) -> str:
+    if args.example is not None:
+        return f"example {args.example}"
+    return "<stdin>" if args.path == "-" else str(args.path)
+
+
+def _read_module(args: argparse.Namespace) -> hlo.Module:
+    text = _read_text(args)
     try:
         return hlo.parse(text)
     except hlo.HloParseError as e:
-        raise _UsageError(f"{where}: {e}") from None
+        raise _UsageError(f"{_where(args)}: {e}") from None
+
+
+def _parse_graph(text: str, args: argparse.Namespace) -> graph.StepGraph:
+    try:
+        return graph.from_hlo_text(text)
+    except (hlo.HloParseError, ValueError) as e:
+        raise _UsageError(f"{_where(args)}: {e}") from None
+
+
+def _read_graph(args: argparse.Namespace) -> graph.StepGraph:
+    return _parse_graph(_read_text(args), args)
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", nargs="?", help="HLO text file, or - to read stdin")
+    p.add_argument("--example", nargs="?", const=EXAMPLES[0], choices=EXAMPLES,
+                   help="use a built-in GPU-style example module instead of PATH")
+
+
+def _add_hardware_args(p: argparse.ArgumentParser, *, default: str) -> None:
+    p.add_argument("--hardware", default=default,
+                   help=f"a preset ({', '.join(hardware.PRESETS)}), 'auto' (the devices "
+                   f"this process sees), or a HardwareProfile JSON file (default {default})")
+    p.add_argument("--nodes", type=int, default=None, metavar="N",
+                   help="number of nodes of the cluster (default: the preset's)")
+
+
+def _hardware(args: argparse.Namespace) -> hardware.HardwareProfile:
+    if args.nodes is not None and args.nodes <= 0:
+        raise _UsageError(f"--nodes must be positive, got {args.nodes}")
+    try:
+        if args.hardware == "auto":
+            from lagom_jax import api
+
+            hw, note = api.auto_hardware()
+            print(f"lagom-jax: {note}", file=sys.stderr)
+            return hw if args.nodes is None else hw.with_nodes(args.nodes)
+        return hardware.resolve(args.hardware, nodes=args.nodes)
+    except (ValueError, OSError) as e:
+        raise _UsageError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- analyze
@@ -80,7 +133,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
             step = graph.from_module(module, unroll_loops=False)
             nodes_of = {t.name: t.nodes_spanned(args.gpus_per_node) for t in step.collectives}
     except hlo.HloParseError as e:
-        raise _UsageError(f"{args.path or args.example}: {e}") from None
+        raise _UsageError(f"{_where(args)}: {e}") from None
     if args.json:
         print(json.dumps(result))
     else:
@@ -88,8 +141,229 @@ def _run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- simulate
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="replay an HLO module on a hardware profile and print its timeline",
+        description="Build the StepGraph of an HLO module and replay it with the unified cost "
+        "model (NCCL's own parameter choices, XLA's schedule): makespan, overlap bound, "
+        "exposed communication per collective.",
+    )
+    _add_input_args(p)
+    _add_hardware_args(p, default="h100-sxm-8")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Perfetto / Chrome trace")
+    p.add_argument("--png", metavar="OUT.png", help="write a Gantt chart (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from lagom_jax import simulate, trace
+
+    step = _read_graph(args)
+    hw = _hardware(args)
+    print(simulate.simulate_report(step, hw, as_json=args.json))
+    if args.trace or args.png:
+        timeline = simulate.simulate(step, hw)
+        if args.trace:
+            trace.write_perfetto(timeline, step, args.trace)
+        if args.png:
+            trace.to_png(timeline, step, args.png)
+    return 0
+
+
+# ----------------------------------------------------------------------------- tune
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="tune an HLO module or a built-in model: plan, flags, predicted gain",
+        description="Search the communication parameters of one training step with the "
+        "chosen strategy and compare it with every baseline. The step is an HLO module "
+        "(PATH) or a built-in model compiled on this machine's devices (--model).",
+    )
+    _add_input_args(p)
+    p.add_argument("--model", choices=("gpt2", "bert", "t5"),
+                   help="tune a built-in model instead of PATH")
+    p.add_argument("--config", default=None,
+                   help="model size (gpt2: 124M 355M 774M 1.5B tiny; bert: base large tiny; "
+                   "t5: small base tiny); default: the smallest real size")
+    p.add_argument("--mesh", default="data=2,model=4",
+                   help="mesh axes for --model: data, fsdp, model, stage (default data=2,model=4)")
+    p.add_argument("--recipe", default=None,
+                   help="sharding recipe for --model (default: from the mesh axes, e.g. dp+tp)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    _add_hardware_args(p, default="h100-sxm-8")
+    p.add_argument("--strategy", default="lagom", choices=STRATEGY_CHOICES)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--out", metavar="DIR", help="write every artifact (plan, flags, env, "
+                   "tuner config, LHS profile, trace) into DIR")
+
+
+_DEFAULT_CONFIG = {"gpt2": "124M", "bert": "base", "t5": "small"}
+_AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp"}
+
+
+def _model_graph(args: argparse.Namespace):
+    """Compile a built-in model's train step from abstract inputs on this process's devices."""
+    import math
+
+    import jax
+
+    from lagom_jax import models
+
+    shape = models.parse_mesh(args.mesh)
+    recipe = args.recipe or "+".join(_AXIS_PART[a] for a in shape if a in _AXIS_PART)
+    if jax.config.jax_platforms in (None, "", "cpu") and not _backend_started():
+        jax.config.update("jax_num_cpu_devices", max(8, math.prod(shape.values())))
+    config = args.config or _DEFAULT_CONFIG[args.model]
+    print(f"lagom-jax: compiling {args.model} {config} ({recipe}, mesh {args.mesh}) on "
+          f"{len(jax.devices())} {jax.devices()[0].platform} device(s) ...", file=sys.stderr)
+    built = models.build(args.model, config, recipe, shape, batch_size=args.batch_size,
+                         seq_len=args.seq_len, dtype=args.dtype)
+    text = built.train_step.lower(*built.abstract_inputs).compile().as_text()
+    return graph.from_hlo_text(text), text
+
+
+def _backend_started() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    import hashlib
+
+    from lagom_jax import api, flags
+
+    if args.model is not None:
+        if args.path is not None or args.example is not None:
+            raise _UsageError("give PATH, --example or --model, not several")
+        step, text = _model_graph(args)
+        hw, note = api.resolve_hardware(args.hardware) if args.nodes is None else (
+            _hardware(args), f"hardware: {args.hardware}")
+    else:
+        text = _read_text(args)
+        step = _parse_graph(text, args)
+        hw, note = _hardware(args), f"hardware: {args.hardware}"
+    print(f"lagom-jax: {note}; {len(step.collectives)} collectives, "
+          f"{len(step.tasks)} tasks; searching ...", file=sys.stderr)
+    try:
+        results = api.search_all(step, hw, strategy=args.strategy)
+    except ValueError as err:  # e.g. exhaustive refusing a step too large to enumerate
+        raise _UsageError(str(err)) from None
+    plan = api.plan_from_results(results, args.strategy, hw, module=step.name,
+                                 fingerprint=hashlib.sha256(text.encode()).hexdigest())
+    flags.validate(plan.xla_flags(), plan.compiler_options())
+    env = plan.nccl_env()
+    if args.json:
+        print(json.dumps({
+            "module": plan.module, "hardware": plan.hardware, "strategy": plan.strategy,
+            "bound_us": plan.bound_us, "makespan_us": plan.makespan_us,
+            "strategies": {name: {"makespan_us": r.makespan_us, "evaluations": r.evaluations,
+                                  "search_time_s": r.search_time_s,
+                                  "speedup": r.makespan_us and plan.speedup_over(name)}
+                           for name, r in results.items()},
+            "xla_flags": plan.xla_flags(), "nccl_env": env,
+            "collectives": json.loads(plan.to_json())["collectives"],
+        }))
+    else:
+        print(plan.report())
+        print("\nXLA_FLAGS (checked by the installed XLA):")
+        print(f"  XLA_FLAGS='{plan.xla_flags()}'")
+        print("NCCL environment:" + ("" if env else " none needed (run `lagom-jax build-tuner` "
+                                     "to apply per-collective choices through NCCL's tuner plugin)"))
+        for k, v in sorted(env.items()):
+            print(f"  {k}={v}")
+        print("predicted gain: " + ", ".join(
+            f"{plan.speedup_over(n):.3f}x over {n}" for n in results if n != plan.strategy)
+            + "  (predicted by the cost model, not measured)")
+    if args.out:
+        _write_artifacts(pathlib.Path(args.out), plan, results[args.strategy])
+    return 0
+
+
+def _write_artifacts(out: pathlib.Path, plan, result) -> None:
+    from lagom_jax import api, trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    plan.save(out / "plan.json")
+    (out / "report.txt").write_text(plan.report(top=10_000) + "\n")
+    (out / "xla_flags.txt").write_text(plan.xla_flags() + "\n")
+    env = plan.nccl_env(config_path=out / "nccl_tuner.conf")
+    (out / "nccl_env.sh").write_text("".join(f"export {k}={v}\n" for k, v in sorted(env.items())))
+    (out / "nccl_tuner.conf").write_text(plan.nccl_tuner_config())
+    (out / "lhs_profile.pbtxt").write_text(plan.lhs_profile())
+    (out / "launch.sh").write_text("#!/usr/bin/env bash\n" + api.launch_line(plan, '"$@"') + "\n")
+    trace.write_perfetto(result.timeline, result.graph, out / "trace.json")
+    try:
+        trace.to_png(result.timeline, result.graph, out / "timeline.png")
+    except ImportError as err:
+        print(f"lagom-jax: no timeline.png ({err})", file=sys.stderr)
+    print(f"lagom-jax: wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}",
+          file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- build-tuner
+
+
+def _add_build_tuner(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build-tuner", help="compile the NCCL tuner plugin",
+                       description="Compile lagom-jax's NCCL tuner plugin (plain C, no NCCL "
+                       "needed) and print the NCCL_TUNER_PLUGIN line to launch with.")
+    p.add_argument("--out", metavar="DIR", help="where to put the plugin (default: ~/.cache/lagom-jax)")
+
+
+def _run_build_tuner(args: argparse.Namespace) -> int:
+    from lagom_jax import nccl_tuner
+
+    try:
+        so = nccl_tuner.build_tuner(args.out)
+    except nccl_tuner.TunerBuildError as err:
+        raise _UsageError(str(err)) from None
+    print(f"NCCL_TUNER_PLUGIN={so}")
+    print(f"# and {nccl_tuner.CONFIG_ENV}=<plan's nccl_tuner.conf> (lagom-jax tune --out DIR writes it)")
+    return 0
+
+
+# ----------------------------------------------------------------------------- profile
+
+
+def _add_profile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="measure this machine's GPU and write a HardwareProfile",
+                       description="Measure GEMM and HBM throughput and the slowdown of a GEMM "
+                       "beside a k-CTA copy kernel on the default backend, fit the cost model's "
+                       "terms, and write hardware.json (use it as --hardware FILE) and raw.json. "
+                       "On a CPU it measures CPU numbers and says so.")
+    p.add_argument("--out", metavar="DIR", default="lagom-profile", help="output directory")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    p.add_argument("--base", default=None, metavar="PRESET",
+                   help="preset to start from (default: from the GPU's name)")
+
+
+def _run_profile(args: argparse.Namespace) -> int:
+    from lagom_jax import profile
+
+    try:
+        path = profile.run_profile(args.out, quick=args.quick, base=args.base,
+                                   progress=lambda line: print(line, file=sys.stderr))
+    except profile.ProfileError as err:
+        raise _UsageError(str(err)) from None
+    print(path)
+    return 0
+
+
 _SUBCOMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
     "analyze": (_add_analyze, _run_analyze),
+    "simulate": (_add_simulate, _run_simulate),
+    "tune": (_add_tune, _run_tune),
+    "build-tuner": (_add_build_tuner, _run_build_tuner),
+    "profile": (_add_profile, _run_profile),
 }
 
 
@@ -107,11 +381,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lagom-jax``; returns the exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
+    if argv is None and hasattr(signal, "SIGPIPE"):
+        # `lagom-jax ... | head` should end quietly, like other command-line tools.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return _SUBCOMMANDS[args.command][1](args)
     except _UsageError as e:
         print(f"lagom-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"lagom-jax {args.command}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
