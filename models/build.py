@@ -8,6 +8,7 @@ without allocating it, or call ``built.init(rng)`` and run the step for a tiny o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -56,6 +57,17 @@ class Built:
 
     def lower(self) -> Any:
         return self.train_step.lower(*self.abstract_inputs)
+
+
+@functools.cache
+def _init_params(model: str, config: str, dtype: str) -> Callable[[jax.Array], Any]:
+    """One compiled initialiser per (model, config, dtype), shared by every recipe and mesh.
+
+    Parameters are created unsharded and then placed with `device_put`; random values do
+    not depend on the sharding, so every recipe starts from the same weights.
+    """
+    family, cfg = FAMILIES[model], FAMILIES[model].configs[config]
+    return jax.jit(lambda rng: nn.meta.unbox(family.init(cfg, rng, DTYPES[dtype])))
 
 
 def _known(kind: str, name: str, known: Sequence[str]) -> ValueError:
@@ -176,11 +188,11 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
 
     abstract_inputs = (jax.tree.map(with_sharding, abstract_state, state_sh),
                        {k: with_sharding(v, batch_sh[k]) for k, v in batch_shapes.items()})
-    init_jit = jax.jit(init_state, out_shardings=state_sh)
-
     def init(rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        params = _init_params(model, config, dtype)(rng)
+        state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
         batch = family.batch(cfg, jax.random.fold_in(rng, 1), batch_size, seq_len)
-        return init_jit(rng), jax.device_put(batch, batch_sh)
+        return jax.device_put(state, state_sh), jax.device_put(batch, batch_sh)
 
     num_params = sum(math.prod(a.shape) for a in jax.tree.leaves(abstract_params))
     return Built(model, config, recipe, mesh, train_step, abstract_inputs, (state_sh, batch_sh),
