@@ -35,7 +35,7 @@ class TrainState:
     opt_state: Any
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Built:
     """A model under a recipe on a mesh: everything needed to lower, compile or run a step.
 

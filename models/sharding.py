@@ -47,6 +47,10 @@ def parse_recipe(recipe: str) -> frozenset[str]:
     if "sp" in parts and "tp" not in parts:
         raise ValueError(f"recipe {recipe!r}: 'sp' shards along the tensor-parallel axis; "
                          "use it as 'tp+sp'")
+    if {"sp", "pp"} <= parts:
+        raise ValueError(f"recipe {recipe!r}: inside the pipeline activations follow the "
+                         "weights' shardings, so 'sp' cannot be combined with 'pp'; use "
+                         "'pp+tp' or 'tp+sp'")
     return parts
 
 

@@ -154,6 +154,8 @@ def test_tp_shards_heads_and_pp_shards_layers() -> None:
     (("bert", "tiny", "zero"), "known parts"),
     (("bert", "tiny", "sp", "model=2"), "tp+sp"),
     (("t5", "tiny", "dp+tp", "data=8"), "lacks ['model']"),
+    (("t5", "tiny", "pp+tp+sp", "stage=2,model=2"), "cannot be combined with 'pp'"),
+    (("gpt2", "tiny", "dp+pp", "data=2,stage=4"), "multiple of microbatches"),
     (("gpt2", "tiny", "dp", "data=16"), "needs 16 devices"),
     (("gpt2", "1.5B", "tp", "model=4"), "cannot be split 4 ways"),
 ])
