@@ -29,6 +29,7 @@ remaining SMs and bandwidth allow (roofline).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import math
@@ -155,21 +156,33 @@ def ring_steps(kind: str, n: int) -> int:
 def latency_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
                hw: HardwareProfile, cfg: CostConfig = DEFAULT_CONFIG) -> float:
     """NCCL's latency composition (``ncclTopoGetAlgoTime``), without launch overhead."""
+    lat, factor = _latency_parts(kind, n, nodes, params, hw, cfg)
+    if factor is not None and nbytes / (params.nchannels * n) >= 64:
+        lat *= factor
+    return lat
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
+                   hw: HardwareProfile, cfg: CostConfig) -> tuple[float, float | None]:
+    """The latency without its one size-dependent term, and that term: the factor NCCL
+    applies to multi-node Ring/Simple all-reduce once nBytes/(nc*n) >= 64 (None when it
+    cannot apply). Split so that the latency is tabulated once per (shape, params)."""
     p = PROTOCOL_INDEX[params.protocol]
     if n <= 1:
-        return 0.0
+        return 0.0, None
     intra_kind = hw.intra_link
     if params.algorithm == "tree":
         base = cfg.base_lat_tree[p]
         intra = cfg.lookup(cfg.hop_lat_tree, intra_kind)[p]
         inter = cfg.lookup(cfg.hop_lat_tree, "net")[p]
         per_node = max(n // nodes, 1)
-        return base + 2 * ((per_node - 1) * intra + math.log2(nodes) * inter)
+        return base + 2 * ((per_node - 1) * intra + math.log2(nodes) * inter), None
     base = cfg.base_lat_ring[p]
     intra = cfg.lookup(cfg.hop_lat_ring, intra_kind)[p]
     steps = ring_steps(kind, n)
     if nodes <= 1:
-        return base + steps * intra
+        return base + steps * intra, None
     n_inter = 2 * (nodes - 1) if kind == "all-reduce" else nodes - 1
     n_inter = min(n_inter, steps)
     net_ovh = cfg.net_overhead_us * (3 if params.protocol == "Simple" else 1)
@@ -177,9 +190,9 @@ def latency_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveP
     inter_table = cfg.hop_lat_tree if n == nodes else cfg.hop_lat_ring
     inter = cfg.lookup(inter_table, "net")[p]
     lat = base + (steps - n_inter) * max(intra, net_ovh) + n_inter * inter
-    if kind == "all-reduce" and params.protocol == "Simple" and nbytes / (params.nchannels * n) >= 64:
-        lat *= cfg.lookup(cfg.multinode_simple_lat_factor, hw.arch)
-    return lat
+    if kind == "all-reduce" and params.protocol == "Simple":
+        return lat, cfg.lookup(cfg.multinode_simple_lat_factor, hw.arch)
+    return lat, None
 
 
 def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
@@ -189,26 +202,32 @@ def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
     Grows by one channel's rate per channel (scaled by threads per CTA) until the link
     saturates, then the protocol's efficiency and NCCL's per-protocol caps apply.
     """
+    return _busbw(params.algorithm, params.protocol, params.nchannels, params.nthreads, hw, nodes, cfg)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwareProfile, nodes: int,
+           cfg: CostConfig) -> float:
+    """``busbw_gbps`` by fields, so one channel's rate needs no new CollectiveParams."""
     cap, per_ch = _link_caps(hw, nodes)
-    p = PROTOCOL_INDEX[params.protocol]
-    per_ch *= min(1.0, params.nthreads / cfg.full_rate_threads[p])
-    nc = params.nchannels
+    p = PROTOCOL_INDEX[protocol]
+    per_ch *= min(1.0, nthreads / cfg.full_rate_threads[p])
     col = 0 if nodes <= 1 else 1 if nodes == 2 else 2
     cta = cfg.ctas_per_search_channel
     ll_max = (cfg.lookup(cfg.ll_max_gbps, hw.arch) if nodes <= 1
               else cfg.ll_max_multinode_gbps[0 if nodes == 2 else 1])
-    if params.algorithm == "tree":
+    if algorithm == "tree":
         tree_ch = cfg.lookup(cfg.per_ch_tree, hw.arch)[col] / cta
         bw = min(nc * min(per_ch, tree_ch), cap) * cfg.tree_factor
-        if params.protocol == "LL":
+        if protocol == "LL":
             return min(bw * cfg.tree_ll_factor, ll_max)
-        if params.protocol == "LL128":
+        if protocol == "LL128":
             f = cfg.tree_ll128_factor_1node if nodes <= 1 else cfg.tree_ll128_factor_multinode
             return min(bw * f, nc * cfg.lookup(cfg.per_ch_tree_ll128, hw.arch)[col] / cta)
         return bw
-    if params.protocol == "LL":
+    if protocol == "LL":
         return min(min(nc * per_ch, cap) * cfg.ll_factor, ll_max)
-    if params.protocol == "LL128":
+    if protocol == "LL128":
         ll128_ch = cfg.lookup(cfg.per_ch_ring_ll128, hw.arch) / cta
         return min(nc * min(per_ch, ll128_ch), cap) * cfg.ll128_factor
     return min(nc * per_ch, cap)
@@ -223,18 +242,29 @@ def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
     n = group_size
     if n <= 1:
         return hw.launch_us
-    wire = nbytes * bus_factor(kind, params.algorithm, n)
-    bw = busbw_gbps(params, hw, nodes, cfg) * 1e3  # bytes per us
-    one_ch = busbw_gbps(dataclasses.replace(params, nchannels=1), hw, nodes, cfg) * 1e3
-    p = PROTOCOL_INDEX[params.protocol]
-    hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
-    hop = cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
+    bus, bw, one_ch, hop, steps = _size_free_terms(kind, n, nodes, params, hw, cfg)
+    wire = nbytes * bus
     per_channel = wire / params.nchannels
-    steps = ring_steps(kind, n) if params.algorithm == "ring" else 2 * max(n // nodes, 1)
     chunks = math.ceil(per_channel / params.chunk_bytes)
     fill = min(params.chunk_bytes, per_channel / steps) / one_ch
     return (hw.launch_us + latency_us(kind, nbytes, n, nodes, params, hw, cfg)
             + wire / bw + chunks * hop * cfg.chunk_sync_fraction + fill)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw: HardwareProfile,
+                     cfg: CostConfig) -> tuple[float, float, float, float, int]:
+    """The terms of ``collective_time_us`` that do not depend on the size: (bus bytes per
+    nBytes, busBw and one channel's busBw in bytes/us, per-chunk hop latency, pipeline
+    steps). The search times every candidate of every collective size, so these are
+    tabulated once per (kind, group, params) instead of once per size."""
+    bw = busbw_gbps(params, hw, nodes, cfg) * 1e3  # bytes per us
+    one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg) * 1e3
+    p = PROTOCOL_INDEX[params.protocol]
+    hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
+    hop = cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
+    steps = ring_steps(kind, n) if params.algorithm == "ring" else 2 * max(n // nodes, 1)
+    return bus_factor(kind, params.algorithm, n), bw, one_ch, hop, steps
 
 
 def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
@@ -273,6 +303,7 @@ def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile
     return _SIMPLE_OTHER_CHUNK
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
                         hw: HardwareProfile, cfg: CostConfig = DEFAULT_CONFIG) -> CollectiveParams:
     """What NCCL itself would run: algorithm/protocol by its minimum predicted time
@@ -310,9 +341,21 @@ def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
     allows here x a channel ladder (plus NCCL's count) up to the SMs available; for
     Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
     """
+    fixed = _size_free_candidates(kind, group_size, hw)
+    default = nccl_default_params(kind, nbytes, group_size, nodes, hw)
+    i = bisect.bisect_left(fixed, default)
+    if i < len(fixed) and fixed[i] == default:
+        return fixed
+    return fixed[:i] + (default,) + fixed[i:]
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _size_free_candidates(kind: str, group_size: int, hw: HardwareProfile) -> tuple[CollectiveParams, ...]:
+    """``candidate_params`` without NCCL's pick, the only member that depends on the size
+    (sorting ~60 ordered dataclasses per collective size cost more than timing them)."""
     max_nc = min(MAX_CHANNELS, hw.sm_count - 1)
     ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {min(hw.nccl_channels, max_nc)})
-    out = {nccl_default_params(kind, nbytes, group_size, nodes, hw)}
+    out = set()
     for algo in _algorithms(kind, group_size):
         for proto in _protocols(hw):
             chunk = _default_chunk(kind, algo, proto, hw)
@@ -325,11 +368,19 @@ def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
     return tuple(sorted(out))
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int,
+                    hw: HardwareProfile) -> tuple[tuple[CollectiveParams, float], ...]:
+    """Every ``candidate_params`` entry with its ``collective_time_us``, in the same order:
+    the one tabulation per collective size that the overlap bound and the search share."""
+    return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw))
+                 for p in candidate_params(kind, nbytes, group_size, nodes, hw))
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def fastest_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile) -> float:
     """The collective's time alone at its fastest candidate (for the overlap bound)."""
-    return min(collective_time_us(kind, nbytes, group_size, nodes, p, hw)
-               for p in candidate_params(kind, nbytes, group_size, nodes, hw))
+    return min(t for _, t in candidate_times(kind, nbytes, group_size, nodes, hw))
 
 
 def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,

@@ -40,7 +40,6 @@ hardware, strategy, space).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import itertools
 import json
@@ -63,7 +62,7 @@ from lagom_jax.passes import (
     schedule,
 )
 from lagom_jax.plan import CollectiveParams
-from lagom_jax.simulate import Timeline, simulate
+from lagom_jax.simulate import Timeline, collective_shape, makespan_us, simulate
 
 STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom", "exhaustive")
 
@@ -219,33 +218,12 @@ def fingerprint(graph: StepGraph) -> str:
 # --- candidates ----------------------------------------------------------------------
 
 
-def _shape(t: Task, num_devices: int, hw: HardwareProfile) -> tuple[str, float, int, int]:
-    """(kind, bytes, ranks, nodes) as the simulator sizes a collective: HLO's empty
-    replica_groups mean every device takes part."""
-    if t.groups or t.pairs:
-        n, nodes = t.group_size, t.nodes_spanned(hw.gpus_per_node)
-    else:
-        n = max(num_devices, 1)
-        nodes = math.ceil(n / hw.gpus_per_node)
-    return t.kind, float(t.bytes), n, min(nodes, n)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _shape_time(shape: tuple[str, float, int, int], p: CollectiveParams, hw: HardwareProfile) -> float:
-    return cost.collective_time_us(*shape, p, hw)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _shape_default(shape: tuple[str, float, int, int], hw: HardwareProfile) -> CollectiveParams:
-    return cost.nccl_default_params(*shape, hw)
-
-
 def _time(t: Task, p: CollectiveParams, hw: HardwareProfile, num_devices: int) -> float:
-    return _shape_time(_shape(t, num_devices, hw), p, hw)
+    return cost.collective_time_us(*collective_shape(t, num_devices, hw), p, hw)
 
 
 def _default(t: Task, hw: HardwareProfile, num_devices: int) -> CollectiveParams:
-    return _shape_default(_shape(t, num_devices, hw), hw)
+    return cost.nccl_default_params(*collective_shape(t, num_devices, hw), hw)
 
 
 _CANDIDATES: dict[tuple, tuple[CollectiveParams, ...]] = {}
@@ -259,15 +237,15 @@ def candidates(
     With ``max_candidates`` the front is thinned evenly (by channel count) to that many.
     ``num_devices`` sizes collectives with empty replica groups (all devices).
     """
-    shape = _shape(t, num_devices, hw)
+    shape = collective_shape(t, num_devices, hw)
     key = (shape, hw, max_candidates)
     if key in _CANDIDATES:
         return _CANDIDATES[key]
-    kind, nbytes, n, nodes = shape
+    nodes = shape[3]
     scored = []
-    for p in cost.candidate_params(kind, nbytes, n, nodes, hw):
+    for p, time_us in cost.candidate_times(*shape, hw):
         sms, hbm = cost.comm_resource_use(p, hw, nodes=nodes)
-        scored.append(((_shape_time(shape, p, hw), sms, hbm), p))
+        scored.append(((time_us, sms, hbm), p))
     scored.sort()
     front: list[tuple[tuple[float, float, float], CollectiveParams]] = []
     for s, p in scored:
@@ -279,7 +257,7 @@ def candidates(
     if max_candidates is not None and len(picks) > max_candidates:
         step = (len(picks) - 1) / max(max_candidates - 1, 1)
         picks = [picks[round(i * step)] for i in range(max_candidates)]
-    default = _shape_default(shape, hw)
+    default = cost.nccl_default_params(*shape, hw)
     out = (default,) + tuple(p for p in dict.fromkeys(picks) if p != default)
     _CANDIDATES[key] = out
     return out
@@ -328,7 +306,7 @@ class _Evaluator:
         return candidates(t, self.hw, self.space.max_candidates, num_devices=self.graph.num_devices)
 
     def resources(self, t: Task, p: CollectiveParams) -> tuple[float, float]:
-        return cost.comm_resource_use(p, self.hw, nodes=_shape(t, self.graph.num_devices, self.hw)[3])
+        return cost.comm_resource_use(p, self.hw, nodes=collective_shape(t, self.graph.num_devices, self.hw)[3])
 
     def combined(self, structure: Structure) -> Rewrite:
         key = structure.thresholds
@@ -352,16 +330,12 @@ class _Evaluator:
             self._built[structure] = self._apply(self.combined(structure).graph, dict(structure.chunks), structure)
         return self._built[structure]
 
-    def _simulate(self, built: _Built, params: dict[int, CollectiveParams]) -> Timeline:
-        self.evaluations += 1
-        return simulate(
-            built.schedule.graph, self.hw, params,
-            overlap_limit=built.schedule.overlap_limit, priority=built.schedule.priority_map,
-        )
-
     def full(self, structure: Structure, params: Mapping[int, CollectiveParams]) -> Timeline:
         built = self.build(structure)
-        return self._simulate(built, built.params(params))
+        self.evaluations += 1
+        sched = built.schedule
+        return simulate(sched.graph, self.hw, built.params(params),
+                        overlap_limit=sched.overlap_limit, priority=sched.priority_map)
 
     def window(self, structure: Structure, params: Mapping[int, CollectiveParams], cid: int,
                p: CollectiveParams | None = None) -> float:
@@ -376,7 +350,10 @@ class _Evaluator:
             built = self.build(structure)
         else:
             built = self._window(structure, cid)
-        return self._simulate(built, built.params(params, override)).makespan_us
+        self.evaluations += 1
+        sched = built.schedule
+        return makespan_us(sched.graph, self.hw, built.params(params, override),
+                           overlap_limit=sched.overlap_limit, priority=sched.priority_map)
 
     def _window(self, structure: Structure, cid: int) -> _Built:
         """Tasks from a few before ``cid``'s producers to a few after its first consumer."""
@@ -755,8 +732,6 @@ def clear_cache() -> None:
     """Forget cached results (after the cost model changed in-process)."""
     _CACHE.clear()
     _CANDIDATES.clear()
-    _shape_time.cache_clear()
-    _shape_default.cache_clear()
 
 
 # --- report --------------------------------------------------------------------------

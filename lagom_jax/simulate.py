@@ -26,6 +26,7 @@ The simulator is called O(N*K) times by the search, so everything that depends o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import json
 import math
@@ -104,9 +105,36 @@ class Timeline:
         return json.dumps(self.to_dict(), indent=1)
 
 
+def collective_shape(task: Task, num_devices: int, hw: HardwareProfile) -> tuple[str, float, int, int]:
+    """(kind, bytes, ranks, nodes spanned) of a collective as the cost model sizes it.
+
+    HLO's empty ``replica_groups`` mean every one of ``num_devices`` devices takes part.
+    The simulator and the search both size collectives this way; it is cached by the
+    fields that matter, because the search asks again for every copy of a task it makes.
+    """
+    return _shape(task.kind, float(task.bytes), task.groups, task.pairs, num_devices, hw.gpus_per_node)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _shape(kind: str, nbytes: float, groups: tuple[tuple[int, ...], ...], pairs: tuple[tuple[int, int], ...],
+           num_devices: int, gpus_per_node: int) -> tuple[str, float, int, int]:
+    if groups or pairs:
+        t = Task(0, "", kind, bytes=nbytes, groups=groups, pairs=pairs)  # type: ignore[arg-type]
+        n, nodes = t.group_size, t.nodes_spanned(gpus_per_node)
+    else:  # HLO's empty replica_groups: every device takes part
+        n = max(num_devices, 1)
+        nodes = math.ceil(n / gpus_per_node)
+    return kind, nbytes, n, min(nodes, n)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
-    """Everything about (graph, hardware) that does not depend on params or priorities."""
+    """Everything about (graph, hardware) that does not depend on params or priorities.
+
+    ``memo`` holds what is derived lazily and reused across calls: per (collective id,
+    params) its time and resource use, and the overlap bound (only a full Timeline
+    needs it, and it costs a tabulation of every candidate of every collective).
+    """
 
     is_coll: tuple[bool, ...]
     repeat: tuple[int, ...]
@@ -115,22 +143,25 @@ class _Prepared:
     compute_order: tuple[int, ...]
     pending: tuple[int, ...]  # deps + done_before waits
     successors: tuple[tuple[int, ...], ...]
+    # Compute tasks: (flops, bytes); collectives: None.
+    work: tuple[tuple[float, float] | None, ...]
     compute_alone: tuple[float, ...]
     default_params: Mapping[int, CollectiveParams]
     compute_us: float
-    bound_us: float
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def bound_us(self, hw: HardwareProfile) -> float:
+        """max(compute alone, every collective at its fastest candidate)."""
+        if "bound" not in self.memo:
+            fastest = sum(r * cost.fastest_time_us(*k, hw) for k, r in zip(self.coll_key, self.repeat)
+                          if k is not None)
+            self.memo["bound"] = max(self.compute_us, fastest)
+        return self.memo["bound"]
 
 
+# Keyed by graph identity (hashing a step's tasks would cost more than a replay); an
+# entry leaves when its graph is collected.
 _PREPARED: dict[tuple[int, HardwareProfile], tuple[weakref.ref[StepGraph], _Prepared]] = {}
-
-
-def _coll_key(t: Task, graph: StepGraph, hw: HardwareProfile) -> tuple[str, float, int, int]:
-    if t.groups or t.pairs:
-        n, nodes = t.group_size, t.nodes_spanned(hw.gpus_per_node)
-    else:  # HLO's empty replica_groups: every device takes part
-        n = max(graph.num_devices, 1)
-        nodes = math.ceil(n / hw.gpus_per_node)
-    return t.kind, float(t.bytes), n, min(nodes, n)
 
 
 def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
@@ -142,7 +173,7 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
     unrolled = any(t.iteration > 0 for t in tasks)
     repeat = tuple(1 if unrolled else max(t.trip_count, 1) for t in tasks)
     is_coll = tuple(t.is_collective for t in tasks)
-    coll_key = tuple(_coll_key(t, graph, hw) if c else None for t, c in zip(tasks, is_coll))
+    coll_key = tuple(collective_shape(t, graph.num_devices, hw) if c else None for t, c in zip(tasks, is_coll))
     pending = [len(t.deps) for t in tasks]
     succ: list[list[int]] = [list(c) for c in graph.consumers]
     for t in tasks:
@@ -157,53 +188,71 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
         0.0 if c else r * cost.compute_time_us(t.flops, t.bytes, hw) for t, c, r in zip(tasks, is_coll, repeat))
     default_params = {i: cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
                       for i, k in enumerate(coll_key) if k is not None}
-    compute_us = sum(compute_alone)
-    fastest = sum(r * cost.fastest_time_us(*k, hw) for k, r in zip(coll_key, repeat) if k is not None)
     prepared = _Prepared(
         is_coll=is_coll, repeat=repeat, coll_key=coll_key,
         compute_order=tuple(i for i, c in enumerate(is_coll) if not c),
         pending=tuple(pending), successors=tuple(tuple(s) for s in succ),
+        work=tuple(None if c else (t.flops, t.bytes) for t, c in zip(tasks, is_coll)),
         compute_alone=compute_alone, default_params=default_params,
-        compute_us=compute_us, bound_us=max(compute_us, fastest),
+        compute_us=sum(compute_alone),
     )
-    # Drop entries whose graph is gone, so the cache never outgrows the live graphs.
-    for k in [k for k, (ref, _) in _PREPARED.items() if ref() is None]:
-        del _PREPARED[k]
-    _PREPARED[key] = (weakref.ref(graph), prepared)
+
+    def forget(ref: weakref.ref[StepGraph], key: tuple[int, HardwareProfile] = key) -> None:
+        if _PREPARED.get(key, (None,))[0] is ref:
+            del _PREPARED[key]
+
+    _PREPARED[key] = (weakref.ref(graph, forget), prepared)
     return prepared
 
 
-def simulate(graph: StepGraph, hw: HardwareProfile,
-             params: Mapping[int, CollectiveParams] | None = None, *,
-             overlap_limit: int = 1, priority: Mapping[int, float] | None = None) -> Timeline:
-    """Replay ``graph`` on ``hw`` with per-collective ``params`` (missing ids get NCCL's
-    defaults) and return its Timeline."""
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """The raw outcome of one replay, before it is dressed as a Timeline."""
+
+    makespan_us: float
+    start: list[float]
+    end: list[float]
+    stream_of: dict[int, int]
+    exposed: dict[int, float]
+    exposed_total: float
+    chosen: Mapping[int, CollectiveParams]
+    coll_time: dict[int, float]
+
+
+def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, CollectiveParams] | None,
+            overlap_limit: int, priority: Mapping[int, float] | None) -> tuple[_Prepared, _Run]:
+    """The event loop shared by ``simulate`` and ``makespan_us``."""
     if overlap_limit < 1:
         raise ValueError(f"overlap_limit must be >= 1, got {overlap_limit}")
     prep = _prepare(graph, hw)
-    tasks = graph.tasks
-    chosen = dict(prep.default_params)
+    ntasks = len(prep.is_coll)
+    chosen = prep.default_params
     if params:
         bad = sorted(i for i in params if i not in chosen)
         if bad:
             raise ValueError(f"params given for ids {bad[:5]} that are not collectives of graph {graph.name!r}")
-        chosen.update(params)
+        chosen = {**chosen, **params}
     prio = priority or {}
 
     # Per-collective constants under these params: time alone and resources held.
+    memo = prep.memo
     coll_time: dict[int, float] = {}
     coll_use: dict[int, tuple[float, float]] = {}
     for i, p in chosen.items():
-        kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
-        coll_time[i] = prep.repeat[i] * cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
-        coll_use[i] = cost.comm_resource_use(p, hw, nodes=nodes)
+        hit = memo.get((i, p))
+        if hit is None:
+            kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
+            hit = memo[(i, p)] = (prep.repeat[i] * cost.collective_time_us(kind, nbytes, n, nodes, p, hw),
+                                  cost.comm_resource_use(p, hw, nodes=nodes))
+        coll_time[i], coll_use[i] = hit
 
     tracker = cost.ResourceTracker(hw)
     pending = list(prep.pending)
-    successors, is_coll, repeat = prep.successors, prep.is_coll, prep.repeat
+    successors, is_coll, repeat, work = prep.successors, prep.is_coll, prep.repeat, prep.work
+    compute_alone = prep.compute_alone
     order = prep.compute_order
-    start = [0.0] * len(tasks)
-    end = [0.0] * len(tasks)
+    start = [0.0] * ntasks
+    end = [0.0] * ntasks
     ready: list[tuple[float, int]] = [(-prio.get(i, 0.0), i) for i in chosen if pending[i] == 0]
     heapq.heapify(ready)
     free_streams = list(range(overlap_limit))
@@ -241,8 +290,10 @@ def simulate(graph: StepGraph, hw: HardwareProfile,
         if cur < 0 and not running:
             break
         if cur >= 0 and stale:
-            t = tasks[cur]
-            cur_dur = repeat[cur] * tracker.compute_time_us(t.flops, t.bytes)
+            if tracker.sms == 0.0 and tracker.hbm == 0.0:
+                cur_dur = compute_alone[cur]  # the same roofline, nothing taken
+            else:
+                cur_dur = repeat[cur] * tracker.compute_time_us(*work[cur])  # type: ignore[misc]
             stale = False
         # Time to the next event; k running collectives share the network.
         k = len(running)
@@ -272,20 +323,38 @@ def simulate(graph: StepGraph, hw: HardwareProfile,
         if cur >= 0 and cur_left <= 1e-12:
             c, cur = cur, -1
             finish(c)
-    if done != len(tasks):
-        stuck = [tasks[i].name for i in range(len(tasks)) if pending[i] > 0][:5]
+    if done != ntasks:
+        stuck = [graph.tasks[i].name for i in range(ntasks) if pending[i] > 0][:5]
         raise ValueError(
             f"graph {graph.name!r} cannot complete: tasks {stuck} wait on work that never runs "
             f"(check deps and done_before)")
+    return prep, _Run(now, start, end, stream_of, exposed, exposed_total, chosen, coll_time)
 
+
+def makespan_us(graph: StepGraph, hw: HardwareProfile,
+                params: Mapping[int, CollectiveParams] | None = None, *,
+                overlap_limit: int = 1, priority: Mapping[int, float] | None = None) -> float:
+    """``simulate(...).makespan_us`` without building the Timeline: what a search that
+    scores thousands of candidates needs."""
+    return _replay(graph, hw, params, overlap_limit, priority)[1].makespan_us
+
+
+def simulate(graph: StepGraph, hw: HardwareProfile,
+             params: Mapping[int, CollectiveParams] | None = None, *,
+             overlap_limit: int = 1, priority: Mapping[int, float] | None = None) -> Timeline:
+    """Replay ``graph`` on ``hw`` with per-collective ``params`` (missing ids get NCCL's
+    defaults) and return its Timeline."""
+    prep, run = _replay(graph, hw, params, overlap_limit, priority)
+    tasks = graph.tasks
+    start, end, chosen = run.start, run.end, run.chosen
     intervals = tuple(
-        Interval(i, f"comm{stream_of[i]}" if is_coll[i] else COMPUTE_STREAM, start[i], end[i])
+        Interval(i, f"comm{run.stream_of[i]}" if prep.is_coll[i] else COMPUTE_STREAM, start[i], end[i])
         for i in range(len(tasks)))
     records = tuple(
-        CollectiveRecord(i, tasks[i].name, chosen[i], start[i], end[i], exposed[i]) for i in sorted(chosen))
+        CollectiveRecord(i, tasks[i].name, chosen[i], start[i], end[i], run.exposed[i]) for i in sorted(chosen))
     return Timeline(
-        makespan_us=now, bound_us=prep.bound_us, compute_us=prep.compute_us,
-        comm_us=sum(coll_time.values()), exposed_comm_us=exposed_total,
+        makespan_us=run.makespan_us, bound_us=prep.bound_us(hw), compute_us=prep.compute_us,
+        comm_us=sum(run.coll_time.values()), exposed_comm_us=run.exposed_total,
         intervals=intervals, per_collective=records, overlap_limit=overlap_limit,
     )
 
