@@ -1,0 +1,100 @@
+"""The benchmark suite end to end on one tiny cell, and its command-line checks.
+
+The suite's main function runs exactly as ``python -m benchmarks.run`` would, with its
+output in a temporary folder (so RESULTS.md is not touched); the test then reads the JSON,
+Markdown and chart back and checks that the numbers agree with each other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+# benchmarks/ is a folder of scripts beside the package, not installed: import it from the
+# checkout also when pytest runs from elsewhere.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from benchmarks import run, suite  # noqa: E402
+
+STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    report = run.main(["--tiny", "--cells", "gpt2/dp+tp", "--hardware", "a40-pcie-8",
+                       "--no-measure", "--out", str(out), "--name", "t"])
+    return out, report
+
+
+def test_outputs_written_with_machine_and_versions(tiny_run):
+    out, report = tiny_run
+    data = json.loads((out / "t.json").read_text())
+    assert data == json.loads(json.dumps(report))
+    assert {"backend", "jax", "cpus"} <= data["machine"].keys()
+    assert {"lagom_jax", "jax", "flax"} <= data["versions"].keys()
+    assert data["strategies"] == list(STRATEGIES) and data["hardware"] == ["a40-pcie-8"]
+    assert (out / "t.png").read_bytes()[:4] == b"\x89PNG"
+    assert not data["measured"]
+
+
+def test_row_numbers_are_consistent(tiny_run):
+    _, report = tiny_run
+    (row,) = report["rows"]
+    assert row["cell"] == "gpt2/dp+tp" and row["spec"]["config"] == "tiny"
+    assert row["nodes"] == 1 and row["num_devices"] == 8
+    assert row["graph"]["collectives"] > 0
+    pred = row["strategies"]
+    assert set(pred) == set(STRATEGIES)
+    for name, p in pred.items():
+        assert p["speedup_vs_xla-default"] == pytest.approx(
+            pred["xla-default"]["makespan_us"] / p["makespan_us"])
+        assert p["speedup_vs_autoccl"] == pytest.approx(pred["autoccl"]["makespan_us"] / p["makespan_us"])
+        assert p["efficiency"] == pytest.approx(p["bound_us"] / p["makespan_us"])
+        assert 0 < p["efficiency"] <= 1 + 1e-9, name
+        assert p["evaluations"] >= 1 and p["search_time_s"] >= 0
+    assert pred["lagom"]["makespan_us"] <= pred["xla-default"]["makespan_us"] * (1 + 1e-9)
+    assert pred["lagom"]["evaluations"] > pred["xla-default"]["evaluations"]
+
+
+def test_markdown_table_has_a_row_per_cell_and_a_column_per_strategy(tiny_run):
+    out, report = tiny_run
+    md = (out / "t.md").read_text()
+    table = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    header, body = table[0], table[1:]
+    assert all(f" {s} " in header for s in STRATEGIES)
+    assert len(body) == 1 and "gpt2-tiny dp+tp" in body[0] and "a40-pcie-8 x1" in body[0]
+    lagom = report["rows"][0]["strategies"]["lagom"]
+    cells = [c.strip() for c in body[0].strip("|").split("|")]
+    assert cells[2 + STRATEGIES.index("lagom")] == (
+        f"{lagom['makespan_us'] / 1e3:.2f} ({lagom['speedup_vs_xla-default']:.3f}x)")
+    assert "lagom never slower than xla-default: yes" in md
+
+
+def test_unknown_names_fail_with_the_known_ones():
+    with pytest.raises(ValueError, match="known: .*h100-sxm-8"):
+        run.main(["--hardware", "h10", "--no-measure"])
+    with pytest.raises(ValueError, match="known: xla-default, recipe, autoccl, lagom"):
+        run.main(["--strategies", "fastest", "--no-measure"])
+    with pytest.raises(ValueError, match="known: .*gpt2/dp"):
+        run.main(["--cells", "gpt2/zz", "--no-measure"])
+
+
+def test_matrix_covers_models_recipes_and_node_counts():
+    cells = suite.full_matrix()
+    assert {c.model for c in cells} == {"gpt2", "bert", "t5"}
+    assert {"dp", "fsdp", "tp", "tp+sp", "pp", "dp+tp", "dp+pp+tp"} <= {c.recipe for c in cells}
+    assert {c.num_devices for c in cells} >= {8, 16}
+    assert len({c.id for c in cells if c.config != "355M"}) == len([c for c in cells if c.config != "355M"])
+    quick = suite.quick_matrix()
+    assert set(quick) <= set(cells) and len(quick) < len(cells)
+    assert suite.select(cells, ["gpt2-355M/dp+tp"])[0].config == "355M"
+
+
+def test_timing_summary():
+    t = suite.Timing.of([0.003, 0.001, 0.002])
+    assert (t.median_ms, t.min_ms, t.max_ms, t.steps) == (2.0, 1.0, 3.0, 3)
+    assert math.isclose(suite.Timing.of([0.5]).median_ms, 500.0)
