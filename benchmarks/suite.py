@@ -298,7 +298,7 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
             sp = pred[s].get("speedup_vs_xla-default")
             cols.append(_fmt_ms(pred[s]["makespan_us"]) + (f" ({sp:.3f}x)" if sp else ""))
         lag = pred.get("lagom")
-        bound = _fmt_ms(next(iter(pred.values()))["bound_us"])
+        bound = _fmt_ms((lag or next(iter(pred.values())))["bound_us"])
         tail = ["-", "-", "-", "-"]
         if lag:
             vs = lag.get("speedup_vs_autoccl")
