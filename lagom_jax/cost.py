@@ -239,32 +239,44 @@ def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
                        cfg: CostConfig = DEFAULT_CONFIG) -> float:
     """Time of one collective running alone (us). ``nodes`` = nodes the group spans."""
     _check_args(kind, nbytes, group_size, nodes, params)
-    n = group_size
-    if n <= 1:
+    if group_size <= 1:
         return hw.launch_us
-    bus, bw, one_ch, hop, steps = _size_free_terms(kind, n, nodes, params, hw, cfg)
-    wire = nbytes * bus
-    per_channel = wire / params.nchannels
-    chunks = math.ceil(per_channel / params.chunk_bytes)
-    fill = min(params.chunk_bytes, per_channel / steps) / one_ch
-    return (hw.launch_us + latency_us(kind, nbytes, n, nodes, params, hw, cfg)
-            + wire / bw + chunks * hop * cfg.chunk_sync_fraction + fill)
+    return _time_from_terms(nbytes, group_size, params, _size_free_terms(kind, group_size, nodes, params, hw, cfg),
+                            hw, cfg)
+
+
+_Terms = tuple[float, float, float, float, int, float, "float | None"]
 
 
 @functools.lru_cache(maxsize=1 << 12)
 def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw: HardwareProfile,
-                     cfg: CostConfig) -> tuple[float, float, float, float, int]:
-    """The terms of ``collective_time_us`` that do not depend on the size: (bus bytes per
-    nBytes, busBw and one channel's busBw in bytes/us, per-chunk hop latency, pipeline
-    steps). The search times every candidate of every collective size, so these are
-    tabulated once per (kind, group, params) instead of once per size."""
+                     cfg: CostConfig) -> _Terms:
+    """The terms of ``collective_time_us`` that do not depend on the size: bus bytes per
+    nBytes, busBw and one channel's busBw (bytes/us), per-chunk hop latency, pipeline
+    steps, and the latency with its size-dependent factor (``_latency_parts``). The
+    search times every candidate of every collective size, so these are tabulated once
+    per (kind, group, params) instead of once per size."""
     bw = busbw_gbps(params, hw, nodes, cfg) * 1e3  # bytes per us
     one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg) * 1e3
     p = PROTOCOL_INDEX[params.protocol]
     hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
     hop = cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
     steps = ring_steps(kind, n) if params.algorithm == "ring" else 2 * max(n // nodes, 1)
-    return bus_factor(kind, params.algorithm, n), bw, one_ch, hop, steps
+    return (bus_factor(kind, params.algorithm, n), bw, one_ch, hop, steps,
+            *_latency_parts(kind, n, nodes, params, hw, cfg))
+
+
+def _time_from_terms(nbytes: float, n: int, params: CollectiveParams, terms: _Terms,
+                     hw: HardwareProfile, cfg: CostConfig) -> float:
+    """The collective-time formula of the module docstring, for a group of n > 1 ranks."""
+    bus, bw, one_ch, hop, steps, lat, lat_factor = terms
+    if lat_factor is not None and nbytes / (params.nchannels * n) >= 64:
+        lat *= lat_factor
+    wire = nbytes * bus
+    per_channel = wire / params.nchannels
+    chunks = math.ceil(per_channel / params.chunk_bytes)
+    fill = min(params.chunk_bytes, per_channel / steps) / one_ch
+    return hw.launch_us + lat + wire / bw + chunks * hop * cfg.chunk_sync_fraction + fill
 
 
 def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
@@ -373,8 +385,26 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int,
                     hw: HardwareProfile) -> tuple[tuple[CollectiveParams, float], ...]:
     """Every ``candidate_params`` entry with its ``collective_time_us``, in the same order:
     the one tabulation per collective size that the overlap bound and the search share."""
-    return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw))
-                 for p in candidate_params(kind, nbytes, group_size, nodes, hw))
+    cands = candidate_params(kind, nbytes, group_size, nodes, hw)
+    if group_size <= 1:
+        return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw)) for p in cands)
+    # Time the size-free candidates from their tabulated terms, without a cache lookup
+    # per candidate; NCCL's pick, when it is not one of them, the ordinary way.
+    out = []
+    for p, terms in _size_free_table(kind, group_size, nodes, hw):
+        _check_args(kind, nbytes, group_size, nodes, p)
+        out.append((p, _time_from_terms(nbytes, group_size, p, terms, hw, DEFAULT_CONFIG)))
+    if len(out) < len(cands):
+        i = next((i for i, (p, _) in enumerate(out) if p is not cands[i]), len(out))
+        out.insert(i, (cands[i], collective_time_us(kind, nbytes, group_size, nodes, cands[i], hw)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _size_free_table(kind: str, group_size: int, nodes: int, hw: HardwareProfile
+                     ) -> tuple[tuple[CollectiveParams, _Terms], ...]:
+    return tuple((p, _size_free_terms(kind, group_size, nodes, p, hw, DEFAULT_CONFIG))
+                 for p in _size_free_candidates(kind, group_size, hw))
 
 
 @functools.lru_cache(maxsize=1 << 14)

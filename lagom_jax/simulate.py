@@ -251,9 +251,12 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
     successors, is_coll, repeat, work = prep.successors, prep.is_coll, prep.repeat, prep.work
     compute_alone = prep.compute_alone
     order = prep.compute_order
+    n_compute = len(order)
+    prio_of = prio.get
+    heappush, heappop = heapq.heappush, heapq.heappop
     start = [0.0] * ntasks
     end = [0.0] * ntasks
-    ready: list[tuple[float, int]] = [(-prio.get(i, 0.0), i) for i in chosen if pending[i] == 0]
+    ready: list[tuple[float, int]] = [(-prio_of(i, 0.0), i) for i in chosen if pending[i] == 0]
     heapq.heapify(ready)
     free_streams = list(range(overlap_limit))
     stream_of: dict[int, int] = {}
@@ -265,24 +268,17 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
     now = 0.0
     done = 0
 
-    def finish(i: int) -> None:
-        nonlocal done
-        end[i] = now
-        done += 1
-        for s in successors[i]:
-            pending[s] -= 1
-            if pending[s] == 0 and is_coll[s]:
-                heapq.heappush(ready, (-prio.get(s, 0.0), s))
-
+    # The loop body runs once per event, tens of thousands of times per search: it keeps
+    # to locals and plain comparisons, with the float operations in a fixed order.
     while True:
         while ready and len(running) < overlap_limit:
-            _, i = heapq.heappop(ready)
+            i = heappop(ready)[1]
             running[i] = 1.0
             start[i] = now
-            stream_of[i] = heapq.heappop(free_streams)
+            stream_of[i] = heappop(free_streams)
             tracker.acquire(coll_use[i])
             stale = True
-        if cur < 0 and nxt < len(order) and pending[order[nxt]] == 0:
+        if cur < 0 and nxt < n_compute and pending[order[nxt]] == 0:
             cur, cur_left = order[nxt], 1.0
             nxt += 1
             start[cur] = now
@@ -299,13 +295,15 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
         k = len(running)
         dt = cur_left * cur_dur if cur >= 0 else math.inf
         for i, left in running.items():
-            dt = min(dt, left * coll_time[i] * k)
+            x = left * coll_time[i] * k
+            if x < dt:
+                dt = x
         now += dt
         if cur < 0:
             exposed_total += dt
             for i in running:
                 exposed[i] += dt
-        if cur >= 0:
+        else:
             cur_left = cur_left - dt / cur_dur if cur_dur > 0 else 0.0
         ended = []
         for i, left in running.items():
@@ -314,15 +312,22 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
             running[i] = left
             if left <= 1e-12:
                 ended.append(i)
-        for i in ended:
-            del running[i]
-            tracker.release(coll_use[i])
-            heapq.heappush(free_streams, stream_of[i])
-            finish(i)
+        if ended:
             stale = True
+            for i in ended:
+                del running[i]
+                tracker.release(coll_use[i])
+                heappush(free_streams, stream_of[i])
         if cur >= 0 and cur_left <= 1e-12:
-            c, cur = cur, -1
-            finish(c)
+            ended.append(cur)
+            cur = -1
+        for i in ended:
+            end[i] = now
+            done += 1
+            for j in successors[i]:
+                pending[j] -= 1
+                if pending[j] == 0 and is_coll[j]:
+                    heappush(ready, (-prio_of(j, 0.0), j))
     if done != ntasks:
         stuck = [graph.tasks[i].name for i in range(ntasks) if pending[i] > 0][:5]
         raise ValueError(
