@@ -40,11 +40,13 @@ hardware, strategy, space).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
 import math
 import time
+import types
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -219,7 +221,16 @@ def fingerprint(graph: StepGraph) -> str:
 
 
 def _time(t: Task, p: CollectiveParams, hw: HardwareProfile, num_devices: int) -> float:
-    return cost.collective_time_us(*collective_shape(t, num_devices, hw), p, hw)
+    shape = collective_shape(t, num_devices, hw)
+    time_us = _time_table(shape, hw).get(p)
+    return cost.collective_time_us(*shape, p, hw) if time_us is None else time_us
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _time_table(shape: tuple[str, float, int, int], hw: HardwareProfile) -> Mapping[CollectiveParams, float]:
+    """``cost.candidate_times`` of one collective size as a read-only lookup: the search
+    asks for the time of a candidate far more often than it tabulates a size."""
+    return types.MappingProxyType(dict(cost.candidate_times(*shape, hw)))
 
 
 def _default(t: Task, hw: HardwareProfile, num_devices: int) -> CollectiveParams:
@@ -250,7 +261,11 @@ def candidates(
     front: list[tuple[tuple[float, float, float], CollectiveParams]] = []
     for s, p in scored:
         # Sorted by time, so only an earlier (faster or equal) point can dominate.
-        if not any(f[1] <= s[1] and f[2] <= s[2] for f, _ in front):
+        _, sms, hbm = s
+        for (_, f_sms, f_hbm), _ in front:
+            if f_sms <= sms and f_hbm <= hbm:
+                break
+        else:
             front.append((s, p))
     front.sort(key=lambda x: (x[0][1], x[0][0]))
     picks = [p for _, p in front]
@@ -732,6 +747,7 @@ def clear_cache() -> None:
     """Forget cached results (after the cost model changed in-process)."""
     _CACHE.clear()
     _CANDIDATES.clear()
+    _time_table.cache_clear()
 
 
 # --- report --------------------------------------------------------------------------

@@ -149,6 +149,9 @@ class _Prepared:
     default_params: Mapping[int, CollectiveParams]
     compute_us: float
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # Collective id -> the memo entry (params, time, use) of its params at the last call.
+    last: dict[int, tuple[CollectiveParams, float, tuple[float, float]]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False)
 
     def bound_us(self, hw: HardwareProfile) -> float:
         """max(compute alone, every collective at its fastest candidate)."""
@@ -220,31 +223,37 @@ class _Run:
 
 
 def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, CollectiveParams] | None,
-            overlap_limit: int, priority: Mapping[int, float] | None) -> tuple[_Prepared, _Run]:
-    """The event loop shared by ``simulate`` and ``makespan_us``."""
+            overlap_limit: int, priority: Mapping[int, float] | None, detail: bool) -> tuple[_Prepared, _Run]:
+    """The event loop shared by ``simulate`` and ``makespan_us``; without ``detail`` it
+    keeps no intervals, streams or exposed times (only the makespan is valid)."""
     if overlap_limit < 1:
         raise ValueError(f"overlap_limit must be >= 1, got {overlap_limit}")
     prep = _prepare(graph, hw)
     ntasks = len(prep.is_coll)
     chosen = prep.default_params
     if params:
-        bad = sorted(i for i in params if i not in chosen)
-        if bad:
+        if not chosen.keys() >= params.keys():
+            bad = sorted(i for i in params if i not in chosen)
             raise ValueError(f"params given for ids {bad[:5]} that are not collectives of graph {graph.name!r}")
         chosen = {**chosen, **params}
     prio = priority or {}
 
     # Per-collective constants under these params: time alone and resources held.
-    memo = prep.memo
+    # A search changes one collective's params per call: the others are the very same
+    # objects as last time, which an identity check finds without hashing them.
+    memo, last = prep.memo, prep.last
     coll_time: dict[int, float] = {}
     coll_use: dict[int, tuple[float, float]] = {}
     for i, p in chosen.items():
-        hit = memo.get((i, p))
-        if hit is None:
-            kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
-            hit = memo[(i, p)] = (prep.repeat[i] * cost.collective_time_us(kind, nbytes, n, nodes, p, hw),
-                                  cost.comm_resource_use(p, hw, nodes=nodes))
-        coll_time[i], coll_use[i] = hit
+        hit = last.get(i)
+        if hit is None or hit[0] is not p:
+            hit = memo.get((i, p))
+            if hit is None:
+                kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
+                hit = memo[(i, p)] = (p, prep.repeat[i] * cost.collective_time_us(kind, nbytes, n, nodes, p, hw),
+                                      cost.comm_resource_use(p, hw, nodes=nodes))
+            last[i] = hit
+        _, coll_time[i], coll_use[i] = hit
 
     tracker = cost.ResourceTracker(hw)
     pending = list(prep.pending)
@@ -274,8 +283,9 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
         while ready and len(running) < overlap_limit:
             i = heappop(ready)[1]
             running[i] = 1.0
-            start[i] = now
-            stream_of[i] = heappop(free_streams)
+            if detail:
+                start[i] = now
+                stream_of[i] = heappop(free_streams)
             tracker.acquire(coll_use[i])
             stale = True
         if cur < 0 and nxt < n_compute and pending[order[nxt]] == 0:
@@ -300,9 +310,10 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
                 dt = x
         now += dt
         if cur < 0:
-            exposed_total += dt
-            for i in running:
-                exposed[i] += dt
+            if detail:
+                exposed_total += dt
+                for i in running:
+                    exposed[i] += dt
         else:
             cur_left = cur_left - dt / cur_dur if cur_dur > 0 else 0.0
         ended = []
@@ -317,7 +328,8 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
             for i in ended:
                 del running[i]
                 tracker.release(coll_use[i])
-                heappush(free_streams, stream_of[i])
+                if detail:
+                    heappush(free_streams, stream_of[i])
         if cur >= 0 and cur_left <= 1e-12:
             ended.append(cur)
             cur = -1
@@ -341,7 +353,7 @@ def makespan_us(graph: StepGraph, hw: HardwareProfile,
                 overlap_limit: int = 1, priority: Mapping[int, float] | None = None) -> float:
     """``simulate(...).makespan_us`` without building the Timeline: what a search that
     scores thousands of candidates needs."""
-    return _replay(graph, hw, params, overlap_limit, priority)[1].makespan_us
+    return _replay(graph, hw, params, overlap_limit, priority, detail=False)[1].makespan_us
 
 
 def simulate(graph: StepGraph, hw: HardwareProfile,
@@ -349,7 +361,7 @@ def simulate(graph: StepGraph, hw: HardwareProfile,
              overlap_limit: int = 1, priority: Mapping[int, float] | None = None) -> Timeline:
     """Replay ``graph`` on ``hw`` with per-collective ``params`` (missing ids get NCCL's
     defaults) and return its Timeline."""
-    prep, run = _replay(graph, hw, params, overlap_limit, priority)
+    prep, run = _replay(graph, hw, params, overlap_limit, priority, detail=True)
     tasks = graph.tasks
     start, end, chosen = run.start, run.end, run.chosen
     intervals = tuple(
