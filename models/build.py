@@ -76,7 +76,8 @@ def _known(kind: str, name: str, known: Sequence[str]) -> ValueError:
 
 def _opt_state_shardings(opt_abstract: Any, param_shardings: Any, replicated: NamedSharding) -> Any:
     """Optimizer moments mirror the parameters: match each leaf by its parameter path suffix."""
-    by_path = {tuple(path): s for path, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]}
+    flat = jax.tree_util.tree_flatten_with_path(param_shardings)[0]
+    by_path = {tuple(path): s for path, s in flat}
 
     def pick(path: tuple, leaf: Any) -> NamedSharding:
         for k in range(len(path)):
@@ -88,8 +89,8 @@ def _opt_state_shardings(opt_abstract: Any, param_shardings: Any, replicated: Na
 
 
 def _check_divisible(abstract: Any, specs: Any, mesh: Mesh, what: str) -> None:
-    for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(abstract)[0],
-                                  jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))):
+    spec_leaves = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(abstract)[0], spec_leaves):
         for dim, axes in zip(leaf.shape, spec):
             if axes is None:
                 continue
@@ -128,7 +129,10 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
 
     parts = parse_recipe(recipe)
     devices = list(jax.devices() if devices is None else devices)
-    shape = default_mesh_shape(parts, len(devices)) if mesh_shape is None else parse_mesh(mesh_shape)
+    if mesh_shape is None:
+        shape = default_mesh_shape(parts, len(devices))
+    else:
+        shape = parse_mesh(mesh_shape)
     check_mesh(parts, shape)
     mesh = make_mesh(shape, devices)
     replicated = NamedSharding(mesh, PartitionSpec())

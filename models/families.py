@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .layers import (LOGITS, RESID, Block, BlockStyle, Embed, ModelConfig, Norm, _param,
+from .layers import (LOGITS, RESID, Block, BlockStyle, Embed, ModelConfig, Norm, weight,
                      cross_entropy, normal)
 from .pipeline import Stack
 from .sharding import Layout
@@ -66,7 +66,7 @@ class GPT2Outer(nn.Module):
     def setup(self) -> None:
         c = self.cfg
         self.wte = Embed(c.vocab, c.d_model, self.dtype)
-        self.wpe = _param(self, "wpe", (c.max_len, c.d_model), ("pos", "embed"), normal(0.01))
+        self.wpe = weight(self, "wpe", (c.max_len, c.d_model), ("pos", "embed"), normal(0.01))
         self.ln_f = Norm(False, 1e-5, self.dtype)
 
     def embed(self, tokens: jax.Array) -> jax.Array:
@@ -134,14 +134,14 @@ class BERTOuter(nn.Module):
     def setup(self) -> None:
         c, dt = self.cfg, self.dtype
         self.wte = Embed(c.vocab, c.d_model, dt)
-        self.wpe = _param(self, "wpe", (c.max_len, c.d_model), ("pos", "embed"), normal(0.02))
-        self.wtt = _param(self, "wtt", (2, c.d_model), (None, "embed"), normal(0.02))
+        self.wpe = weight(self, "wpe", (c.max_len, c.d_model), ("pos", "embed"), normal(0.02))
+        self.wtt = weight(self, "wtt", (2, c.d_model), (None, "embed"), normal(0.02))
         self.ln_emb = Norm(False, 1e-12, dt)
-        self.mlm_dense = _param(self, "mlm_dense", (c.d_model, c.d_model), ("embed", None),
+        self.mlm_dense = weight(self, "mlm_dense", (c.d_model, c.d_model), ("embed", None),
                                 normal(0.02))
-        self.mlm_bias = _param(self, "mlm_bias", (c.d_model,), ("norm",), nn.initializers.zeros)
+        self.mlm_bias = weight(self, "mlm_bias", (c.d_model,), ("norm",), nn.initializers.zeros)
         self.mlm_ln = Norm(False, 1e-12, dt)
-        self.out_bias = _param(self, "out_bias", (c.vocab,), ("vocab",), nn.initializers.zeros)
+        self.out_bias = weight(self, "out_bias", (c.vocab,), ("vocab",), nn.initializers.zeros)
 
     def embed(self, tokens: jax.Array) -> jax.Array:
         dt = self.dtype
@@ -223,8 +223,10 @@ def relative_position_bucket(rel: jax.Array, bidirectional: bool, num_buckets: i
     else:
         n = jnp.maximum(n, 0)
     exact = num_buckets // 2
-    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / np.log(max_distance / exact)
-    far = jnp.minimum(exact + (log_ratio * (num_buckets - exact)).astype(rel.dtype), num_buckets - 1)
+    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / np.log(
+        max_distance / exact)
+    far = exact + (log_ratio * (num_buckets - exact)).astype(rel.dtype)
+    far = jnp.minimum(far, num_buckets - 1)
     return offset + jnp.where(n < exact, n, far)
 
 
@@ -238,7 +240,7 @@ class RelativePositionBias(nn.Module):
 
     @nn.compact
     def __call__(self, q_len: int, k_len: int) -> jax.Array:
-        table = _param(self, "table", (self.num_buckets, self.heads), (None, "heads"), normal(0.1))
+        table = weight(self, "table", (self.num_buckets, self.heads), (None, "heads"), normal(0.1))
         rel = jnp.arange(k_len)[None, :] - jnp.arange(q_len)[:, None]
         bucket = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
                                           self.max_distance)

@@ -45,7 +45,7 @@ class ModelConfig:
     dec_layers: int = 0  # T5 only
 
 
-def _param(mod: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...],
+def weight(mod: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...],
            init: Any) -> jax.Array:
     return mod.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
 
@@ -65,14 +65,14 @@ class Norm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         d = x.shape[-1]
         x32 = x.astype(jnp.float32)
-        scale = _param(self, "scale", (d,), ("norm",), nn.initializers.ones)
+        scale = weight(self, "scale", (d,), ("norm",), nn.initializers.ones)
         if self.rms:
             y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
             return (y * scale).astype(self.dtype)
         mean = jnp.mean(x32, -1, keepdims=True)
         var = jnp.mean(jnp.square(x32 - mean), -1, keepdims=True)
         y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
-        bias = _param(self, "bias", (d,), ("norm",), nn.initializers.zeros)
+        bias = weight(self, "bias", (d,), ("norm",), nn.initializers.zeros)
         return (y * scale + bias).astype(self.dtype)
 
 
@@ -98,10 +98,10 @@ class Attention(nn.Module):
         shape = (c.d_model, c.heads, c.head_dim)
 
         def project(name: str, inp: jax.Array) -> jax.Array:
-            w = _param(self, name, shape, qkv_axes, normal(self.std)).astype(dt)
+            w = weight(self, name, shape, qkv_axes, normal(self.std)).astype(dt)
             y = jnp.einsum("btd,dhk->bthk", inp, w)
             if self.use_bias:
-                b = _param(self, name + "_bias", shape[1:], ("heads", "kv"), nn.initializers.zeros)
+                b = weight(self, name + "_bias", shape[1:], ("heads", "kv"), nn.initializers.zeros)
                 y = y + b.astype(dt)
             return self.layout.constrain(y, HEADS)
 
@@ -117,11 +117,12 @@ class Attention(nn.Module):
             logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(logits, axis=-1).astype(dt)
         o = self.layout.constrain(jnp.einsum("bhqs,bshk->bqhk", probs, v), HEADS)
-        wo = _param(self, "wo", (c.heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
+        wo = weight(self, "wo", (c.heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
                     normal(self.std)).astype(dt)
         y = jnp.einsum("bqhk,hkd->bqd", o, wo)
         if self.use_bias:
-            y = y + _param(self, "wo_bias", (c.d_model,), ("norm",), nn.initializers.zeros).astype(dt)
+            bo = weight(self, "wo_bias", (c.d_model,), ("norm",), nn.initializers.zeros)
+            y = y + bo.astype(dt)
         return self.layout.constrain(y, RESID)
 
 
@@ -138,19 +139,20 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         c, dt = self.cfg, self.dtype
-        wi = _param(self, "wi", (c.d_model, c.d_ff), ("embed", "mlp"), normal(self.std)).astype(dt)
+        wi = weight(self, "wi", (c.d_model, c.d_ff), ("embed", "mlp"), normal(self.std)).astype(dt)
         h = x @ wi
         if self.use_bias:
-            h = h + _param(self, "wi_bias", (c.d_ff,), ("mlp",), nn.initializers.zeros).astype(dt)
+            h = h + weight(self, "wi_bias", (c.d_ff,), ("mlp",), nn.initializers.zeros).astype(dt)
         if self.activation == "relu":
             h = jax.nn.relu(h)
         else:
             h = jax.nn.gelu(h, approximate=self.activation == "gelu_tanh")
         h = self.layout.constrain(h, HIDDEN)
-        wo = _param(self, "wo", (c.d_ff, c.d_model), ("mlp", "embed"), normal(self.std)).astype(dt)
+        wo = weight(self, "wo", (c.d_ff, c.d_model), ("mlp", "embed"), normal(self.std)).astype(dt)
         y = h @ wo
         if self.use_bias:
-            y = y + _param(self, "wo_bias", (c.d_model,), ("norm",), nn.initializers.zeros).astype(dt)
+            bo = weight(self, "wo_bias", (c.d_model,), ("norm",), nn.initializers.zeros)
+            y = y + bo.astype(dt)
         return self.layout.constrain(y, RESID)
 
 
@@ -212,7 +214,7 @@ class Embed(nn.Module):
     std: float = 0.02
 
     def setup(self) -> None:
-        self.embedding = _param(self, "embedding", (self.vocab, self.d_model), ("vocab", "embed"),
+        self.embedding = weight(self, "embedding", (self.vocab, self.d_model), ("vocab", "embed"),
                                 normal(self.std))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
