@@ -114,9 +114,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         description="Parse HLO text (compiled.as_text() or an XLA dump) and report its "
         "collectives (kind, bytes, group size, loop trip count, async) and compute totals.",
     )
-    p.add_argument("path", nargs="?", help="HLO text file, or - to read stdin")
-    p.add_argument("--example", nargs="?", const=EXAMPLES[0], choices=EXAMPLES,
-                   help="analyze a built-in GPU-style example module instead of PATH")
+    _add_input_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
                    help="GPUs per node: adds how many nodes each collective's group spans")
