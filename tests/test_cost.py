@@ -194,3 +194,31 @@ def test_law_contention_never_speeds_compute(name, flops, nbytes, s1, s2, h1, h2
     less = cost.compute_time_us(flops, nbytes, hw, sms_taken=min(s1, s2), hbm_gbps_taken=min(h1, h2))
     more = cost.compute_time_us(flops, nbytes, hw, sms_taken=max(s1, s2), hbm_gbps_taken=max(h1, h2))
     assert cost.compute_time_us(flops, nbytes, hw) <= less <= more
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(PRESET_NAMES), st.integers(1, 4), st.sampled_from(COLLECTIVE_KINDS),
+       st.floats(0, 4 * GiB), st.data())
+def test_candidate_times_are_collective_time_us_of_every_candidate(name, nodes_total, kind, nbytes, data):
+    # The search and the overlap bound time candidates through this table; it must agree
+    # exactly with the one-off formula, tiny sizes (NCCL's pick off the channel ladder)
+    # and multi-node groups (size-dependent latency factor) included.
+    hw = hardware.get(name, nodes=nodes_total)
+    nodes = data.draw(st.integers(1, nodes_total))
+    n = data.draw(st.integers(nodes, hw.gpus_per_node * nodes))
+    table = cost.candidate_times(kind, nbytes, n, nodes, hw)
+    assert tuple(p for p, _ in table) == cost.candidate_params(kind, nbytes, n, nodes, hw)
+    for p, t in table:
+        assert t == cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
+    assert cost.fastest_time_us(kind, nbytes, n, nodes, hw) == min(t for _, t in table)
+
+
+def test_candidates_include_nccls_pick_off_the_channel_ladder():
+    # 4 KiB: NCCL trims to one channel and 64 threads, a point no other size's ladder has.
+    hw = hardware.get("h100-sxm-8")
+    pick = cost.nccl_default_params("all-reduce", 4096, 8, 1, hw)
+    assert pick.nthreads == 64
+    big = cost.candidate_params("all-reduce", 64 << 20, 8, 1, hw)
+    cands = cost.candidate_params("all-reduce", 4096, 8, 1, hw)
+    assert pick not in big and pick in cands
+    assert list(cands) == sorted(set(big) | {pick})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 
 import pytest
@@ -173,3 +174,41 @@ def test_timeline_json_and_report():
         assert rep[key] == getattr(tl, key)
     text = simulate.simulate_report(g, A100, as_json=False)
     assert "makespan" in text and "x1" in text and "a100-sxm-8" in text
+
+
+@settings(max_examples=100, deadline=None)
+@given(graphs(), hw_st, st.integers(1, 3), st.data())
+def test_makespan_us_is_the_timelines_makespan(g, hw, limit, data):
+    # The search scores candidates with makespan_us; it must be the Timeline's number
+    # exactly, under any params and priorities, and on repeated calls (cached per graph).
+    colls = [t for t in g.tasks if t.is_collective]
+    params = {}
+    for t in colls:
+        cands = cost.candidate_params(*simulate.collective_shape(t, g.num_devices, hw), hw)
+        if data.draw(st.booleans()):
+            params[t.id] = data.draw(st.sampled_from(cands))
+    priority = {t.id: data.draw(st.floats(-1, 1)) for t in colls if data.draw(st.booleans())}
+    for _ in range(2):
+        tl = simulate.simulate(g, hw, params, overlap_limit=limit, priority=priority)
+        assert simulate.makespan_us(g, hw, params, overlap_limit=limit, priority=priority) == tl.makespan_us
+    assert simulate.makespan_us(g, hw, overlap_limit=limit) == simulate.simulate(g, hw, overlap_limit=limit).makespan_us
+
+
+def test_collective_shape_sizes_groups_and_all_device_collectives():
+    two_nodes = hardware.get("a100-sxm-8", nodes=2)
+    assert simulate.collective_shape(coll(0, 1024), 16, two_nodes) == ("all-reduce", 1024.0, 8, 1)
+    spread = coll(0, 1024, groups=((0, 8), (1, 9)))
+    assert simulate.collective_shape(spread, 16, two_nodes) == ("all-reduce", 1024.0, 2, 2)
+    # HLO's empty replica_groups: all 16 devices, over both nodes.
+    assert simulate.collective_shape(coll(0, 1024, groups=()), 16, two_nodes) == ("all-reduce", 1024.0, 16, 2)
+    permute = Task(id=0, name="p", kind="collective-permute", bytes=64, pairs=((0, 1), (1, 0)))
+    assert simulate.collective_shape(permute, 16, two_nodes) == ("collective-permute", 64.0, 2, 1)
+
+
+def test_per_graph_cache_forgets_collected_graphs():
+    g = StepGraph("temp", (compute(0), coll(1, deps=(0,))), 8)
+    simulate.simulate(g, A100)
+    before = len(simulate._PREPARED)
+    del g
+    gc.collect()
+    assert len(simulate._PREPARED) == before - 1
