@@ -225,8 +225,9 @@ def measure(cell: Cell, hardware: str, *, warmup: int = 2,
             steps: int = 5) -> dict[str, Any]:
     """Time the cell's compiled step on this process's devices, untuned and tuned.
 
-    On CPU the ``tiny`` config runs (the real sizes would take minutes a step); on GPUs
-    the cell's own config. The tuned step is ``lagom_jax.tune`` of the same jitted step,
+    On CPU the ``tiny`` config runs in float32 (the real sizes would take minutes a step,
+    and XLA:CPU aborts on bf16 pipelined steps, see PREDICT_COMPILER_OPTIONS; ``tune``
+    compiles with XLA's defaults); on GPUs the cell's own config. The tuned step is ``lagom_jax.tune`` of the same jitted step,
     predicting for ``hardware``; both start from the same initial state.
     """
     import jax
@@ -236,8 +237,8 @@ def measure(cell: Cell, hardware: str, *, warmup: int = 2,
 
     devices = jax.devices()
     platform = devices[0].platform
-    run_cell = cell.tiny() if platform == "cpu" else cell
-    base = {"cell": cell.id, "config": run_cell.config, "seq_len": run_cell.seq_len,
+    run_cell = dataclasses.replace(cell.tiny(), dtype="float32") if platform == "cpu" else cell
+    base = {"cell": cell.id, "config": run_cell.config, "dtype": run_cell.dtype, "seq_len": run_cell.seq_len,
             "batch_size": run_cell.batch_size, "mesh": cell.mesh, "platform": platform,
             "devices": len(devices), "hardware_for_plan": hardware}
     if cell.num_devices > len(devices):
@@ -329,7 +330,7 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
             "",
         ]
         if platform == "cpu":
-            lines += ["These are wall-clock times of the *tiny* configs on fake CPU devices: XLA:CPU runs "
+            lines += ["These are wall-clock times of the *tiny* configs (float32) on fake CPU devices: XLA:CPU runs "
                       "collectives as memory copies with no NCCL, channels or overlap, so they do not "
                       "reflect GPU overlap and are not comparable with the predictions above. They show "
                       "that the tuned executable compiles and runs with the plan's options.", ""]
@@ -341,7 +342,7 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
                 continue
             u, t = m["untuned"], m["tuned"]
             lines.append(
-                f"| {m['cell']} | {m['config']} seq {m['seq_len']} batch {m['batch_size']} | {m['mesh']} | "
+                f"| {m['cell']} | {m['config']} {m['dtype']} seq {m['seq_len']} batch {m['batch_size']} | {m['mesh']} | "
                 f"{u['median_ms']:.2f} ({u['min_ms']:.2f}-{u['max_ms']:.2f}) | "
                 f"{t['median_ms']:.2f} ({t['min_ms']:.2f}-{t['max_ms']:.2f}) | {m['tuned_over_untuned']:.3f}x |")
     return "\n".join(lines)

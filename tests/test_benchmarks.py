@@ -7,8 +7,10 @@ Markdown and chart back and checks that the numbers agree with each other.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
 import pathlib
 import sys
 
@@ -25,8 +27,15 @@ STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom")
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    report = run.main(["--tiny", "--cells", "gpt2/dp+tp", "--hardware", "a40-pcie-8",
-                       "--no-measure", "--out", str(out), "--name", "t"])
+    # tune() puts the plan's NCCL settings into os.environ while no GPU backend exists:
+    # give the other tests their environment back.
+    saved = dict(os.environ)
+    try:
+        report = run.main(["--tiny", "--cells", "gpt2/dp+tp", "--hardware", "a40-pcie-8",
+                           "--steps", "2", "--out", str(out), "--name", "t"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return out, report
 
 
@@ -38,7 +47,19 @@ def test_outputs_written_with_machine_and_versions(tiny_run):
     assert {"lagom_jax", "jax", "flax"} <= data["versions"].keys()
     assert data["strategies"] == list(STRATEGIES) and data["hardware"] == ["a40-pcie-8"]
     assert (out / "t.png").read_bytes()[:4] == b"\x89PNG"
-    assert not data["measured"]
+
+
+def test_measured_untuned_and_tuned_on_this_backend(tiny_run):
+    out, report = tiny_run
+    (m,) = report["measured"]
+    assert (m["cell"], m["platform"], m["devices"], m["config"]) == ("gpt2/dp+tp", "cpu", 8, "tiny")
+    for which in ("untuned", "tuned"):
+        t = m[which]
+        assert t["steps"] == 2 and 0 < t["min_ms"] <= t["median_ms"] <= t["max_ms"]
+    assert m["tuned_over_untuned"] == pytest.approx(m["untuned"]["median_ms"] / m["tuned"]["median_ms"])
+    assert m["plan"] is not None and m["plan"]["strategy"] == "lagom"
+    assert "measured (CPU, 8 fake devices)" in (out / "t.md").read_text()
+    assert "do not reflect GPU overlap" in (out / "t.md").read_text()
 
 
 def test_row_numbers_are_consistent(tiny_run):
@@ -63,8 +84,10 @@ def test_row_numbers_are_consistent(tiny_run):
 def test_markdown_table_has_a_row_per_cell_and_a_column_per_strategy(tiny_run):
     out, report = tiny_run
     md = (out / "t.md").read_text()
-    table = [ln for ln in md.splitlines() if ln.startswith("| ")]
-    header, body = table[0], table[1:]
+    lines = md.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("| cell | hardware"))
+    table = list(itertools.takewhile(lambda ln: ln.startswith("|"), lines[first:]))
+    header, body = table[0], table[2:]
     assert all(f" {s} " in header for s in STRATEGIES)
     assert len(body) == 1 and "gpt2-tiny dp+tp" in body[0] and "a40-pcie-8 x1" in body[0]
     lagom = report["rows"][0]["strategies"]["lagom"]
