@@ -117,7 +117,10 @@ def quick_matrix() -> tuple[Cell, ...]:
 
 
 def select(cells: Sequence[Cell], ids: Sequence[str] | None) -> tuple[Cell, ...]:
-    """The cells named in ``ids`` (``gpt2-355M/dp+tp`` names a non-default config)."""
+    """The cells of the full matrix named in ``ids``, or all of ``cells`` when none are named.
+
+    ``gpt2-355M/dp+tp`` names a config other than the model's default.
+    """
     if not ids:
         return tuple(cells)
     known: dict[str, Cell] = {}

@@ -121,3 +121,9 @@ def test_timing_summary():
     t = suite.Timing.of([0.003, 0.001, 0.002])
     assert (t.median_ms, t.min_ms, t.max_ms, t.steps) == (2.0, 1.0, 3.0, 3)
     assert math.isclose(suite.Timing.of([0.5]).median_ms, 500.0)
+
+
+def test_a_cell_that_does_not_compile_says_why():
+    bad = suite.Cell("gpt2", "tiny", "tp", "model=8", batch_size=8, seq_len=16)
+    with pytest.raises(suite.CompileError, match="gpt2-tiny tp .*cannot be split 8 ways"):
+        suite.compile_hlo(bad)
