@@ -25,7 +25,8 @@ plan predicts for ``--measure-hardware``, ``auto`` by default: the preset of the
 
 *Several hosts*, one process per host (or per GPU), every process running the same
 command with ``--distributed`` (which calls ``jax.distributed.initialize``; process 0
-writes the results, every process runs the measured steps):
+writes the results, every process runs the measured steps of the cells whose mesh
+uses every device):
 
 - SLURM (JAX reads the allocation itself)::
 

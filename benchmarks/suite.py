@@ -246,6 +246,9 @@ def measure(cell: Cell, hardware: str, *, warmup: int = 2,
             "devices": len(devices), "hardware_for_plan": hardware}
     if cell.num_devices > len(devices):
         return {**base, "skipped": f"mesh needs {cell.num_devices} devices, {len(devices)} present"}
+    if jax.process_count() > 1 and cell.num_devices != len(devices):
+        # A mesh on the first N devices would leave some processes out of the step.
+        return {**base, "skipped": f"multi-process runs measure only meshes of all {len(devices)} devices"}
     try:
         built = build(run_cell.model, run_cell.config, run_cell.recipe, run_cell.mesh,
                       batch_size=run_cell.batch_size, seq_len=run_cell.seq_len, dtype=run_cell.dtype)
