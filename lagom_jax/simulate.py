@@ -142,6 +142,7 @@ class _Prepared:
     coll_key: tuple[tuple[str, float, int, int] | None, ...]
     compute_order: tuple[int, ...]
     pending: tuple[int, ...]  # deps + done_before waits
+    ready_at_start: tuple[int, ...]  # collectives with nothing pending, in id order
     successors: tuple[tuple[int, ...], ...]
     # Compute tasks: (flops, bytes); collectives: None.
     work: tuple[tuple[float, float] | None, ...]
@@ -196,7 +197,8 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
     prepared = _Prepared(
         is_coll=is_coll, repeat=repeat, coll_key=coll_key,
         compute_order=tuple(i for i, c in enumerate(is_coll) if not c),
-        pending=tuple(pending), successors=tuple(tuple(s) for s in succ),
+        pending=tuple(pending), ready_at_start=tuple(i for i, c in enumerate(is_coll) if c and pending[i] == 0),
+        successors=tuple(tuple(s) for s in succ),
         work=tuple(None if c else (t.flops, t.bytes) for t, c in zip(tasks, is_coll)),
         compute_alone=compute_alone, default_params=default_params,
         compute_us=sum(compute_alone),
@@ -267,12 +269,13 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
     heappush, heappop = heapq.heappush, heapq.heappop
     start = [0.0] * ntasks
     end = [0.0] * ntasks
-    ready: list[tuple[float, int]] = [(-prio_of(i, 0.0), i) for i in chosen if pending[i] == 0]
+    ready: list[tuple[float, int]] = [(-prio_of(i, 0.0), i) for i in prep.ready_at_start]
     heapq.heapify(ready)
     free_streams = list(range(overlap_limit))
     stream_of: dict[int, int] = {}
     running: dict[int, float] = {}  # collective id -> fraction left
-    exposed: dict[int, float] = dict.fromkeys(chosen, 0.0)
+    exposed: dict[int, float] = dict.fromkeys(chosen, 0.0) if detail else {}
+    acquire, release = tracker.acquire, tracker.release
     exposed_total = 0.0
     cur, cur_left, cur_dur, nxt = -1, 0.0, 0.0, 0
     stale = True  # the compute rate must be recomputed (contention or task changed)
@@ -288,7 +291,7 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
             if detail:
                 start[i] = now
                 stream_of[i] = heappop(free_streams)
-            tracker.acquire(coll_use[i])
+            acquire(coll_use[i])
             stale = True
         if cur < 0 and nxt < n_compute and pending[order[nxt]] == 0:
             cur, cur_left = order[nxt], 1.0
@@ -333,7 +336,7 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
             stale = True
             for i in ended:
                 del running[i]
-                tracker.release(coll_use[i])
+                release(coll_use[i])
                 if detail:
                     heappush(free_streams, stream_of[i])
         if cur >= 0 and cur_left <= 1e-12:
