@@ -395,7 +395,7 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int,
         _check_args(kind, nbytes, group_size, nodes, p)
         out.append((p, _time_from_terms(nbytes, group_size, p, terms, hw, DEFAULT_CONFIG)))
     if len(out) < len(cands):
-        i = next((i for i, (p, _) in enumerate(out) if p is not cands[i]), len(out))
+        i = next((i for i, (p, _) in enumerate(out) if p != cands[i]), len(out))
         out.insert(i, (cands[i], collective_time_us(kind, nbytes, group_size, nodes, cands[i], hw)))
     return tuple(out)
 
@@ -403,6 +403,7 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int,
 @functools.lru_cache(maxsize=1 << 10)
 def _size_free_table(kind: str, group_size: int, nodes: int, hw: HardwareProfile
                      ) -> tuple[tuple[CollectiveParams, _Terms], ...]:
+    """The size-free candidates of one (kind, group) with their size-free terms."""
     return tuple((p, _size_free_terms(kind, group_size, nodes, p, hw, DEFAULT_CONFIG))
                  for p in _size_free_candidates(kind, group_size, hw))
 
