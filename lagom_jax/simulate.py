@@ -20,7 +20,8 @@ Semantics (the shared contract):
   copies (some task has ``iteration > 0``); then each copy counts once.
 
 The simulator is called O(N*K) times by the search, so everything that depends only on
-(graph, hardware) is computed once per pair and cached.
+(graph, hardware) is computed once per pair and cached, and ``makespan_us`` replays
+without building a Timeline (the search scores candidates by the makespan alone).
 """
 
 from __future__ import annotations
