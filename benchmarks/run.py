@@ -74,7 +74,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--cells", type=_csv, default=None, help="comma-separated cell ids, e.g. gpt2/dp+tp")
     p.add_argument("--strategies", type=_csv, default=list(STRATEGIES))
     p.add_argument("--hardware", type=_csv, default=None,
-                   help=f"presets (default: {HARDWARE[0]},{HARDWARE[1]}; known: {', '.join(HARDWARE)})")
+                   help=f"presets (default: {', '.join(HARDWARE)}; with --quick the first two)")
     p.add_argument("--tiny", action="store_true",
                    help="predict the tiny configs too (seconds a cell; for tests and smoke runs)")
     p.add_argument("--no-measure", dest="measure", action="store_false",
@@ -121,7 +121,8 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     strategies = check_names("strategies", args.strategies, STRATEGIES)
     if not strategies:
         raise ValueError("--strategies is empty; known: " + ", ".join(STRATEGIES))
-    presets = check_names("hardware", args.hardware or list(HARDWARE[:2]), list(hardware_lib.PRESETS))
+    default_hw = HARDWARE[:2] if args.quick else HARDWARE
+    presets = check_names("hardware", args.hardware or list(default_hw), list(hardware_lib.PRESETS))
     cells = select(quick_matrix() if args.quick else full_matrix(), args.cells)
     if args.tiny:
         cells = tuple(dict.fromkeys(c.tiny() for c in cells))
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     report = {
         "name": name, "quick": args.quick,
         "selection": ("selected cells" if args.cells else "quick subset" if args.quick else "full matrix")
-                     + (", tiny configs" if args.tiny else ""), "command": "python -m benchmarks.run " + " ".join(argv),
+                     + (", tiny configs" if args.tiny else ""), "command": " ".join(["python -m benchmarks.run", *argv]),
         "machine": info, "versions": _versions(), "strategies": list(strategies),
         "hardware": list(presets), "wall_s": time.perf_counter() - start,
         "rows": rows, "measured": measured,

@@ -33,6 +33,7 @@ HARDWARE = ("h100-sxm-8", "a40-pcie-8", "v100-25g")
 # bf16 as it is) and aborts with "Invalid binary instruction opcode copy" on the pipelined
 # (pp) steps of jax 0.10.2; the prediction compiles leave it out.
 PREDICT_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "all-reduce-promotion"}
+DEFAULT_CONFIG = {"gpt2": "124M", "bert": "base", "t5": "small"}
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -54,8 +55,10 @@ class Cell:
 
     @property
     def id(self) -> str:
-        """The name ``--cells`` selects: ``model/recipe``, plus ``/N`` on N != 8 devices."""
-        base = f"{self.model}/{self.recipe}"
+        """The name ``--cells`` selects: ``model/recipe``, plus ``/N`` on N != 8 devices;
+        ``model-config/...`` for a config other than the model's default."""
+        model = self.model if DEFAULT_CONFIG[self.model] == self.config else f"{self.model}-{self.config}"
+        base = f"{model}/{self.recipe}"
         return base if self.num_devices == 8 else f"{base}/{self.num_devices}"
 
     def label(self) -> str:
@@ -117,16 +120,10 @@ def quick_matrix() -> tuple[Cell, ...]:
 
 
 def select(cells: Sequence[Cell], ids: Sequence[str] | None) -> tuple[Cell, ...]:
-    """The cells of the full matrix named in ``ids``, or all of ``cells`` when none are named.
-
-    ``gpt2-355M/dp+tp`` names a config other than the model's default.
-    """
+    """The cells of the full matrix named in ``ids``, or all of ``cells`` when none are named."""
     if not ids:
         return tuple(cells)
-    known: dict[str, Cell] = {}
-    for c in full_matrix():
-        known.setdefault(c.id, c)
-        known[f"{c.model}-{c.config}/{c.id.partition('/')[2]}"] = c
+    known = {c.id: c for c in full_matrix()}
     bad = [i for i in ids if i not in known]
     if bad:
         raise ValueError(f"unknown cell(s) {bad}; known: {', '.join(sorted(known))}")

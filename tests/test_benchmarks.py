@@ -52,7 +52,7 @@ def test_outputs_written_with_machine_and_versions(tiny_run):
 def test_measured_untuned_and_tuned_on_this_backend(tiny_run):
     out, report = tiny_run
     (m,) = report["measured"]
-    assert (m["cell"], m["platform"], m["devices"], m["config"]) == ("gpt2/dp+tp", "cpu", 8, "tiny")
+    assert (m["cell"], m["platform"], m["devices"], m["config"]) == ("gpt2-tiny/dp+tp", "cpu", 8, "tiny")
     for which in ("untuned", "tuned"):
         t = m[which]
         assert t["steps"] == 2 and 0 < t["min_ms"] <= t["median_ms"] <= t["max_ms"]
@@ -65,7 +65,7 @@ def test_measured_untuned_and_tuned_on_this_backend(tiny_run):
 def test_row_numbers_are_consistent(tiny_run):
     _, report = tiny_run
     (row,) = report["rows"]
-    assert row["cell"] == "gpt2/dp+tp" and row["spec"]["config"] == "tiny"
+    assert row["cell"] == "gpt2-tiny/dp+tp" and row["spec"]["config"] == "tiny"
     assert row["nodes"] == 1 and row["num_devices"] == 8
     assert row["graph"]["collectives"] > 0
     pred = row["strategies"]
