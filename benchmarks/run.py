@@ -145,7 +145,8 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
             g, error = None, str(err)
         compile_s = time.perf_counter() - t0
         for preset in presets:
-            hw = hardware_lib.get(preset, nodes=max(1, -(-cell.num_devices // hardware_lib.get(preset).gpus_per_node)))
+            per_node = hardware_lib.get(preset).gpus_per_node
+            hw = hardware_lib.get(preset, nodes=max(1, -(-cell.num_devices // per_node)))
             row: dict[str, Any] = {"cell": cell.id, "label": cell.label(), "spec": dataclasses.asdict(cell),
                                    "hardware": preset, "nodes": hw.nodes, "num_devices": cell.num_devices,
                                    "compile_s": compile_s}
@@ -172,10 +173,10 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
             print(f"  measured ({m['platform']}, {m['config']}) {cell.id}: {what}", file=sys.stderr, flush=True)
 
     info = machine_info()
+    selection = "selected cells" if args.cells else "quick subset" if args.quick else "full matrix"
     report = {
-        "name": name, "quick": args.quick,
-        "selection": ("selected cells" if args.cells else "quick subset" if args.quick else "full matrix")
-                     + (", tiny configs" if args.tiny else ""), "command": " ".join(["python -m benchmarks.run", *argv]),
+        "name": name, "quick": args.quick, "selection": selection + (", tiny configs" if args.tiny else ""),
+        "command": " ".join(["python -m benchmarks.run", *argv]),
         "machine": info, "versions": _versions(), "strategies": list(strategies),
         "hardware": list(presets), "wall_s": time.perf_counter() - start,
         "rows": rows, "measured": measured,
