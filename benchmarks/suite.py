@@ -206,19 +206,25 @@ class Timing:
         return cls(statistics.median(ms), min(ms), max(ms), len(ms))
 
 
-def _time_steps(step: Any, state: Any, batch: Any, warmup: int, steps: int) -> tuple[Timing, Any]:
+def _time_interleaved(steps_by_name: Mapping[str, tuple[Any, Any]], batch: Any, warmup: int,
+                      steps: int) -> dict[str, Timing]:
+    """Time several executables step by step in turn, each on its own (donated) state.
+
+    Taking turns exposes each to the same drift in machine load (2 shared cores here),
+    so their ratio is fairer than that of two runs one after the other.
+    """
     import jax
 
-    for _ in range(warmup):
-        state, metrics = step(state, batch)
-    jax.block_until_ready(state)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready((state, metrics))
-        times.append(time.perf_counter() - t0)
-    return Timing.of(times), state
+    states = {name: state for name, (_, state) in steps_by_name.items()}
+    times: dict[str, list[float]] = {name: [] for name in steps_by_name}
+    for i in range(warmup + steps):
+        for name, (step, _) in steps_by_name.items():
+            t0 = time.perf_counter()
+            states[name], metrics = step(states[name], batch)
+            jax.block_until_ready((states[name], metrics))
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: Timing.of(ts) for name, ts in times.items()}
 
 
 def measure(cell: Cell, hardware: str, *, warmup: int = 2,
@@ -227,8 +233,9 @@ def measure(cell: Cell, hardware: str, *, warmup: int = 2,
 
     On CPU the ``tiny`` config runs in float32 (the real sizes would take minutes a step,
     and XLA:CPU aborts on bf16 pipelined steps, see PREDICT_COMPILER_OPTIONS; ``tune``
-    compiles with XLA's defaults); on GPUs the cell's own config. The tuned step is ``lagom_jax.tune`` of the same jitted step,
-    predicting for ``hardware``; both start from the same initial state.
+    compiles with XLA's defaults); on GPUs the cell's own config. The tuned step is
+    ``lagom_jax.tune`` of the same jitted step, predicting for ``hardware``; both start
+    from the same initial state, and their steps alternate (warm-up, then ``steps`` each).
     """
     import jax
 
@@ -253,11 +260,12 @@ def measure(cell: Cell, hardware: str, *, warmup: int = 2,
         return {**base, "skipped": str(err).split(";")[0]}
     rng = jax.random.key(0)
     state, batch = built.init(rng)
-    untuned, _ = _time_steps(built.train_step, state, batch, warmup, steps)
     tuned_fn = lagom_jax.tune(built.train_step, hardware=hardware, use_cache=False)
-    state, batch = built.init(rng)
-    plan = tuned_fn.plan(state, batch)
-    tuned, _ = _time_steps(tuned_fn, state, batch, warmup, steps)
+    tuned_state, _ = built.init(rng)
+    plan = tuned_fn.plan(tuned_state, batch)
+    timings = _time_interleaved({"untuned": (built.train_step, state), "tuned": (tuned_fn, tuned_state)},
+                                batch, warmup, steps)
+    untuned, tuned = timings["untuned"], timings["tuned"]
     return {**base, "untuned": dataclasses.asdict(untuned), "tuned": dataclasses.asdict(tuned),
             "tuned_over_untuned": untuned.median_ms / tuned.median_ms,
             "plan": None if plan is None else {"strategy": plan.strategy,
