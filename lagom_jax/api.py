@@ -15,6 +15,7 @@ executable, or plain ``jitted`` if even that failed) with a warning that says wh
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -150,19 +151,58 @@ def make_plan(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
 
 
 def _leaf_key(x: Any) -> Any:
-    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) or hasattr(x, "shape") and hasattr(x, "dtype"):
-        sharding = getattr(x, "sharding", None)
-        return ("array", tuple(x.shape), str(x.dtype), getattr(x, "weak_type", False), str(sharding))
+    """What of one traced argument leaf decides the compiled executable (hashable, cheap).
+
+    Python scalars are traced as weakly typed arrays, so their type matters, not their
+    value (keying on the value would tune again for every new learning rate).
+    """
+    if isinstance(x, jax.Array):
+        return (x.shape, x.dtype, x.sharding, x.weak_type)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return (tuple(x.shape), str(x.dtype), getattr(x, "sharding", None),
+                getattr(x, "weak_type", False))
+    return type(x)
+
+
+def _static_key(x: Any) -> Any:
     try:
         hash(x)
-        return ("static", x)
+        return ("static", type(x), x)
     except TypeError:
-        return ("object", type(x).__name__, id(x))
+        return ("static-object", type(x).__name__, id(x))
 
 
-def _signature(args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+@dataclasses.dataclass(frozen=True)
+class _Statics:
+    """The wrapped jit's static arguments: part of the key, not passed to an executable."""
+
+    argnums: frozenset[int] = frozenset()
+    argnames: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, jitted: Any) -> _Statics:
+        info = getattr(jitted, "_jit_info", None)  # jax's PjitInfo; absent on non-jit wrappers
+        if info is None:
+            return cls()
+        return cls(frozenset(info.static_argnums or ()), frozenset(info.static_argnames or ()))
+
+    def split(self, args: tuple, kwargs: Mapping[str, Any]):
+        """(dynamic args, dynamic kwargs, static part) of one call."""
+        if not self.argnums and not self.argnames:
+            return args, kwargs, ()
+        n = len(args)
+        static_pos = {i % n for i in self.argnums if -n <= i < n}
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in static_pos)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.argnames}
+        static = (tuple((i, _static_key(args[i])) for i in sorted(static_pos)),
+                  tuple((k, _static_key(v)) for k, v in sorted(kwargs.items())
+                        if k in self.argnames))
+        return dyn_args, dyn_kwargs, static
+
+
+def _signature(args: tuple, kwargs: Mapping[str, Any], static: Any = ()) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten((args, dict(kwargs)))
-    return (treedef, tuple(_leaf_key(x) for x in leaves))
+    return (treedef, tuple(_leaf_key(x) for x in leaves), static)
 
 
 class Tuned:
@@ -185,6 +225,7 @@ class Tuned:
         self._cache = PlanCache(cache_dir) if use_cache else None
         self._with_profile = with_profile
         self._verbose = verbose
+        self._statics = _Statics.of(self._jitted)
         self._entries: dict[tuple, tuple[Callable, Plan | None]] = {}
 
     # -- the jit surface ------------------------------------------------------------------
@@ -200,15 +241,26 @@ class Tuned:
         return functools.partial(self, obj)
 
     def __call__(self, *args, **kwargs):
-        key = _signature(args, kwargs)
+        dyn_args, dyn_kwargs, static = self._statics.split(args, kwargs)
+        key = _signature(dyn_args, dyn_kwargs, static)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = self._tune(args, kwargs)
-        return entry[0](*args, **kwargs)
+        executable = entry[0]
+        if executable is self._jitted:
+            return executable(*args, **kwargs)
+        try:
+            return executable(*dyn_args, **dyn_kwargs)
+        except TypeError as err:  # the executable refuses these arguments: jit decides
+            warnings.warn(f"lagom-jax: the tuned executable refused this call ({err}); "
+                          "running the step untuned", TuningWarning, stacklevel=2)
+            self._entries[key] = (self._jitted, None)
+            return self._jitted(*args, **kwargs)
 
     def plan(self, *args, **kwargs) -> Plan | None:
         """The Plan of this input signature (tuning first if needed); None if tuning failed."""
-        key = _signature(args, kwargs)
+        dyn_args, dyn_kwargs, static = self._statics.split(args, kwargs)
+        key = _signature(dyn_args, dyn_kwargs, static)
         if key not in self._entries:
             self._entries[key] = self._tune(args, kwargs)
         return self._entries[key][1]

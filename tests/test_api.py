@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from unittest import mock
 
@@ -196,3 +197,21 @@ def test_shard_map_step(tmp_path, mesh):
     tuned = lagom_jax.tune(step, hardware="h100-sxm-8", cache_dir=tmp_path)
     np.testing.assert_allclose(tuned(x), step(x))
     assert [c.kind for c in tuned.plan(x).collectives] == ["all-reduce"]
+
+
+def test_static_arguments_and_python_scalars(tmp_path):
+    @functools.partial(jax.jit, static_argnums=1, static_argnames=("power",))
+    def scale(x, n, lr, *, power=1):
+        return (x * n) ** power * lr
+
+    tuned = lagom_jax.tune(scale, hardware="h100-sxm-8", cache_dir=tmp_path)
+    x = jnp.arange(4.0)
+    before = len(_COMPILES)
+    np.testing.assert_allclose(tuned(x, 2, 0.5, power=2), scale(x, 2, 0.5, power=2))
+    first = len(_COMPILES)
+    # A new learning rate (a traced Python scalar) reuses the executable ...
+    np.testing.assert_allclose(tuned(x, 2, 0.25, power=2), scale(x, 2, 0.25, power=2))
+    assert len(_COMPILES) == first > before
+    # ... a new static value is a new signature.
+    np.testing.assert_allclose(tuned(x, 3, 0.25, power=1), scale(x, 3, 0.25, power=1))
+    assert len(_COMPILES) > first
