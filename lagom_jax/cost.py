@@ -433,9 +433,13 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
 @functools.lru_cache(maxsize=1 << 12)
 def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,
                       cfg: CostConfig = DEFAULT_CONFIG) -> tuple[float, float]:
-    """(SMs, HBM GB/s) a running collective holds: one SM per channel, and HBM traffic
-    of ``hbm_bytes_per_bus_byte`` per bus byte at its bus bandwidth."""
-    return float(params.nchannels), busbw_gbps(params, hw, nodes, cfg) * cfg.hbm_bytes_per_bus_byte
+    """(SMs, HBM GB/s) a running collective takes from compute.
+
+    SMs: the hardware's ``sm_share_per_channel`` per channel. HBM: ``hbm_bytes_per_bus_byte``
+    per bus byte at the collective's bus bandwidth.
+    """
+    return (params.nchannels * hw.sm_share_per_channel,
+            busbw_gbps(params, hw, nodes, cfg) * cfg.hbm_bytes_per_bus_byte)
 
 
 class ResourceTracker:

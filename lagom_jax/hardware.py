@@ -57,6 +57,14 @@ class HardwareProfile:
     ll128_enabled: bool  # NCCL enables LL128 only on NVLink paths
     # Fixed cost of one kernel launch plus host overhead (us).
     launch_us: float
+    # SMs' worth of compute throughput one NCCL channel (one CTA) takes from kernels it
+    # overlaps. A NCCL CTA holds its SM but leaves registers and warp slots that
+    # co-resident compute CTAs partly use, so the share is below 1. Default calibrated
+    # (assumption) so that kernels fully overlapped with NCCL's default all-reduce on
+    # A100/H100 slow by ~22% on average (GEMMs 12-15%, memory-bound kernels up to 38%)
+    # against ISPASS'25's 18.9% average / 40% worst (arXiv 2507.03114);
+    # `lagom-jax profile` measures it on a GPU.
+    sm_share_per_channel: float = 0.6
 
     def __post_init__(self) -> None:
         if self.arch not in ("volta", "ampere", "hopper"):
@@ -72,6 +80,9 @@ class HardwareProfile:
         ):
             if not getattr(self, f) > 0:
                 raise ValueError(f"hardware {self.name!r}: {f} must be positive, got {getattr(self, f)}")
+        if not 0 < self.sm_share_per_channel <= 1:
+            raise ValueError(f"hardware {self.name!r}: sm_share_per_channel must be in (0, 1], "
+                             f"got {self.sm_share_per_channel}")
         if self.launch_us < 0:
             raise ValueError(f"hardware {self.name!r}: launch_us must be >= 0, got {self.launch_us}")
         if self.nccl_channels > self.sm_count:
@@ -100,8 +111,10 @@ class HardwareProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
         fields = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING}
         unknown = sorted(set(d) - fields)
-        missing = sorted(fields - set(d))
+        missing = sorted(required - set(d))
         if unknown or missing:
             raise ValueError(
                 f"hardware profile fields do not match: unknown {unknown}, missing {missing} "

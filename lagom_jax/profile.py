@@ -33,14 +33,15 @@ Fitting (pure numpy, independent of ``cost``). The model fitted is the one
   (GB/s) as the inverse slope, and a fixed cost ``t0`` as the intercept;
 * a collective with ``nc`` channels takes ``a * nc`` SMs from overlapping compute, so a
   compute-bound GEMM slows by ``s(k) = S / (S - a k)`` (``S`` = SM count), i.e.
-  ``1 - 1/s = (a / S) k``: a line through the origin, fitted for ``a`` (the cost model
-  assumes ``a = 1``);
+  ``1 - 1/s = (a / S) k``: a line through the origin, fitted for ``a``
+  (``HardwareProfile.sm_share_per_channel``);
 * the copy kernel's bandwidth grows by ``b`` GB/s per CTA until HBM saturates:
   ``bw(k) = min(b k, B_sat)``, fitted by trying every split point of the sorted ``k``.
 
 The result is a measured ``HardwareProfile`` (``dataclasses.replace`` of a preset with
 the measured SM count, TFLOP/s and HBM GB/s) written as JSON next to the raw data.
-``HardwareProfile`` has no field for ``a`` or ``b``; they are written to the raw JSON.
+The fitted ``a`` replaces the profile's ``sm_share_per_channel``; ``b`` and the
+saturation bandwidth have no profile field and stay in the raw JSON.
 """
 
 from __future__ import annotations
@@ -488,7 +489,7 @@ class LineFit:
 class ContentionFit:
     """Fitted contention terms (see module docstring for the model)."""
 
-    sm_per_cta: float  # SMs one copy CTA takes from a compute-bound GEMM (cost model: 1.0)
+    sm_per_cta: float  # SMs one copy CTA takes from a compute-bound GEMM
     slowdown_rms: float  # rms residual of the slowdown curve
     hbm_gbps_per_cta: float  # bandwidth one CTA drives before HBM saturates
     hbm_saturation_gbps: float  # when no point saturates: b x the largest k (a lower bound)
@@ -733,7 +734,8 @@ def run_profile(out_dir: str | pathlib.Path, *, quick: bool = False,
                               [p.copy_gbps for p in points], sm_count=prof.sm_count)
         raw["contention"] = [p.to_dict() for p in points]
         raw["fits"]["contention"] = dataclasses.asdict(cfit)
-        progress(f"  contention: {cfit.sm_per_cta:.2f} SM per CTA (cost model assumes 1.0), "
+        prof = dataclasses.replace(prof, sm_share_per_channel=round(min(max(cfit.sm_per_cta, 0.01), 1.0), 3))
+        progress(f"  contention: {cfit.sm_per_cta:.2f} SM per CTA (preset: {preset.sm_share_per_channel}), "
                  f"{cfit.hbm_gbps_per_cta:.1f} GB/s per CTA, HBM saturates at {cfit.hbm_saturation_gbps:.0f} GB/s")
     else:
         progress("  contention sweep skipped: it needs a GPU (a second stream beside the GEMM)")

@@ -76,8 +76,8 @@ def test_nccl_default_pick_follows_message_size():
 def test_overlap_slows_compute_like_published_study():
     # ISPASS'25 (arXiv 2507.03114): overlap slows compute by 18.9% on average, 40% at most,
     # on A100/H100. Here kernels run *fully* overlapped with a saturated NCCL all-reduce, so
-    # the mean sits at or above the study's average (its windows are partly overlapped),
-    # and no kernel exceeds the study's worst case by more than a few points.
+    # the mean sits at or a little above the study's average (its windows are partly
+    # overlapped), and no kernel exceeds the study's worst case by more than a few points.
     kernels = [  # (flops, bytes): big and medium GEMMs, an MLP GEMM, elementwise, a norm
         (2 * 8192**3, 3 * 8192**2 * 2), (2 * 4096**3, 3 * 4096**2 * 2),
         (2 * 2048 * 2048 * 8192, 2 * (2048 * 8192 * 2 + 2048**2)), (1e8, 1e9), (5e8, 4e8),
@@ -90,7 +90,7 @@ def test_overlap_slows_compute_like_published_study():
             alone = cost.compute_time_us(f, b, hw)
             slowdowns.append(cost.compute_time_us(f, b, hw, sms_taken=sms, hbm_gbps_taken=hbm) / alone - 1)
     mean = sum(slowdowns) / len(slowdowns)
-    assert 0.15 <= mean <= 0.35, slowdowns
+    assert 0.17 <= mean <= 0.25, slowdowns
     assert 0.30 <= max(slowdowns) <= 0.45, slowdowns
 
 

@@ -62,3 +62,17 @@ def test_validation_names_field():
         dataclasses.replace(hardware.get("a100-sxm-8"), sm_count=0)
     with pytest.raises(ValueError, match="nodes must be >= 1"):
         hardware.get("a100-sxm-8", nodes=0)
+
+
+def test_profiles_without_the_contention_share_still_load(tmp_path):
+    import json
+
+    d = hardware.get("a100-sxm-8").to_dict()
+    del d["sm_share_per_channel"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(d))
+    assert hardware.HardwareProfile.load(path) == hardware.get("a100-sxm-8")
+    d["sm_share_per_channel"] = 1.5
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="sm_share_per_channel"):
+        hardware.HardwareProfile.load(path)
