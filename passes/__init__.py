@@ -15,6 +15,14 @@ from .combine import THRESHOLD_FLAGS as THRESHOLD_FLAGS
 from .combine import combine as combine
 from .combine import combine_groups as combine_groups
 from .combine import combine_rewrite as combine_rewrite
+from .decompose import DECOMPOSABLE_KINDS as DECOMPOSABLE_KINDS
+from .decompose import ORDERS as ORDERS
+from .decompose import WINDOWED_EINSUM_KINDS as WINDOWED_EINSUM_KINDS
+from .decompose import Pair as Pair
+from .decompose import decompose as decompose
+from .decompose import decompose_rewrite as decompose_rewrite
+from .decompose import eligible_pairs as eligible_pairs
+from .decompose import is_matmul as is_matmul
 from .rewrite import Rewrite as Rewrite
 from .schedule import DEFAULT_OVERLAP_LIMIT as DEFAULT_OVERLAP_LIMIT
 from .schedule import Schedule as Schedule
@@ -25,14 +33,22 @@ __all__ = [
     "DEFAULT_COMBINE_MAX_COUNT",
     "DEFAULT_COMBINE_THRESHOLD_BYTES",
     "DEFAULT_COMBINE_THRESHOLDS",
+    "DECOMPOSABLE_KINDS",
     "DEFAULT_OVERLAP_LIMIT",
+    "ORDERS",
+    "Pair",
     "Rewrite",
     "Schedule",
     "THRESHOLD_FLAGS",
+    "WINDOWED_EINSUM_KINDS",
     "chunk",
     "chunk_rewrite",
     "combine",
     "combine_groups",
     "combine_rewrite",
+    "decompose",
+    "decompose_rewrite",
+    "eligible_pairs",
+    "is_matmul",
     "schedule",
 ]

@@ -1,0 +1,156 @@
+"""Fixture tests for ``decompose``: tiny hand-built graphs, counts, sizes, order, timelines."""
+
+from __future__ import annotations
+
+import pytest
+
+from lagom_jax import hardware
+from lagom_jax.graph import StepGraph, Task
+from lagom_jax.passes import decompose, decompose_rewrite, eligible_pairs, is_matmul
+from lagom_jax.simulate import simulate
+
+G8 = (tuple(range(8)),)
+G4 = ((0, 1, 2, 3), (4, 5, 6, 7))
+MiB = 1 << 20
+# a40-pcie-8: PCIe links, so a collective's channels contend with the overlapped compute.
+HW = hardware.get("a40-pcie-8")
+
+
+def c(i, name, deps=(), flops=1e9, nbytes=1e6, opcode="fusion"):
+    return Task(id=i, name=name, kind="compute", flops=flops, bytes=nbytes, deps=tuple(deps), opcode=opcode)
+
+
+def coll(i, name, kind, nbytes, deps=(), groups=G8):
+    return Task(id=i, name=name, kind=kind, bytes=nbytes, deps=tuple(deps), groups=groups, is_async=True)
+
+
+def ag_gemm(flops=4e12, nbytes=64 * MiB, groups=G8):
+    """x -> all-gather -> dot -> y (column-parallel linear under sequence parallelism)."""
+    return StepGraph("ag-gemm", (
+        c(0, "x"),
+        coll(1, "ag", "all-gather", nbytes, [0], groups),
+        c(2, "dot", [0, 1], flops=flops, nbytes=nbytes),
+        c(3, "y", [2]),
+    ), num_devices=8)
+
+
+def gemm_rs(flops=4e12, nbytes=64 * MiB, kind="reduce-scatter"):
+    """x -> dot -> reduce-scatter -> y (row-parallel linear)."""
+    return StepGraph("gemm-rs", (
+        c(0, "x"),
+        c(1, "dot", [0], flops=flops, nbytes=nbytes),
+        coll(2, "rs", kind, nbytes, [1]),
+        c(3, "y", [2]),
+    ), num_devices=8)
+
+
+def by_name(g, prefix):
+    return [t for t in g.tasks if t.name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("make", [ag_gemm, gemm_rs])
+@pytest.mark.parametrize("order", ["commfuse", "naive"])
+def test_ring_counts_and_sizes_are_conserved(make, order):
+    g = make()
+    out = decompose(g, 0, order=order)
+    steps = [t for t in out.tasks if t.kind == "collective-permute"]
+    blocks = by_name(out, "dot.")
+    assert len(steps) == 7 and len(blocks) == 8 and not any(t.kind in ("all-gather", "reduce-scatter") for t in out.tasks)
+    assert all(t.bytes == 64 * MiB / 8 for t in steps)
+    assert sum(t.flops for t in blocks) == pytest.approx(4e12)
+    assert sum(t.bytes for t in blocks) == pytest.approx(64 * MiB)
+    assert out.total_flops == pytest.approx(g.total_flops)
+    assert all(t.pairs == tuple((d, (d + 1) % 8) for d in range(8)) for t in steps)
+    # The user of the pair still runs after all of it.
+    y = by_name(out, "y")[0]
+    assert y.id == len(out.tasks) - 1
+
+
+def test_ring_pairs_follow_every_group():
+    out = decompose(ag_gemm(groups=G4), 0)
+    steps = [t for t in out.tasks if t.kind == "collective-permute"]
+    assert len(steps) == 3
+    assert steps[0].pairs == ((0, 1), (1, 2), (2, 3), (3, 0), (4, 5), (5, 6), (6, 7), (7, 4))
+
+
+def test_all_gather_commfuse_computes_local_block_first_then_arrivals():
+    out = decompose(ag_gemm(), 0)
+    steps = [t.id for t in out.tasks if t.kind == "collective-permute"]
+    blocks = by_name(out, "dot.")
+    assert blocks[0].name == "dot.local/8" and not set(blocks[0].deps) & set(steps)
+    for i, b in enumerate(blocks[1:], start=1):
+        assert steps[i - 1] in b.deps  # block i waits for step i-1
+    for i in range(1, 7):
+        assert steps[i - 1] in out.tasks[steps[i]].deps  # the ring forwards what arrived
+    naive = by_name(decompose(ag_gemm(), 0, order="naive"), "dot.")
+    assert naive[-1].name == "dot.local/8" and naive[0].deps  # naive waits before the first block
+
+
+def test_reduce_scatter_commfuse_computes_staying_block_last():
+    out = decompose(gemm_rs(), 0)
+    steps = [t for t in out.tasks if t.kind == "collective-permute"]
+    blocks = by_name(out, "dot.")
+    assert blocks[-1].name == "dot.local/8"
+    for i, s in enumerate(steps):
+        assert blocks[i].id in s.deps  # step i carries block i's partial sum
+        if i:
+            assert steps[i - 1].id in s.deps  # plus the sum received at step i-1
+    y = by_name(out, "y")[0]
+    assert {blocks[-1].id, steps[-1].id} <= set(y.deps)
+    naive = by_name(decompose(gemm_rs(), 0, order="naive"), "dot.")
+    assert naive[0].name == "dot.local/8"
+
+
+def test_all_reduce_keeps_its_all_gather_half():
+    g = gemm_rs(kind="all-reduce")
+    assert eligible_pairs(g, 0) == ()  # XLA's windowed einsum has no all-reduce form
+    rw = decompose_rewrite(g, [2])
+    kinds = [t.kind for t in rw.graph.tasks]
+    assert kinds.count("collective-permute") == 7 and kinds.count("all-gather") == 1
+    gather = next(t for t in rw.graph.tasks if t.kind == "all-gather")
+    assert gather.bytes == 64 * MiB and by_name(rw.graph, "y")[0].deps == (gather.id,)
+    assert rw.origins[gather.id] == (1, 2)
+
+
+def test_only_matmul_pairs_are_eligible():
+    elementwise = ag_gemm(flops=1e6)  # 1e6 FLOP over 64 MiB: not a dot
+    assert not is_matmul(elementwise.tasks[2]) and is_matmul(ag_gemm().tasks[2])
+    assert decompose(elementwise, 0) == elementwise
+    assert decompose(ag_gemm(), 128 * MiB) == ag_gemm()  # below the byte threshold
+    with pytest.raises(ValueError, match="no matmul consumer"):
+        decompose(elementwise, [1])
+    with pytest.raises(ValueError, match="task 2 .* is not an all-gather"):
+        decompose(ag_gemm(), [2])
+    with pytest.raises(ValueError, match="unknown order 'fast'"):
+        decompose(ag_gemm(), 0, order="fast")  # type: ignore[arg-type]
+
+
+def test_a_matmul_is_split_for_one_pair_only():
+    g = StepGraph("both", (
+        c(0, "x"),
+        coll(1, "ag", "all-gather", 64 * MiB, [0]),
+        c(2, "dot", [1], flops=4e12, nbytes=64 * MiB),
+        coll(3, "rs", "reduce-scatter", 64 * MiB, [2]),
+        c(4, "y", [3]),
+    ), num_devices=8)
+    rw = decompose_rewrite(g, 0)
+    assert [t.kind for t in rw.graph.tasks].count("reduce-scatter") == 1
+    assert len(by_name(rw.graph, "dot.")) == 8
+    assert all(o == (1, 2) for t, o in zip(rw.graph.tasks, rw.origins) if t.kind == "collective-permute")
+
+
+def test_decomposed_all_gather_hides_behind_compute():
+    g = ag_gemm()
+    before, after = simulate(g, HW), simulate(decompose(g, 0), HW)
+    assert after.comm_us <= after.compute_us  # the premise: communication fits behind compute
+    assert before.exposed_comm_us > 0.05 * before.comm_us
+    assert after.exposed_comm_us <= 1e-6 * after.makespan_us
+    assert after.makespan_us < before.makespan_us
+
+
+def test_reduce_scatter_local_last_exposes_less_than_naive():
+    g = gemm_rs()
+    fused, naive = simulate(decompose(g, 0), HW), simulate(decompose(g, 0, order="naive"), HW)
+    assert naive.exposed_comm_us > 0
+    assert fused.exposed_comm_us < 0.1 * naive.exposed_comm_us
+    assert fused.makespan_us < naive.makespan_us
