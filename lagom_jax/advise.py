@@ -1,0 +1,681 @@
+"""ConfigTuner: recommend a hybrid-parallel configuration without running any of them.
+
+Given a model, a device count and a hardware preset, `advise` answers "which
+(data x fsdp x tensor x pipeline, micro-batches) should I train with?" in two stages, as
+ConfigTuner does (reference/peers.md section 2: for dense transformers the traffic of every
+parallelism is predictable from the configuration alone, so no profiling run is needed):
+
+1. **Analytic screen** (`estimate`), microseconds per configuration. From the model's
+   hyper-parameters it derives the per-device FLOPs, the bytes every parallelism moves per
+   step (DP gradient all-reduce; FSDP weight all-gathers and gradient reduce-scatter;
+   Megatron TP all-reduces of activations per sublayer; PP activation permutes) and the
+   GPipe bubble ``(pp-1)/(m+pp-1)``, times them with the project's cost model
+   (`cost.collective_time_us` under NCCL's own parameters, `cost.compute_time_us`), and
+   estimates memory per device. Configurations that do not divide the model or batch, or
+   do not fit in GPU memory, are rejected with the reason.
+2. **Compiled prediction** of the best ``top_k``: the real train step is built with
+   `lagom_jax.models.build` and compiled for ``num_devices`` fake CPU devices from
+   abstract inputs (nothing is allocated), its HLO becomes a `StepGraph`, and the step time
+   is predicted on the preset twice: under XLA/NCCL defaults (``xla-default``) and after
+   the lagom search (tuned). The ranking uses the tuned prediction.
+
+All times are predictions of the cost model, never measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from lagom_jax import api
+from lagom_jax import cost as cost_lib
+from lagom_jax import graph as graph_lib
+from lagom_jax import hardware as hardware_lib
+from lagom_jax.models import FAMILIES, ModelConfig
+
+# GPU memory per device, GB (1e9 B). HardwareProfile has no memory field, so it lives here,
+# keyed by preset name. Sources: NVIDIA datasheets (A100 SXM 80GB; H100 SXM5 80GB HBM3;
+# A40 48GB GDDR6; V100 SXM2 ships with 16 or 32 GB, the 32 GB part is assumed).
+GPU_MEMORY_GB: dict[str, float] = {
+    "a100-sxm-8": 80.0,
+    "h100-sxm-8": 80.0,
+    "a40-pcie-8": 48.0,
+    "v100-25g": 32.0,
+}
+# Share of GPU memory XLA's allocator may use: MaxText's 8xH100 recipe sets
+# XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 (reference/xla_flags.md section 8); the rest holds the
+# CUDA context, NCCL buffers and cuBLAS workspaces.
+USABLE_MEMORY_FRACTION = 0.85
+# Micro-batch counts tried for a pipeline of S stages: m = factor x S (GPipe needs m >= S
+# to keep every stage busy after the fill; 8S bounds the bubble below 1/9).
+MICROBATCH_FACTORS = (2, 4, 8)
+DEFAULT_TOP_K = 4
+# Adam training state per parameter: f32 weight, f32 gradient, two f32 moments
+# (models/build.py keeps weights and optimizer state in float32).
+STATE_BYTES_PER_PARAM = 16
+MASTER_BYTES = 4  # float32 weights and gradients, the dtype DP/FSDP collectives move
+ACT_BYTES = {"bfloat16": 2, "float32": 4}
+# Mesh axes from outermost to innermost. The tensor-parallel axis is innermost, so its
+# groups are neighbouring devices (inside one NVLink node first): Megatron's placement.
+AXES = ("data", "fsdp", "stage", "model")
+_AXIS_PART = {"data": "dp", "fsdp": "fsdp", "stage": "pp", "model": "tp"}
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class ParallelConfig:
+    """One hybrid-parallel configuration: axis sizes (product = devices) and micro-batches.
+
+    ``microbatches`` is 1 without a pipeline. ``sp`` adds Megatron sequence parallelism to
+    tensor parallelism (recipe ``tp+sp``).
+    """
+
+    data: int
+    fsdp: int
+    stage: int
+    model: int
+    microbatches: int = 1
+    sp: bool = False
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"data": self.data, "fsdp": self.fsdp, "stage": self.stage, "model": self.model}
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.sizes.values())
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Mesh axes in use; pure data parallelism keeps a ``data`` axis even of size 1."""
+        used = tuple(a for a in AXES if self.sizes[a] > 1)
+        return used or ("data",)
+
+    @property
+    def recipe(self) -> str:
+        parts = [_AXIS_PART[a] for a in self.axes]
+        if self.sp:
+            parts.append("sp")
+        return "+".join(parts)
+
+    @property
+    def mesh(self) -> str:
+        return ",".join(f"{a}={self.sizes[a]}" for a in self.axes)
+
+    @property
+    def batch_ways(self) -> int:
+        return self.data * self.fsdp
+
+    def label(self) -> str:
+        mb = f" m={self.microbatches}" if self.stage > 1 else ""
+        return f"{self.recipe} [{self.mesh}]{mb}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The analytic screen's numbers for one configuration on one device (us, bytes).
+
+    ``*_comm_us`` are collective times under NCCL's default parameters; ``exposed_*`` is
+    what the screen leaves on the critical path (see `estimate`). ``bubble_us`` is the
+    GPipe fill/drain time.
+    """
+
+    compute_us: float
+    bubble_us: float
+    dp_comm_us: float
+    tp_comm_us: float
+    pp_comm_us: float
+    exposed_dp_us: float
+    step_us: float
+    dp_bytes: float
+    tp_bytes: float
+    pp_bytes: float
+    state_bytes: float
+    activation_bytes: float
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
+
+    @property
+    def bubble_share(self) -> float:
+        """Idle share of the pipeline schedule, ``(S-1)/(m+S-1)``: bubble over busy + bubble."""
+        busy = self.compute_us + self.bubble_us
+        return self.bubble_us / busy if busy > 0 else 0.0
+
+    def describe(self) -> str:
+        return (f"analytic {self.step_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f}"
+                f" + bubble {self.bubble_us / 1e3:.2f} + tp {self.tp_comm_us / 1e3:.2f}"
+                f" + pp {self.pp_comm_us / 1e3:.2f} + dp/fsdp exposed {self.exposed_dp_us / 1e3:.2f}"
+                f" (of {self.dp_comm_us / 1e3:.2f})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A feasible configuration with its analytic estimate and, when it was compiled, the
+    predicted step time of the real compiled step before and after lagom tuning (ms)."""
+
+    config: ParallelConfig
+    estimate: Estimate
+    untuned_ms: float | None
+    tuned_ms: float | None
+    memory_gb: float
+    why: str
+
+    @property
+    def mesh(self) -> str:
+        return self.config.mesh
+
+    @property
+    def recipe(self) -> str:
+        return self.config.recipe
+
+    @property
+    def microbatches(self) -> int:
+        return self.config.microbatches
+
+    @property
+    def compiled(self) -> bool:
+        return self.tuned_ms is not None
+
+    @property
+    def analytic_ms(self) -> float:
+        return self.estimate.step_us / 1e3
+
+    @property
+    def rank_ms(self) -> float:
+        """What the ranking uses: the tuned prediction, else the analytic estimate."""
+        return self.tuned_ms if self.tuned_ms is not None else self.analytic_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "mesh": self.mesh, "microbatches": self.microbatches,
+                "analytic_ms": self.analytic_ms, "untuned_ms": self.untuned_ms,
+                "tuned_ms": self.tuned_ms, "memory_gb": self.memory_gb, "why": self.why,
+                "estimate": dataclasses.asdict(self.estimate)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    config: ParallelConfig
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.config.recipe, "mesh": self.config.mesh,
+                "microbatches": self.config.microbatches, "reason": self.reason}
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """The ranked feasible configurations (best first), the rejected ones with reasons."""
+
+    model: str
+    config: str
+    num_devices: int
+    hardware: str
+    nodes: int
+    global_batch: int
+    seq_len: int
+    dtype: str
+    candidates: tuple[Candidate, ...]
+    rejected: tuple[Rejected, ...]
+
+    @property
+    def recommendation(self) -> Candidate:
+        if not self.candidates:
+            raise ValueError(f"no feasible configuration for {self.model} {self.config} on "
+                             f"{self.num_devices} devices; see Advice.rejected for the reasons")
+        return self.candidates[0]
+
+    def table(self) -> str:
+        """Markdown table of the candidates (predicted numbers)."""
+        rows = ["| rank | recipe | mesh | micro-batches | analytic ms | untuned ms | tuned ms "
+                "| memory GB/device |", "|---|---|---|---|---|---|---|---|"]
+        for i, c in enumerate(self.candidates, 1):
+            fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+            rows.append(f"| {i} | {c.recipe} | {c.mesh} | {c.microbatches} | {c.analytic_ms:.2f} "
+                        f"| {fmt(c.untuned_ms)} | {fmt(c.tuned_ms)} | {c.memory_gb:.1f} |")
+        return "\n".join(rows)
+
+    def report(self) -> str:
+        head = (f"{self.model} {self.config} on {self.num_devices} x {self.hardware} "
+                f"(nodes={self.nodes}), global batch {self.global_batch}, seq {self.seq_len}, "
+                f"{self.dtype} -- all times predicted by the cost model")
+        lines = [head, "", self.table(), ""]
+        if self.candidates:
+            best = self.recommendation
+            lines.append(f"Recommendation: {best.config.label()}: {best.why}")
+        if self.rejected:
+            lines.append("")
+            lines.append(f"Rejected ({len(self.rejected)}):")
+            lines += [f"  {r.config.label()}: {r.reason}" for r in self.rejected]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        d = {k: getattr(self, k) for k in ("model", "config", "num_devices", "hardware", "nodes",
+                                           "global_batch", "seq_len", "dtype")}
+        d["candidates"] = [c.to_dict() for c in self.candidates]
+        d["rejected"] = [r.to_dict() for r in self.rejected]
+        d["recommendation"] = self.candidates[0].to_dict() if self.candidates else None
+        return json.dumps(d, indent=2)
+
+
+# ------------------------------------------------------------------------------ enumeration
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_configs(num_devices: int, *, recipes: Iterable[str] | None = None
+                      ) -> tuple[ParallelConfig, ...]:
+    """Every data x fsdp x stage x model factorisation of ``num_devices``, with
+    ``MICROBATCH_FACTORS`` x stages micro-batches when pipelined. ``recipes`` keeps only the
+    named recipes (parts in any order; ``tp+sp`` variants are produced only when asked for)."""
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    wanted = None if recipes is None else {_canonical(r) for r in recipes}
+    out = []
+    for d, f, s in itertools.product(_divisors(num_devices), repeat=3):
+        if num_devices % (d * f * s):
+            continue
+        t = num_devices // (d * f * s)
+        for m in ([1] if s == 1 else [k * s for k in MICROBATCH_FACTORS]):
+            for sp in ((False, True) if t > 1 and s == 1 else (False,)):
+                cfg = ParallelConfig(d, f, s, t, m, sp)
+                if (wanted is None and not sp) or (wanted is not None and _canonical(cfg.recipe) in wanted):
+                    out.append(cfg)
+    return tuple(sorted(out))
+
+
+def _canonical(recipe: str) -> frozenset[str]:
+    return frozenset(p.strip() for p in recipe.split("+") if p.strip())
+
+
+# --------------------------------------------------------------------------- the estimate
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """Per-layer and outer parameter counts and forward FLOPs per token of one model."""
+
+    layers: int  # encoder + decoder layers
+    cross_layers: int  # layers with cross-attention (T5 decoder)
+    layer_params: float
+    cross_params: float
+    outer_params: float
+    layer_flops_tok: float  # forward, per token, one plain layer
+    cross_flops_tok: float  # extra forward FLOPs per token of a cross-attention layer
+    head_flops_tok: float
+
+
+def _shape(cfg: ModelConfig, seq_len: int) -> _Shape:
+    attn = 4 * cfg.d_model * cfg.heads * cfg.head_dim  # q, k, v, o projections
+    mlp = 2 * cfg.d_model * cfg.d_ff
+    # QK^T and AV: 2 FLOPs per multiply-add over seq_len keys, per head dimension.
+    scores = 4 * seq_len * cfg.heads * cfg.head_dim
+    return _Shape(
+        layers=cfg.layers + cfg.dec_layers, cross_layers=cfg.dec_layers,
+        layer_params=attn + mlp, cross_params=attn,
+        # token embedding (tied output head) + learned positions (GPT-2/BERT; T5 has none,
+        # its relative bias is negligible) -- an upper bound within max_len x d_model.
+        outer_params=cfg.vocab * cfg.d_model + cfg.max_len * cfg.d_model,
+        layer_flops_tok=2 * (attn + mlp) + scores, cross_flops_tok=2 * attn + scores,
+        head_flops_tok=2 * cfg.d_model * cfg.vocab,
+    )
+
+
+def feasibility(model_cfg: ModelConfig, pc: ParallelConfig, *, global_batch: int,
+                seq_len: int) -> tuple[str, ...]:
+    """Why ``pc`` cannot run this model and batch (empty when it can): the same divisibility
+    rules `models.build` enforces, checked without tracing anything."""
+    reasons = []
+    t, s = pc.model, pc.stage
+    if t > 1:
+        for name, dim in (("heads", model_cfg.heads), ("d_ff", model_cfg.d_ff),
+                          ("vocab", model_cfg.vocab)):
+            if dim % t:
+                reasons.append(f"tensor parallel {t} does not divide {name} {dim}")
+        if pc.sp and seq_len % t:
+            reasons.append(f"sequence parallel {t} does not divide seq_len {seq_len}")
+    if pc.fsdp > 1 and model_cfg.d_model % pc.fsdp:
+        reasons.append(f"fsdp {pc.fsdp} does not divide d_model {model_cfg.d_model}")
+    if s > 1:
+        for name, n in (("layers", model_cfg.layers), ("decoder layers", model_cfg.dec_layers)):
+            if n and n % s:
+                reasons.append(f"{s} pipeline stages do not divide {n} {name}")
+        if global_batch % (pc.microbatches * pc.batch_ways):
+            reasons.append(f"global batch {global_batch} is not a multiple of {pc.microbatches} "
+                           f"micro-batches x {pc.batch_ways} data-parallel ways")
+    elif global_batch % pc.batch_ways:
+        reasons.append(f"global batch {global_batch} is not a multiple of the "
+                       f"{pc.batch_ways} data-parallel ways")
+    return tuple(reasons)
+
+
+def _group_nodes(pc: ParallelConfig, axis: str, gpus_per_node: int) -> int:
+    """Nodes one group of ``axis`` spans (the first group; mesh order ``AXES``, row-major)."""
+    stride = math.prod(pc.sizes[a] for a in AXES[AXES.index(axis) + 1:])
+    return len({(i * stride) // gpus_per_node for i in range(pc.sizes[axis])})
+
+
+def _coll_us(kind: str, nbytes: float, n: int, nodes: int, hw: hardware_lib.HardwareProfile) -> float:
+    """One collective under NCCL's own choice of parameters."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    params = cost_lib.nccl_default_params(kind, nbytes, n, nodes, hw)
+    return cost_lib.collective_time_us(kind, nbytes, n, nodes, params, hw)
+
+
+def estimate(model_cfg: ModelConfig, pc: ParallelConfig, hw: hardware_lib.HardwareProfile, *,
+             global_batch: int, seq_len: int, dtype: str = "bfloat16") -> Estimate:
+    """The analytic step time and memory of ``pc`` on one device of ``hw``.
+
+    Compute: training FLOPs are 3x the forward (backward = 2x forward). Layer FLOPs split
+    over all devices; the embedding/output head is not pipelined (models/build.py keeps it
+    outside the stage axis), so it splits over data x fsdp x model only. A pipelined stage
+    runs ``m + S - 1`` ticks for ``m`` micro-batches: the bubble is ``(S-1)/m`` of its compute.
+
+    Communication (bytes in NCCL's nBytes convention):
+    - TP (Megatron): per microbatch, 2 all-reduces of the [b, s, d] activation per sublayer
+      (forward after attention/MLP, backward before them), one more pair per cross-attention,
+      and 2 for the vocab-parallel embedding and head; with ``sp`` each all-reduce becomes an
+      all-gather plus a reduce-scatter of the same buffer.
+    - PP: every tick sends the micro-batch activation to the next stage forward and its
+      gradient back (collective-permute).
+    - FSDP: each layer's float32 weights are all-gathered for the forward and again for the
+      backward (ZeRO-3), gradients reduce-scattered. DP: gradients all-reduced. Issued per
+      layer, as XLA does for scanned layers.
+    TP and PP traffic sits between dependent matmuls, so the screen counts it as exposed;
+    DP/FSDP traffic is hidden up to the backward compute (2/3 of it), the best that
+    overlapping can do. The compiled prediction replaces these rules with the simulator.
+
+    Memory: 16 bytes of Adam state per local parameter, plus stored activations per layer
+    for all micro-batches (GPipe keeps them until the backward), from Korthikanti et al.
+    2022 ("Reducing Activation Recomputation in Large Transformer Models", Eq. 2 and its
+    tensor/sequence-parallel forms): ``s*b*d*(10 + 24/t + 5*a*s/(d*t))`` bytes at 16-bit
+    (``34/t`` in place of ``10 + 24/t`` with sp), plus float32 logits and their gradient.
+    """
+    if dtype not in ACT_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(ACT_BYTES)})")
+    sh = _shape(model_cfg, seq_len)
+    ab = ACT_BYTES[dtype]
+    d, f, s, t, m = pc.data, pc.fsdp, pc.stage, pc.model, pc.microbatches
+    n = pc.num_devices
+    tokens = global_batch * seq_len
+    b_local = global_batch / pc.batch_ways  # sequences per data-parallel replica
+    gpn = hw.gpus_per_node
+
+    # Compute.
+    layer_flops = 3 * tokens * (sh.layers * sh.layer_flops_tok + sh.cross_layers * sh.cross_flops_tok)
+    head_flops = 3 * tokens * sh.head_flops_tok
+    stage_flops = layer_flops / n + head_flops / (d * f * t)
+    layer_params_local = (sh.layers * sh.layer_params + sh.cross_layers * sh.cross_params) / (t * s)
+    model_params_local = layer_params_local + sh.outer_params / t
+    layers_local = sh.layers / s
+    cross_local = sh.cross_layers / s
+    per_layer_act = seq_len * model_cfg.d_model * (
+        (34 / t if pc.sp else 10 + 24 / t)
+        + 5 * model_cfg.heads * seq_len / (model_cfg.d_model * t)) * ab / 2
+    activation_bytes = b_local * (layers_local + cross_local / 2) * per_layer_act \
+        + 2 * b_local * seq_len * model_cfg.vocab / t * 4
+    # Roofline bytes: weights read 3x (forward, backward-data, backward-weight), stored
+    # activations written once and read once.
+    stage_bytes = 3 * model_params_local * ab + 2 * activation_bytes
+    stage_us = cost_lib.compute_time_us(stage_flops, stage_bytes, hw)
+    bubble_us = stage_us * (s - 1) / m
+
+    # Tensor parallelism.
+    mb_act = b_local / m * seq_len * model_cfg.d_model * ab
+    tp_ops = m * (4 * layers_local + 2 * cross_local + 2)
+    tp_nodes = _group_nodes(pc, "model", gpn)
+    if pc.sp:
+        one = _coll_us("all-gather", mb_act, t, tp_nodes, hw) + _coll_us("reduce-scatter", mb_act, t, tp_nodes, hw)
+    else:
+        one = _coll_us("all-reduce", mb_act, t, tp_nodes, hw)
+    tp_comm_us = tp_ops * one
+    tp_bytes = tp_ops * mb_act * (2 if pc.sp else 1) if t > 1 else 0.0
+
+    # Pipeline parallelism: one send per tick forward and backward.
+    pp_ops = 2 * (m + s - 1) if s > 1 else 0
+    pp_comm_us = pp_ops * _coll_us("collective-permute", mb_act, 2, _group_nodes(pc, "stage", gpn), hw)
+    pp_bytes = pp_ops * mb_act
+
+    # Data parallelism (fsdp inside, data outside), issued once per local layer + outer.
+    pieces = max(1, round(layers_local)) + 1
+    full = model_params_local * MASTER_BYTES
+    dp_comm_us = 0.0
+    dp_bytes = 0.0
+    if f > 1:
+        fn = _group_nodes(pc, "fsdp", gpn)
+        dp_comm_us += pieces * (2 * _coll_us("all-gather", full / pieces, f, fn, hw)
+                                + _coll_us("reduce-scatter", full / pieces, f, fn, hw))
+        dp_bytes += 3 * full
+    if d > 1:
+        dn = _group_nodes(pc, "data", gpn)
+        dp_comm_us += pieces * _coll_us("all-reduce", full / f / pieces, d, dn, hw)
+        dp_bytes += full / f
+    compute_us = stage_us
+    exposed_dp = max(0.0, dp_comm_us - 2 / 3 * compute_us)
+    step_us = compute_us + bubble_us + tp_comm_us + pp_comm_us + exposed_dp
+    return Estimate(
+        compute_us=compute_us, bubble_us=bubble_us, dp_comm_us=dp_comm_us,
+        tp_comm_us=tp_comm_us, pp_comm_us=pp_comm_us, exposed_dp_us=exposed_dp,
+        step_us=step_us, dp_bytes=dp_bytes, tp_bytes=tp_bytes, pp_bytes=pp_bytes,
+        state_bytes=STATE_BYTES_PER_PARAM * model_params_local / f,
+        activation_bytes=activation_bytes,
+    )
+
+
+def usable_memory_bytes(hw: hardware_lib.HardwareProfile) -> float:
+    try:
+        gb = GPU_MEMORY_GB[hw.name]
+    except KeyError:
+        raise ValueError(f"no GPU memory size known for hardware {hw.name!r} (known: "
+                         f"{', '.join(GPU_MEMORY_GB)}); add it to lagom_jax.advise.GPU_MEMORY_GB") from None
+    return gb * 1e9 * USABLE_MEMORY_FRACTION
+
+
+# ------------------------------------------------------------------ the compiled prediction
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    model: str
+    config: str
+    recipe: str
+    mesh: str
+    global_batch: int
+    seq_len: int
+    dtype: str
+    microbatches: int | None
+    num_devices: int
+
+
+def _compile_here(job: _Job) -> str:
+    """HLO text of the compiled step, in this process (needs ``num_devices`` devices)."""
+    import jax
+
+    from lagom_jax.models import build
+
+    built = build(job.model, job.config, job.recipe, job.mesh, batch_size=job.global_batch,
+                  seq_len=job.seq_len, dtype=job.dtype, microbatches=job.microbatches,
+                  devices=jax.devices()[:job.num_devices])
+    return built.lower().compile().as_text()
+
+
+def _worker(spec_path: str) -> None:
+    """Subprocess entry: compile every job in ``spec_path`` on enough fake CPU devices and
+    write ``{"texts": [...], "errors": [...]}`` next to it (one entry per job)."""
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", spec["num_devices"])
+    texts, errors = [], []
+    for j in spec["jobs"]:
+        try:
+            texts.append(_compile_here(_Job(**j)))
+            errors.append(None)
+        except ValueError as e:
+            texts.append(None)
+            errors.append(str(e))
+    with open(spec_path + ".out", "w", encoding="utf-8") as fh:
+        json.dump({"texts": texts, "errors": errors}, fh)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_text(job: _Job) -> str:
+    """Cached by job: the same step is compiled once for every hardware it is predicted on."""
+    import jax
+
+    if len(jax.devices()) >= job.num_devices and jax.devices()[0].platform == "cpu":
+        return _compile_here(job)
+    return _compile_in_subprocess([job])[0]
+
+
+def _compile_in_subprocess(jobs: Sequence[_Job]) -> list[str]:
+    """One fresh process whose CPU backend starts with ``num_devices`` devices (the device
+    count of a JAX process is fixed once its backend starts). Build errors are re-raised
+    here as ValueError, as `build` raised them."""
+    with tempfile.TemporaryDirectory(prefix="lagom-advise-") as tmp:
+        path = os.path.join(tmp, "jobs.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump({"num_devices": jobs[0].num_devices,
+                       "jobs": [dataclasses.asdict(j) for j in jobs]}, fh)
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        proc = subprocess.run([sys.executable, "-c",
+                               f"from lagom_jax.advise import _worker; _worker({path!r})"],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"compiling {len(jobs)} candidate step(s) on {jobs[0].num_devices} "
+                               f"fake CPU devices failed:\n{proc.stderr[-4000:]}")
+        with open(path + ".out", encoding="utf-8") as fh:
+            out = json.load(fh)
+    for err in out["errors"]:
+        if err is not None:
+            raise ValueError(err)
+    return out["texts"]
+
+
+def predict_compiled(model: str, config: str, pc: ParallelConfig,
+                     hw: hardware_lib.HardwareProfile, *, global_batch: int, seq_len: int,
+                     dtype: str) -> tuple[float, float]:
+    """(xla-default, lagom-tuned) predicted step time in ms of the real compiled step.
+
+    Raises ValueError when `models.build` rejects the configuration."""
+    job = _Job(model, config, pc.recipe, pc.mesh, global_batch, seq_len, dtype,
+               pc.microbatches if pc.stage > 1 else None, pc.num_devices)
+    graph = graph_lib.from_hlo_text(_compiled_text(job))
+    results = api.search_all(graph, hw, strategy="lagom", baselines=("xla-default",))
+    return results["xla-default"].makespan_us / 1e3, results["lagom"].makespan_us / 1e3
+
+
+# ---------------------------------------------------------------------------- the driver
+
+def _resolve(hardware: str | hardware_lib.HardwareProfile, num_devices: int
+             ) -> hardware_lib.HardwareProfile:
+    if isinstance(hardware, hardware_lib.HardwareProfile):
+        hw = hardware
+    else:
+        hw = hardware_lib.resolve(hardware)
+        if hw.num_gpus < num_devices and ":" not in hardware:
+            hw = hw.with_nodes(math.ceil(num_devices / hw.gpus_per_node))
+    if hw.num_gpus < num_devices:
+        raise ValueError(f"hardware {hw.name!r} has {hw.num_gpus} GPUs ({hw.nodes} node(s)), fewer "
+                         f"than num_devices {num_devices}; pass more nodes, e.g. "
+                         f"'{hw.name}:nodes={math.ceil(num_devices / hw.gpus_per_node)}'")
+    return hw
+
+
+def advise(model: str, config: str, num_devices: int,
+           hardware: str | hardware_lib.HardwareProfile, *, global_batch: int, seq_len: int,
+           dtype: str = "bfloat16", recipes: Sequence[str] | None = None,
+           max_candidates: int | None = None, top_k: int = DEFAULT_TOP_K,
+           progress: Progress | None = None) -> Advice:
+    """Rank the hybrid-parallel configurations of ``model``/``config`` on ``num_devices``
+    GPUs of ``hardware`` (a preset name, ``name:nodes=N``, a JSON profile or a profile;
+    a preset name grows to as many nodes as ``num_devices`` needs).
+
+    Every factorisation data x fsdp x stage x model (``recipes`` restricts them, e.g.
+    ``["dp", "fsdp", "dp+tp", "tp+sp"]``) is screened analytically; infeasible and
+    out-of-memory ones are rejected with the reason. The ``top_k`` best by the estimate are
+    compiled and predicted (xla-default and lagom-tuned); the ranking puts those first by
+    tuned time, then the rest by estimate. ``max_candidates`` truncates the ranked list.
+    ``progress`` receives one line per stage.
+    """
+    if model not in FAMILIES:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(sorted(FAMILIES))}")
+    if config not in FAMILIES[model].configs:
+        raise ValueError(f"unknown {model} config {config!r}; known: {', '.join(FAMILIES[model].configs)}")
+    model_cfg = FAMILIES[model].configs[config]
+    if not 0 < seq_len <= model_cfg.max_len:
+        raise ValueError(f"seq_len {seq_len} outside 1..{model_cfg.max_len} for {model} {config}")
+    if global_batch < 1:
+        raise ValueError(f"global_batch must be >= 1, got {global_batch}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    hw = _resolve(hardware, num_devices)
+    limit = usable_memory_bytes(hw)
+    say = progress or (lambda _msg: None)
+
+    configs = enumerate_configs(num_devices, recipes=recipes)
+    if not configs:
+        raise ValueError(f"no configuration of {num_devices} devices matches recipes {list(recipes or [])}; "
+                         "use parts dp, fsdp, tp, sp, pp joined by '+'")
+    feasible: list[tuple[ParallelConfig, Estimate]] = []
+    rejected: list[Rejected] = []
+    for pc in configs:
+        reasons = feasibility(model_cfg, pc, global_batch=global_batch, seq_len=seq_len)
+        if reasons:
+            rejected.append(Rejected(pc, "; ".join(reasons)))
+            continue
+        est = estimate(model_cfg, pc, hw, global_batch=global_batch, seq_len=seq_len, dtype=dtype)
+        if est.memory_bytes > limit:
+            rejected.append(Rejected(pc, f"needs {est.memory_bytes / 1e9:.1f} GB/device "
+                                         f"(state {est.state_bytes / 1e9:.1f}, activations "
+                                         f"{est.activation_bytes / 1e9:.1f}), over the "
+                                         f"{limit / 1e9:.1f} GB usable on {hw.gpu}"))
+            continue
+        feasible.append((pc, est))
+    feasible.sort(key=lambda ce: (ce[1].step_us, ce[0]))
+    say(f"screened {len(configs)} configurations: {len(feasible)} feasible, {len(rejected)} rejected")
+
+    compiled: dict[ParallelConfig, tuple[float, float]] = {}
+    for pc, _est in feasible[:top_k]:
+        say(f"compiling and predicting {pc.label()}")
+        try:
+            compiled[pc] = predict_compiled(model, config, pc, hw, global_batch=global_batch,
+                                            seq_len=seq_len, dtype=dtype)
+        except ValueError as e:
+            rejected.append(Rejected(pc, f"models.build: {e}"))
+    feasible = [(pc, est) for pc, est in feasible
+                if pc in compiled or all(r.config != pc for r in rejected)]
+
+    def rank_key(ce: tuple[ParallelConfig, Estimate]) -> tuple:
+        pc, est = ce
+        if pc in compiled:
+            return (0, compiled[pc][1], pc)
+        return (1, est.step_us, pc)
+
+    feasible.sort(key=rank_key)
+    best_tuned = min((t for _, t in compiled.values()), default=None)
+    candidates = []
+    for pc, est in feasible[:max_candidates]:
+        untuned, tuned = compiled.get(pc, (None, None))
+        if tuned is None:
+            why = f"{est.describe()}; not compiled (outside the top {top_k} of the screen)"
+        else:
+            gap = "fastest predicted tuned step" if tuned == best_tuned else \
+                f"{(tuned / best_tuned - 1) * 100:.1f}% slower than the best tuned step"
+            why = (f"{gap}; compiled step predicted {untuned:.2f} ms under XLA/NCCL defaults, "
+                   f"{tuned:.2f} ms lagom-tuned; {est.describe()}")
+        candidates.append(Candidate(pc, est, untuned, tuned, est.memory_bytes / 1e9, why))
+    return Advice(model, config, num_devices, hw.name, hw.nodes, global_batch, seq_len, dtype,
+                  tuple(candidates), tuple(rejected))
