@@ -26,7 +26,7 @@ The flow (issue 9, part 2), one straight line:
    instruction names stay valid, reference/xla_flags.md, section 3). The schedules are
    diffed: which async collectives moved, and how much compute XLA put under each. A third
    compile multiplies the cost of the collective with the least compute under it by
-   ``--boost``: if XLA reads the profile, that collective gets more compute under it.
+   ``--boost`` (0 skips it): if XLA reads the profile, that collective gets more compute under it.
 
 ``--allow-cpu`` runs the same flow on 8 CPU devices (for tests). The CPU pipeline has no
 async collectives, no GPU combiners and no LHS, so its results only show the code runs;
@@ -336,7 +336,7 @@ def run(out: str | pathlib.Path, *, allow_cpu: bool = False, models: Sequence[st
              f"under: {agreement}")
     boost_result = None
     costed = [w for w in fdo.after if w.key[0] in costs]
-    if costed:
+    if costed and boost > 0:
         target = min(costed, key=lambda w: (w.compute_under, -costs[w.key[0]]))
         boosted = _graph_of(low.compile(compiler_options={
             **base_opts, "fdo_profile": boosted_profile(costs, target.key[0], boost).encode()}).as_text())
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="tiny", help="model config for every build (default tiny)")
     ap.add_argument("--check", default="gpt2:dp+tp", help="model:recipe of the combine and fdo checks")
     ap.add_argument("--thresholds", default="1MiB,32MiB,1GiB", help="combine thresholds to compare")
-    ap.add_argument("--boost", type=float, default=20.0, help="cost factor of the boosted-profile compile")
+    ap.add_argument("--boost", type=float, default=20.0, help="cost factor of the boosted-profile compile (0: skip that compile)")
     ap.add_argument("--mock-topology", default=DEFAULT_MOCK_TOPOLOGY,
                     help="jax_mock_gpu_topology, <slices>x<hosts per slice>x<GPUs per host>")
     ap.add_argument("--hardware", default="h100-sxm-8", help="preset or hardware.json for make_plan")
