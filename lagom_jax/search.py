@@ -2,9 +2,11 @@
 
 A strategy picks, for one training step,
 
-* the structure XLA builds: per-kind combine thresholds (``passes.combine``), whether the
-  latency-hiding scheduler places the waits (``passes.schedule``), how many collectives
-  may be in flight, and which collectives are pipelined in pieces (``passes.chunk``);
+* the structure XLA builds: whether all-gather / reduce-scatter + matmul pairs run as
+  windowed einsum (``passes.decompose``), per-kind combine thresholds
+  (``passes.combine``), whether the latency-hiding scheduler places the waits
+  (``passes.schedule``), how many collectives may be in flight, and which collectives
+  are pipelined in pieces (``passes.chunk``);
 * per collective, the NCCL parameters (algorithm, protocol, channels, chunk, threads),
 
 and predicts the step with ``simulate``. Strategies:
@@ -16,16 +18,18 @@ and predicts the step with ``simulate``. Strategies:
   reference/nccl_lagom_autoccl.md section 2): compute beside it does not slow a
   collective in the model, so that is its fastest candidate, whatever it costs the
   compute it overlaps;
-* ``lagom`` - start from the best of the three above; rank collectives by priority
-  (their effect on the makespan: exposed time plus the compute they slow); tune each in
-  turn over its candidates with the others fixed, then its pipelining; tune the combine
-  thresholds, the scheduler and the overlap limit; accept only makespan gains. The work
+* ``lagom`` - start from the best of the three above; tune the scheduler, windowed
+  einsum and the combine thresholds; rank collectives by priority (their effect on the
+  makespan: exposed time plus the compute they slow); tune each in turn over its
+  candidates with the others fixed, then its pipelining; then the overlap limit; accept
+  only makespan gains. The ring steps of one windowed einsum share one set of params. The work
   is O(N x K) evaluations for N collectives with K candidates each: a collective is
   evaluated on the window of the step it can influence (the whole step when it is small);
 * ``exhaustive`` - every combination of per-collective candidates (K^N), under each of
   the xla-default, recipe and no-combining structures and every overlap limit (or only
-  the recipe structure with ``Space(tune_structure=False)``): the optimum under the model
-  of that space, to measure lagom's gap; pipelining is not enumerated. Refuses instances
+  the recipe structure with ``Space(tune_structure=False)``), with windowed einsum off
+  and on where the step has pairs for it: the optimum under the model of that space, to
+  measure lagom's gap; pipelining is not enumerated. Refuses instances
   above ``EXHAUSTIVE_LIMIT`` evaluations.
 
 Candidates are ``cost.candidate_params`` cut to its Pareto front in (time alone, SMs
@@ -57,10 +61,13 @@ from lagom_jax.passes import (
     COMBINABLE_KINDS,
     DEFAULT_COMBINE_THRESHOLD_BYTES,
     THRESHOLD_FLAGS,
+    XLA_ORDER,
     Rewrite,
     Schedule,
     chunk_rewrite,
     combine_rewrite,
+    decompose_rewrite,
+    eligible_pairs,
     schedule,
 )
 from lagom_jax.plan import CollectiveParams
@@ -119,6 +126,9 @@ class Space:
     # applies it to a compiled step, so a Plan could not carry it out: off unless asked
     # for, as a what-if.
     split_collectives: bool = False
+    # XLA's windowed einsum (collective matmul) as one more structure choice of lagom and
+    # exhaustive; only graphs with all-gather/reduce-scatter + matmul pairs are affected.
+    windowed_einsum: bool = True
 
     def __post_init__(self) -> None:
         if self.max_candidates is not None and self.max_candidates < 1:
@@ -134,6 +144,11 @@ class Structure:
     overlap_limit: int = 1
     # (collective id in the combined graph, pieces) for pipelined collectives.
     chunks: tuple[tuple[int, int], ...] = ()
+    # XLA's collective matmul (``xla_gpu_threshold_for_windowed_einsum_mib``): True = 0,
+    # every all-gather+matmul and matmul+reduce-scatter runs as a ring of
+    # collective-permutes and partial matmuls (passes.decompose, XLA's order); False =
+    # XLA's default 100000 MiB, off in practice.
+    windowed_einsum: bool = False
 
     @property
     def threshold_map(self) -> dict[str, int]:
@@ -307,7 +322,9 @@ class _Evaluator:
     def __init__(self, graph: StepGraph, hw: HardwareProfile, space: Space) -> None:
         self.graph, self.hw, self.space = graph, hw, space
         self.evaluations = 0
+        self._decomposed: Rewrite | None = None
         self._combined: dict[tuple, Rewrite] = {}
+        self._ties: dict[tuple, tuple[tuple[int, ...], dict[int, tuple[int, ...]]]] = {}
         self._built: dict[Structure, _Built] = {}
         self._windows: dict[tuple, _Built] = {}
 
@@ -323,18 +340,61 @@ class _Evaluator:
     def resources(self, t: Task, p: CollectiveParams) -> tuple[float, float]:
         return cost.comm_resource_use(p, self.hw, nodes=collective_shape(t, self.graph.num_devices, self.hw)[3])
 
+    def decomposed(self) -> Rewrite:
+        """The step with every windowed-einsum pair decomposed, as XLA does at threshold 0."""
+        if self._decomposed is None:
+            self._decomposed = decompose_rewrite(self.graph, 0, order=XLA_ORDER)
+        return self._decomposed
+
     def combined(self, structure: Structure) -> Rewrite:
-        key = structure.thresholds
+        """The step after windowed einsum (when chosen) and the combiners."""
+        key = (structure.thresholds, structure.windowed_einsum)
         if key not in self._combined:
-            self._combined[key] = combine_rewrite(self.graph, structure.threshold_map)
+            g0 = self.decomposed().graph if structure.windowed_einsum else self.graph
+            self._combined[key] = combine_rewrite(g0, structure.threshold_map)
         return self._combined[key]
+
+    def ties(self, structure: Structure) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]]]:
+        """Per combined-graph task, the collective whose params it runs with, and per such
+        collective, every task that shares them.
+
+        The ring steps of one decomposed pair are one collective-permute in XLA's windowed
+        einsum loop, so one NCCL config: they are tuned as one. Every other collective is
+        its own.
+        """
+        key = (structure.thresholds, structure.windowed_einsum)
+        if key not in self._ties:
+            rw = self.combined(structure)
+            ring_of: dict[int, tuple[int, ...]] = {}
+            if structure.windowed_einsum:
+                d = self.decomposed()
+                for t in d.graph.collectives:
+                    if t.kind == "collective-permute" and len(d.origins[t.id]) == 2:
+                        ring_of[t.id] = d.origins[t.id]
+            rep = list(range(len(rw.graph.tasks)))
+            first: dict[tuple, int] = {}
+            members: dict[int, tuple[int, ...]] = {}
+            for t in rw.graph.collectives:
+                parts = rw.origins[t.id]
+                if ring_of and all(p in ring_of for p in parts):
+                    ring = tuple(sorted({ring_of[p] for p in parts}))
+                    rep[t.id] = first.setdefault(ring, t.id)
+                members[rep[t.id]] = members.get(rep[t.id], ()) + (t.id,)
+            self._ties[key] = (tuple(rep), members)
+        return self._ties[key]
+
+    def tuned(self, structure: Structure) -> list[Task]:
+        """The collectives of the combined graph that carry their own params."""
+        g1 = self.combined(structure).graph
+        return [g1.tasks[c] for c in self.ties(structure)[1]]
 
     def _apply(self, g1: StepGraph, chunks: Mapping[int, int], structure: Structure,
                back: Mapping[int, int] | None = None) -> _Built:
         rw = chunk_rewrite(g1, chunks)
         sched = schedule(rw.graph, overlap_limit=structure.overlap_limit, latency_hiding=structure.latency_hiding)
+        rep = self.ties(structure)[0]
         parent = tuple(
-            (t.id, back[rw.origins[t.id][0]] if back is not None else rw.origins[t.id][0])
+            (t.id, rep[back[rw.origins[t.id][0]] if back is not None else rw.origins[t.id][0]])
             for t in rw.graph.collectives
         )
         return _Built(sched, rw.origins, parent)
@@ -373,12 +433,15 @@ class _Evaluator:
     def _window(self, structure: Structure, cid: int) -> _Built:
         """Tasks from a few before ``cid``'s producers to a few after its first consumer."""
         g1 = self.combined(structure).graph
-        t = g1.tasks[cid]
-        users = g1.consumers[cid]
-        lo = max(0, min(t.deps, default=cid) - WINDOW_MARGIN_TASKS)
-        hi = min(len(g1.tasks) - 1, max(users[:1], default=cid) + WINDOW_MARGIN_TASKS)
+        lo, hi = len(g1.tasks), 0
+        for m in self.ties(structure)[1][cid]:
+            t = g1.tasks[m]
+            users = g1.consumers[m]
+            lo = min(lo, max(0, min(t.deps, default=m) - WINDOW_MARGIN_TASKS))
+            hi = max(hi, min(len(g1.tasks) - 1, max(users[:1], default=m) + WINDOW_MARGIN_TASKS))
         chunks = tuple((c, k) for c, k in structure.chunks if lo <= c <= hi)
-        key = (structure.thresholds, structure.latency_hiding, structure.overlap_limit, chunks, lo, hi)
+        key = (structure.thresholds, structure.windowed_einsum, structure.latency_hiding, structure.overlap_limit,
+               chunks, lo, hi)
         if key not in self._windows:
             # One collective is tuned at a time: keep only its window alive, so that
             # per-graph caches downstream (the simulator's) do not grow with the step.
@@ -421,6 +484,7 @@ def _finish(
     chunks = dict(structure.chunks)
     final = built.params(params)
     explanations = []
+    tuned_as = dict(built.parent)
     for t in built.schedule.graph.collectives:
         origin = built.origins[t.id][0]
         p = final[t.id]
@@ -433,7 +497,7 @@ def _finish(
                 chunks=chunks.get(origin, 1),
                 time_us=ev.time(t, p),
                 exposed_us=exposed.get(t.id, 0.0),
-                reason=reasons.get(origin, ""),
+                reason=reasons.get(tuned_as[t.id], ""),
             )
         )
     return SearchResult(
@@ -453,9 +517,8 @@ def _finish(
 
 def _policy_params(ev: _Evaluator, structure: Structure, policy: str) -> dict[int, CollectiveParams]:
     """Per-collective params of the combined graph under a simple policy."""
-    g1 = ev.combined(structure).graph
     out = {}
-    for t in g1.collectives:
+    for t in ev.tuned(structure):
         if policy == "nccl":
             out[t.id] = ev.default(t)
         else:  # "fastest": AutoCCL's objective, the collective's own duration
@@ -488,13 +551,13 @@ def _autoccl(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResul
     ev = _Evaluator(graph, hw, space)
     s = _base_structure(space, XLA_DEFAULT_STRUCTURE)
     params = _policy_params(ev, s, "fastest")
-    g1 = ev.combined(s).graph
+    tuned = ev.tuned(s)
     # AutoCCL tries candidates on the running job: one measurement per candidate.
-    ev.evaluations += sum(len(ev.candidates(t)) for t in g1.collectives)
+    ev.evaluations += sum(len(ev.candidates(t)) for t in tuned)
     reasons = {
         t.id: f"fastest alone ({ev.time(t, params[t.id]):.1f} us; NCCL's pick "
         f"{ev.time(t, ev.default(t)):.1f} us), blind to the compute it slows"
-        for t in g1.collectives
+        for t in tuned
     }
     return _finish("autoccl", ev, s, params, started, reasons)
 
@@ -512,8 +575,9 @@ def _priority(ev: _Evaluator, structure: Structure, params: Mapping[int, Collect
     score: dict[int, float] = {}
     exposed_by: dict[int, float] = {}
     final = built.params(params)
+    tuned_as = dict(built.parent)
     for t in built.schedule.graph.collectives:
-        origin = built.origins[t.id][0]
+        origin = tuned_as[t.id]
         p = final[t.id]
         sms, _ = ev.resources(t, p)
         exposed_by[origin] = exposed_by.get(origin, 0.0) + exposed.get(t.id, 0.0)
@@ -560,13 +624,32 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
     if space.tune_structure:
         best_ms = sev.full(structure, _policy_params(sev, structure, policy)).makespan_us
         kinds = {t.kind for t in graph.collectives}
-        moves: list[tuple[str, int]] = [("latency-hiding", 0)] + [
+        # Windowed einsum is tried only where XLA would apply it: pairs with a matmul.
+        windowed = [("windowed-einsum", 0)] if space.windowed_einsum and eligible_pairs(sev.graph) else []
+        moves: list[tuple[str, int]] = [("latency-hiding", 0)] + windowed + [
             (kind, v) for kind in COMBINABLE_KINDS if kind in kinds for v in THRESHOLD_CANDIDATES
         ]
         for what, value in moves:
             # Each move is applied to the best structure so far.
             if what == "latency-hiding":
                 trial = dataclasses.replace(structure, latency_hiding=not structure.latency_hiding)
+            elif what == "windowed-einsum":
+                trial = dataclasses.replace(structure, windowed_einsum=True)
+                ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
+                pairs = len(eligible_pairs(sev.graph))
+                if _better(ms, best_ms):
+                    notes.append(
+                        f"windowed einsum (collective matmul) on: {pairs} all-gather/reduce-scatter + matmul "
+                        f"pairs as ring steps beside partial matmuls, {best_ms:.1f} -> {ms:.1f} us"
+                        + (f" on the first {SEGMENT_TASKS} tasks" if sev is not ev else "")
+                    )
+                    best_ms, structure = ms, trial
+                else:
+                    notes.append(
+                        f"windowed einsum kept off: decomposing {pairs} pairs gives {ms:.1f} us, not better "
+                        f"than {best_ms:.1f} us"
+                    )
+                continue
             elif value == structure.threshold_map[what]:
                 continue
             else:
@@ -607,6 +690,7 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
         # Pipelining only removes exposed fill and drain; with nothing exposed it could
         # only add launches.
         if (space.tune_structure and space.split_collectives and exposed[cid] > 0
+                and not (structure.windowed_einsum and t.kind == "collective-permute")
                 and t.bytes / max(CHUNK_CANDIDATES) >= MIN_CHUNK_PIECE_BYTES):
             now = scores[params[cid]]
             for k in CHUNK_CANDIDATES:
@@ -689,8 +773,10 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
     started = time.perf_counter()
     ev = _Evaluator(graph, hw, space)
     if space.tune_structure:
+        windowed = (False, True) if space.windowed_einsum and eligible_pairs(graph) else (False,)
         structures = [
-            dataclasses.replace(s, overlap_limit=o)
+            dataclasses.replace(s, overlap_limit=o, windowed_einsum=w)
+            for w in windowed
             for s in (XLA_DEFAULT_STRUCTURE, RECIPE_STRUCTURE, Structure(_thresholds({k: 0 for k in COMBINABLE_KINDS}), True))
             for o in OVERLAP_CANDIDATES
         ]
@@ -698,8 +784,7 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
         structures = [RECIPE_STRUCTURE]
     sizes = []
     for s in structures:
-        g1 = ev.combined(s).graph
-        sizes.append(math.prod(len(ev.candidates(t)) for t in g1.collectives))
+        sizes.append(math.prod(len(ev.candidates(t)) for t in ev.tuned(s)))
     total = sum(sizes)
     if total > limit:
         raise ValueError(
@@ -708,9 +793,9 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
         )
     best: tuple[float, Structure, dict[int, CollectiveParams], Timeline] | None = None
     for s in structures:
-        g1 = ev.combined(s).graph
-        ids = [t.id for t in g1.collectives]
-        for combo in itertools.product(*(ev.candidates(g1.tasks[i]) for i in ids)):
+        tuned = ev.tuned(s)
+        ids = [t.id for t in tuned]
+        for combo in itertools.product(*(ev.candidates(t) for t in tuned)):
             params = dict(zip(ids, combo))
             tl = ev.full(s, params)
             if best is None or _better(tl.makespan_us, best[0]):
@@ -804,6 +889,7 @@ def tune_report(graph: StepGraph, hw: HardwareProfile, *, strategy: str = "lagom
                     "combine_threshold_bytes": chosen.thresholds,
                     "latency_hiding_scheduler": chosen.structure.latency_hiding,
                     "overlap_limit": chosen.overlap_limit,
+                    "windowed_einsum": chosen.structure.windowed_einsum,
                 },
                 "collectives": [
                     {
@@ -839,7 +925,8 @@ def tune_report(graph: StepGraph, hw: HardwareProfile, *, strategy: str = "lagom
         f"{'bound':<12} {bound:>11.1f}   (max of compute alone, communication at its fastest)",
         "",
         f"structure: latency-hiding scheduler {'on' if chosen.structure.latency_hiding else 'off'}, "
-        f"overlap limit {chosen.overlap_limit}, combine thresholds "
+        f"overlap limit {chosen.overlap_limit}, windowed einsum {'on' if chosen.structure.windowed_einsum else 'off'}, "
+        f"combine thresholds "
         + ", ".join(f"{k}={v}" for k, v in chosen.structure.thresholds),
     ]
     lines += [f"note: {n}" for n in chosen.notes]

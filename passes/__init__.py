@@ -18,6 +18,7 @@ from .combine import combine_rewrite as combine_rewrite
 from .decompose import DECOMPOSABLE_KINDS as DECOMPOSABLE_KINDS
 from .decompose import ORDERS as ORDERS
 from .decompose import WINDOWED_EINSUM_KINDS as WINDOWED_EINSUM_KINDS
+from .decompose import XLA_ORDER as XLA_ORDER
 from .decompose import Pair as Pair
 from .decompose import decompose as decompose
 from .decompose import decompose_rewrite as decompose_rewrite
@@ -41,6 +42,7 @@ __all__ = [
     "Schedule",
     "THRESHOLD_FLAGS",
     "WINDOWED_EINSUM_KINDS",
+    "XLA_ORDER",
     "chunk",
     "chunk_rewrite",
     "combine",

@@ -33,7 +33,7 @@ so only explicitly named all-reduces are decomposed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Literal
 
 from lagom_jax.graph import StepGraph, Task
@@ -45,6 +45,13 @@ ORDERS = ("commfuse", "naive")
 DECOMPOSABLE_KINDS = ("all-gather", "reduce-scatter", "all-reduce")
 # The kinds XLA's windowed einsum rewrites (reference/xla_flags.md, section 5).
 WINDOWED_EINSUM_KINDS = ("all-gather", "reduce-scatter")
+# What XLA's windowed einsum loops do, as far as the sources say: the all-gather loop
+# starts on the local shard (jax docs/notebooks/shard_map.md, matmul_allgather_overlapped),
+# the reduce-scatter loop ends on a transfer, leaving a tail exposed (NVIDIA/JAX-Toolbox
+# docs/blog/collective-gemms.md; reference/peers.md section 1, "Relevance to us").
+XLA_ORDER: Mapping[str, Order] = {
+    "all-gather": "commfuse", "reduce-scatter": "naive", "all-reduce": "naive",
+}
 # FLOP per byte above which a fusion is taken to hold a dot. HloCostAnalysis charges an
 # elementwise op one FLOP per output element while it moves >= 2 bytes per element per
 # operand (bf16), so even a fusion of a dozen elementwise ops stays below ~4 FLOP/B; an
@@ -152,7 +159,8 @@ def _block(t: Task, i: int, n: int, local: bool) -> Task:
 
 
 def decompose_rewrite(
-    graph: StepGraph, ids_or_min_bytes: Iterable[int] | int = 0, *, order: Order = "commfuse"
+    graph: StepGraph, ids_or_min_bytes: Iterable[int] | int = 0,
+    *, order: Order | Mapping[str, Order] = "commfuse"
 ) -> Rewrite:
     """:func:`decompose`, also returning where every new task came from.
 
@@ -160,8 +168,14 @@ def decompose_rewrite(
     the origin ``(collective id, matmul id)`` sorted, so the steps of one ring can be
     recognised downstream (they share NCCL params: XLA emits one permute in a loop).
     """
-    if order not in ORDERS:
-        raise ValueError(f"decompose: unknown order {order!r} (known: {', '.join(ORDERS)})")
+    orders = {k: order for k in DECOMPOSABLE_KINDS} if isinstance(order, str) else dict(order)
+    bad = sorted(str(o) for o in orders.values() if o not in ORDERS)
+    if bad or set(orders) != set(DECOMPOSABLE_KINDS) and not isinstance(order, str):
+        missing = sorted(set(DECOMPOSABLE_KINDS) - set(orders))
+        raise ValueError(
+            f"decompose: unknown order {', '.join(bad) or '-'}, kinds without an order {missing or '-'} "
+            f"(orders: {', '.join(ORDERS)}; a mapping needs {', '.join(DECOMPOSABLE_KINDS)})"
+        )
     pairs = eligible_pairs(graph, ids_or_min_bytes)
     if not pairs:
         return Rewrite(graph, tuple((t.id,) for t in graph.tasks))
@@ -174,6 +188,7 @@ def decompose_rewrite(
         coll, comp = graph.tasks[pair.collective], graph.tasks[pair.compute]
         n = _group_size(graph, coll)
         ring = _ring(graph, coll)
+        order_here = orders[coll.kind]
         step = [("step", pair.collective, i) for i in range(n - 1)]
         block = [("block", pair.compute, i) for i in range(n)]
         # Each entry: (ref, template, deps as old ids or new refs, done_before, key)
@@ -182,9 +197,9 @@ def decompose_rewrite(
             others = tuple(d for d in comp.deps if d != coll.id)
             # commfuse: block 0 is local, block i waits for step i-1.
             # naive: block i waits for step i, the local block comes last.
-            arrives = {i: step[i - 1] for i in range(1, n)} if order == "commfuse" else {
+            arrives = {i: step[i - 1] for i in range(1, n)} if order_here == "commfuse" else {
                 i: step[i] for i in range(n - 1)}
-            local = 0 if order == "commfuse" else n - 1
+            local = 0 if order_here == "commfuse" else n - 1
             for i in range(n - 1):
                 user = next(b for b, s in arrives.items() if s == step[i])
                 pieces.append((step[i], _step(coll, i, n, ring), coll.deps + ((step[i - 1],) if i else ()),
@@ -199,8 +214,8 @@ def decompose_rewrite(
             # Ring reduce-scatter: step i carries block i's partial sum plus the one
             # received at step i-1. commfuse computes the staying block last (it adds
             # into the last received sum); naive computes it first, then ends on a step.
-            sent = list(range(n - 1)) if order == "commfuse" else list(range(1, n))
-            local = n - 1 if order == "commfuse" else 0
+            sent = list(range(n - 1)) if order_here == "commfuse" else list(range(1, n))
+            local = n - 1 if order_here == "commfuse" else 0
             extra = tuple(d for d in coll.deps if d != comp.id)
             for i in range(n):
                 pieces.append((block[i], _block(comp, i, n, i == local), comp.deps, None, (float(comp.id), 2 * i)))
@@ -251,13 +266,15 @@ def decompose_rewrite(
 
 
 def decompose(
-    graph: StepGraph, ids_or_min_bytes: Iterable[int] | int = 0, *, order: Order = "commfuse"
+    graph: StepGraph, ids_or_min_bytes: Iterable[int] | int = 0,
+    *, order: Order | Mapping[str, Order] = "commfuse"
 ) -> StepGraph:
     """Replace collective + matmul pairs by ring steps and partial matmuls.
 
     ``ids_or_min_bytes``: collective ids to decompose, or (``int``) a byte size: every
     all-gather / reduce-scatter at least that large with a matmul consumer / producer, as
     XLA's windowed einsum under ``xla_gpu_threshold_for_windowed_einsum_mib`` (0 = all).
-    ``order`` is ``"commfuse"`` (no exposed tail) or ``"naive"`` (plain chunked order).
+    ``order`` is ``"commfuse"`` (no exposed tail) or ``"naive"`` (plain chunked order), or
+    a mapping kind -> order (``XLA_ORDER`` predicts XLA's own windowed einsum).
     """
     return decompose_rewrite(graph, ids_or_min_bytes, order=order).graph

@@ -6,7 +6,7 @@ import pytest
 
 from lagom_jax import hardware
 from lagom_jax.graph import StepGraph, Task
-from lagom_jax.passes import decompose, decompose_rewrite, eligible_pairs, is_matmul
+from lagom_jax.passes import XLA_ORDER, decompose, decompose_rewrite, eligible_pairs, is_matmul
 from lagom_jax.simulate import simulate
 
 G8 = (tuple(range(8)),)
@@ -121,8 +121,10 @@ def test_only_matmul_pairs_are_eligible():
         decompose(elementwise, [1])
     with pytest.raises(ValueError, match="task 2 .* is not an all-gather"):
         decompose(ag_gemm(), [2])
-    with pytest.raises(ValueError, match="unknown order 'fast'"):
+    with pytest.raises(ValueError, match="unknown order fast"):
         decompose(ag_gemm(), 0, order="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"kinds without an order \['all-reduce'"):
+        decompose(ag_gemm(), 0, order={"all-gather": "naive", "reduce-scatter": "naive"})
 
 
 def test_a_matmul_is_split_for_one_pair_only():
@@ -146,6 +148,12 @@ def test_decomposed_all_gather_hides_behind_compute():
     assert before.exposed_comm_us > 0.05 * before.comm_us
     assert after.exposed_comm_us <= 1e-6 * after.makespan_us
     assert after.makespan_us < before.makespan_us
+
+
+def test_per_kind_order_mapping():
+    g = gemm_rs()
+    assert decompose(g, 0, order=XLA_ORDER) == decompose(g, 0, order="naive")
+    assert decompose(ag_gemm(), 0, order=XLA_ORDER) == decompose(ag_gemm(), 0, order="commfuse")
 
 
 def test_reduce_scatter_local_last_exposes_less_than_naive():

@@ -111,3 +111,77 @@ def test_tune_report_text_and_json():
     assert data["bound_us"] > 0 and len(data["collectives"]) >= 1
     with pytest.raises(ValueError, match="unknown strategy"):
         search.tune_report(g, HW, strategy="nope")
+
+
+# --- windowed einsum (collective matmul) ------------------------------------------------
+
+A40 = hardware.get("a40-pcie-8")
+MiB = 1 << 20
+
+
+def tp_graph(layers=4, flops=1e12, nbytes=64 * MiB):
+    """Tensor + sequence parallel layers: all-gather -> dot -> gelu -> dot -> reduce-scatter."""
+    from lagom_jax.graph import StepGraph, Task
+
+    tasks: list[Task] = []
+    group = (tuple(range(8)),)
+
+    def add(**kw):
+        tasks.append(Task(id=len(tasks), **kw))
+        return len(tasks) - 1
+
+    prev = add(name="embed", kind="compute", flops=1e9, bytes=8 * MiB, opcode="fusion")
+    for i in range(layers):
+        ag = add(name=f"ag.{i}", kind="all-gather", bytes=nbytes, deps=(prev,), groups=group, is_async=True)
+        d1 = add(name=f"dot_in.{i}", kind="compute", flops=flops, bytes=nbytes, deps=(ag,), opcode="fusion")
+        act = add(name=f"gelu.{i}", kind="compute", flops=nbytes / 2, bytes=2 * nbytes, deps=(d1,), opcode="fusion")
+        d2 = add(name=f"dot_out.{i}", kind="compute", flops=flops, bytes=nbytes, deps=(act,), opcode="fusion")
+        rs = add(name=f"rs.{i}", kind="reduce-scatter", bytes=nbytes, deps=(d2,), groups=group, is_async=True)
+        prev = add(name=f"norm.{i}", kind="compute", flops=nbytes / 4, bytes=nbytes / 2, deps=(rs,), opcode="fusion")
+    return StepGraph(f"tp-{flops:g}-{nbytes}", tuple(tasks), num_devices=8)
+
+
+def test_lagom_chooses_windowed_einsum_on_tensor_parallel_layers():
+    g = tp_graph()
+    on = search.run_strategy("lagom", g, A40)
+    off = search.run_strategy("lagom", g, A40, search.Space(windowed_einsum=False))
+    base = search.run_strategy("xla-default", g, A40)
+    assert on.structure.windowed_einsum and not off.structure.windowed_einsum
+    assert not base.structure.windowed_einsum
+    assert not search.run_strategy("recipe", g, A40).structure.windowed_einsum
+    assert base.makespan_us / on.makespan_us > 1.05 * base.makespan_us / off.makespan_us
+    assert on.makespan_us >= on.bound_us * (1 - 1e-9)
+    assert any(n.startswith("windowed einsum (collective matmul) on") for n in on.notes)
+    # The plan's graph holds the ring: no all-gather / reduce-scatter left, 7 steps per pair.
+    kinds = [t.kind for t in on.graph.collectives]
+    assert kinds.count("collective-permute") == 8 * 7 and len(kinds) == 8 * 7
+    # One NCCL config per ring (XLA runs one permute in a loop).
+    for i in range(8):
+        ring = {on.param_map[t.id] for t in on.graph.collectives[7 * i: 7 * i + 7]}
+        assert len(ring) == 1
+    data = json.loads(search.tune_report(g, A40, as_json=True))
+    assert data["structure"]["windowed_einsum"] is True
+
+
+def test_windowed_einsum_not_chosen_where_it_cannot_pay():
+    # Small collectives beside large matmuls: 7 ring steps cost more latency than they hide.
+    g = tp_graph(flops=4e12, nbytes=64 * 1024)
+    r = search.run_strategy("lagom", g, A40)
+    assert not r.structure.windowed_einsum
+    assert any(n.startswith("windowed einsum kept off") for n in r.notes)
+    # Compute-bound step whose collectives already overlap independent compute.
+    g = benchmark_graphs(8)["compute-bound"]
+    on = search.run_strategy("lagom", g, A40)
+    off = search.run_strategy("lagom", g, A40, search.Space(windowed_einsum=False))
+    assert on.makespan_us == pytest.approx(off.makespan_us, rel=1e-3)
+
+
+def test_exhaustive_enumerates_windowed_einsum():
+    g = tp_graph(layers=1)
+    space = search.Space(max_candidates=2)
+    opt = search.run_strategy("exhaustive", g, A40, space)
+    lagom = search.run_strategy("lagom", g, A40, space)
+    assert opt.structure.windowed_einsum
+    assert lagom.makespan_us >= opt.makespan_us * (1 - 1e-9)
+    no = search.run_strategy("exhaustive", g, A40, dataclasses.replace(space, windowed_einsum=False))
+    assert opt.makespan_us < no.makespan_us
