@@ -136,6 +136,12 @@ def run(out: str | pathlib.Path, *, allow_cpu: bool = False, model: str = "gpt2"
             if not files:
                 raise GpuAccuracyError(f"the JAX profiler wrote no trace under {d}")
             per_op = profile.per_op_times_us(files[-1], module=graph.name)
+            if not per_op:
+                # The trace holds only this step, so unfiltered ops are its ops even if
+                # the profiler names the module differently from the HLO text.
+                per_op = profile.per_op_times_us(files[-1])
+                if per_op:
+                    progress(f"note: no event tagged hlo_module={graph.name!r}; using all ops of the trace")
         finally:
             shutil.rmtree(d, ignore_errors=True)
         if not per_op:
