@@ -510,58 +510,55 @@ def _compile_here(job: _Job) -> str:
     return built.lower().compile().as_text()
 
 
+class CompileCrash(RuntimeError):
+    """XLA's CPU compiler aborted the process that compiled a candidate (not a user error:
+    the configuration is valid, the CPU pipeline cannot compile it)."""
+
+
 def _worker(spec_path: str) -> None:
-    """Subprocess entry: compile every job in ``spec_path`` on enough fake CPU devices and
-    write ``{"texts": [...], "errors": [...]}`` next to it (one entry per job)."""
+    """Subprocess entry: compile the job in ``spec_path`` on enough fake CPU devices and
+    write ``{"text": ..., "error": ...}`` next to it."""
     with open(spec_path, encoding="utf-8") as fh:
         spec = json.load(fh)
     import jax
 
     jax.config.update("jax_num_cpu_devices", spec["num_devices"])
-    texts, errors = [], []
-    for j in spec["jobs"]:
-        try:
-            texts.append(_compile_here(_Job(**j)))
-            errors.append(None)
-        except ValueError as e:
-            texts.append(None)
-            errors.append(str(e))
+    try:
+        out = {"text": _compile_here(_Job(**spec)), "error": None}
+    except ValueError as e:
+        out = {"text": None, "error": str(e)}
     with open(spec_path + ".out", "w", encoding="utf-8") as fh:
-        json.dump({"texts": texts, "errors": errors}, fh)
+        json.dump(out, fh)
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled_text(job: _Job) -> str:
-    """Cached by job: the same step is compiled once for every hardware it is predicted on."""
-    import jax
+    """HLO text of the job's compiled step, compiled in a fresh process.
 
-    if len(jax.devices()) >= job.num_devices and jax.devices()[0].platform == "cpu":
-        return _compile_here(job)
-    return _compile_in_subprocess([job])[0]
-
-
-def _compile_in_subprocess(jobs: Sequence[_Job]) -> list[str]:
-    """One fresh process whose CPU backend starts with ``num_devices`` devices (the device
-    count of a JAX process is fixed once its backend starts). Build errors are re-raised
-    here as ValueError, as `build` raised them."""
+    Always a subprocess, for two reasons: the device count of a JAX process is fixed once
+    its backend starts, and XLA's CPU compiler aborts the whole process on some valid
+    steps (jaxlib 0.10.2: a CHECK in AllReducePromotion on a bfloat16 fsdp+pp step), which
+    must cost one candidate, not the caller. Cached by job, so a step predicted on several
+    presets is compiled once. Raises ValueError when `models.build` rejects the job and
+    CompileCrash when the compiler dies.
+    """
     with tempfile.TemporaryDirectory(prefix="lagom-advise-") as tmp:
-        path = os.path.join(tmp, "jobs.json")
+        path = os.path.join(tmp, "job.json")
         with open(path, "w", encoding="utf-8") as fh:
-            json.dump({"num_devices": jobs[0].num_devices,
-                       "jobs": [dataclasses.asdict(j) for j in jobs]}, fh)
+            json.dump(dataclasses.asdict(job), fh)
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}
         proc = subprocess.run([sys.executable, "-c",
                                f"from lagom_jax.advise import _worker; _worker({path!r})"],
                               env=env, capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"compiling {len(jobs)} candidate step(s) on {jobs[0].num_devices} "
-                               f"fake CPU devices failed:\n{proc.stderr[-4000:]}")
+        if proc.returncode or not os.path.exists(path + ".out"):
+            first = next((ln for ln in proc.stderr.splitlines() if ln.startswith("F")), "")
+            raise CompileCrash(f"XLA CPU compile of {job.recipe} [{job.mesh}] exited with "
+                               f"status {proc.returncode}: {(first or proc.stderr[-300:]).strip()[:300]}")
         with open(path + ".out", encoding="utf-8") as fh:
             out = json.load(fh)
-    for err in out["errors"]:
-        if err is not None:
-            raise ValueError(err)
-    return out["texts"]
+    if out["error"] is not None:
+        raise ValueError(out["error"])
+    return out["text"]
 
 
 def predict_compiled(model: str, config: str, pc: ParallelConfig,
@@ -647,16 +644,26 @@ def advise(model: str, config: str, num_devices: int,
     feasible.sort(key=lambda ce: (ce[1].step_us, ce[0]))
     say(f"screened {len(configs)} configurations: {len(feasible)} feasible, {len(rejected)} rejected")
 
+    # Compile down the screen's order until top_k steps are predicted; a candidate that
+    # build rejects, or that crashes XLA's CPU compiler, gives its place to the next one
+    # (at most 2 x top_k attempts, to bound the time).
     compiled: dict[ParallelConfig, tuple[float, float]] = {}
-    for pc, _est in feasible[:top_k]:
+    crashed: dict[ParallelConfig, str] = {}
+    build_rejected: set[ParallelConfig] = set()
+    for pc, _est in feasible[:2 * top_k]:
+        if len(compiled) == top_k:
+            break
         say(f"compiling and predicting {pc.label()}")
         try:
             compiled[pc] = predict_compiled(model, config, pc, hw, global_batch=global_batch,
                                             seq_len=seq_len, dtype=dtype)
         except ValueError as e:
             rejected.append(Rejected(pc, f"models.build: {e}"))
-    feasible = [(pc, est) for pc, est in feasible
-                if pc in compiled or all(r.config != pc for r in rejected)]
+            build_rejected.add(pc)
+        except CompileCrash as e:
+            crashed[pc] = str(e)
+            say(f"  {e}")
+    feasible = [(pc, est) for pc, est in feasible if pc not in build_rejected]
 
     def rank_key(ce: tuple[ParallelConfig, Estimate]) -> tuple:
         pc, est = ce
@@ -669,7 +676,9 @@ def advise(model: str, config: str, num_devices: int,
     candidates = []
     for pc, est in feasible[:max_candidates]:
         untuned, tuned = compiled.get(pc, (None, None))
-        if tuned is None:
+        if pc in crashed:
+            why = f"{est.describe()}; not predicted: {crashed[pc]}"
+        elif tuned is None:
             why = f"{est.describe()}; not compiled (outside the top {top_k} of the screen)"
         else:
             gap = "fastest predicted tuned step" if tuned == best_tuned else \
