@@ -212,8 +212,8 @@ def decompose_rewrite(
             wait[comp.id] = block[0]
         else:
             # Ring reduce-scatter: step i carries block i's partial sum plus the one
-            # received at step i-1. commfuse computes the staying block last (it adds
-            # into the last received sum); naive computes it first, then ends on a step.
+            # received at step i-1. commfuse computes the staying block last, beside the
+            # last step; naive computes it first, so the step ends on a transfer.
             sent = list(range(n - 1)) if order_here == "commfuse" else list(range(1, n))
             local = n - 1 if order_here == "commfuse" else 0
             extra = tuple(d for d in coll.deps if d != comp.id)
