@@ -95,6 +95,8 @@ def _plan_flags(result: search_lib.SearchResult) -> tuple[XlaFlag, ...]:
                    int(structure.overlap_limit))]
     out += [XlaFlag(COMBINE_FLAG[kind], int(threshold))
             for kind, threshold in structure.thresholds if kind in COMBINE_FLAG]
+    if structure.windowed_einsum:  # every eligible einsum becomes a collective matmul
+        out.append(XlaFlag("xla_gpu_threshold_for_windowed_einsum_mib", 0))
     channels = [p.nchannels for _, p in result.params]
     if channels and max(channels) < MAX_CHANNELS:
         out.append(XlaFlag("xla_gpu_nccl_collective_max_nchannels", max(channels)))

@@ -185,3 +185,12 @@ def test_exhaustive_enumerates_windowed_einsum():
     assert lagom.makespan_us >= opt.makespan_us * (1 - 1e-9)
     no = search.run_strategy("exhaustive", g, A40, dataclasses.replace(space, windowed_einsum=False))
     assert opt.makespan_us < no.makespan_us
+
+
+def test_a_plan_that_chooses_windowed_einsum_sets_its_flag():
+    from lagom_jax import api, flags
+
+    plan = api.make_plan(tp_graph(), A40)
+    assert ("xla_gpu_threshold_for_windowed_einsum_mib", 0) in [(f.name, f.value) for f in plan.flags]
+    assert plan.compiler_options()["xla_gpu_threshold_for_windowed_einsum_mib"] == 0
+    flags.validate(plan.xla_flags(), plan.compiler_options())
