@@ -169,6 +169,7 @@ class Candidate:
     estimate: Estimate
     untuned_ms: float | None
     tuned_ms: float | None
+    compiled_dtype: str | None  # dtype of the compiled step; None when not compiled
     memory_gb: float
     why: str
 
@@ -200,7 +201,8 @@ class Candidate:
     def to_dict(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "mesh": self.mesh, "microbatches": self.microbatches,
                 "analytic_ms": self.analytic_ms, "untuned_ms": self.untuned_ms,
-                "tuned_ms": self.tuned_ms, "memory_gb": self.memory_gb, "why": self.why,
+                "tuned_ms": self.tuned_ms, "compiled_dtype": self.compiled_dtype,
+                "memory_gb": self.memory_gb, "why": self.why,
                 "estimate": dataclasses.asdict(self.estimate)}
 
 
@@ -212,6 +214,10 @@ class Rejected:
     def to_dict(self) -> dict[str, Any]:
         return {"recipe": self.config.recipe, "mesh": self.config.mesh,
                 "microbatches": self.config.microbatches, "reason": self.reason}
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,13 +243,14 @@ class Advice:
         return self.candidates[0]
 
     def table(self) -> str:
-        """Markdown table of the candidates (predicted numbers)."""
+        """Markdown table of the candidates (predicted numbers; "(f32)" marks a step that
+        was compiled in float32 because the requested dtype crashed XLA's CPU compiler)."""
         rows = ["| rank | recipe | mesh | micro-batches | analytic ms | untuned ms | tuned ms "
                 "| memory GB/device |", "|---|---|---|---|---|---|---|---|"]
         for i, c in enumerate(self.candidates, 1):
-            fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+            mark = " (f32)" if c.compiled_dtype not in (None, self.dtype) else ""
             rows.append(f"| {i} | {c.recipe} | {c.mesh} | {c.microbatches} | {c.analytic_ms:.2f} "
-                        f"| {fmt(c.untuned_ms)} | {fmt(c.tuned_ms)} | {c.memory_gb:.1f} |")
+                        f"| {_ms(c.untuned_ms)}{mark} | {_ms(c.tuned_ms)}{mark} | {c.memory_gb:.1f} |")
         return "\n".join(rows)
 
     def report(self) -> str:
@@ -551,9 +558,12 @@ def _compiled_text(job: _Job) -> str:
                                f"from lagom_jax.advise import _worker; _worker({path!r})"],
                               env=env, capture_output=True, text=True)
         if proc.returncode or not os.path.exists(path + ".out"):
-            first = next((ln for ln in proc.stderr.splitlines() if ln.startswith("F")), "")
-            raise CompileCrash(f"XLA CPU compile of {job.recipe} [{job.mesh}] exited with "
-                               f"status {proc.returncode}: {(first or proc.stderr[-300:]).strip()[:300]}")
+            # glog's fatal line: "F1122 03:20:49.438142 18858 file.cc:1615] message"
+            fatal = next((ln.partition("] ")[2] for ln in proc.stderr.splitlines()
+                          if ln.startswith("F") and "] " in ln), "")
+            raise CompileCrash(f"XLA's CPU compiler aborted on {job.dtype} {job.recipe} "
+                               f"[{job.mesh}] (status {proc.returncode}): "
+                               f"{(fatal or proc.stderr[-300:]).strip()[:300]}")
         with open(path + ".out", encoding="utf-8") as fh:
             out = json.load(fh)
     if out["error"] is not None:
@@ -561,17 +571,46 @@ def _compiled_text(job: _Job) -> str:
     return out["text"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Predicted step time (ms) of a really compiled step; ``note`` says when the step had
+    to be compiled in another dtype than asked."""
+
+    untuned_ms: float
+    tuned_ms: float
+    compiled_dtype: str
+    note: str = ""
+
+
 def predict_compiled(model: str, config: str, pc: ParallelConfig,
                      hw: hardware_lib.HardwareProfile, *, global_batch: int, seq_len: int,
-                     dtype: str) -> tuple[float, float]:
-    """(xla-default, lagom-tuned) predicted step time in ms of the real compiled step.
+                     dtype: str) -> Prediction:
+    """xla-default and lagom-tuned predicted step time of the real compiled step.
 
-    Raises ValueError when `models.build` rejects the configuration."""
-    job = _Job(model, config, pc.recipe, pc.mesh, global_batch, seq_len, dtype,
-               pc.microbatches if pc.stage > 1 else None, pc.num_devices)
-    graph = graph_lib.from_hlo_text(_compiled_text(job))
+    When XLA's CPU compiler crashes on the bfloat16 step (it does on every GPipe step in
+    jaxlib 0.10.2), the float32 step is compiled instead and the prediction says so: its
+    activation collectives and memory traffic are twice the bfloat16 ones, so it is an
+    upper bound. Raises ValueError when `models.build` rejects the configuration and
+    CompileCrash when no dtype compiles.
+    """
+    def job(dt: str) -> _Job:
+        return _Job(model, config, pc.recipe, pc.mesh, global_batch, seq_len, dt,
+                    pc.microbatches if pc.stage > 1 else None, pc.num_devices)
+
+    note, used = "", dtype
+    try:
+        text = _compiled_text(job(dtype))
+    except CompileCrash as crash:
+        if dtype == "float32":
+            raise
+        text = _compiled_text(job("float32"))
+        used = "float32"
+        note = (f"compiled in float32 because {crash}; float32 activations double the "
+                "activation traffic, so this prediction is an upper bound")
+    graph = graph_lib.from_hlo_text(text)
     results = api.search_all(graph, hw, strategy="lagom", baselines=("xla-default",))
-    return results["xla-default"].makespan_us / 1e3, results["lagom"].makespan_us / 1e3
+    return Prediction(results["xla-default"].makespan_us / 1e3, results["lagom"].makespan_us / 1e3,
+                      used, note)
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -647,7 +686,7 @@ def advise(model: str, config: str, num_devices: int,
     # Compile down the screen's order until top_k steps are predicted; a candidate that
     # build rejects, or that crashes XLA's CPU compiler, gives its place to the next one
     # (at most 2 x top_k attempts, to bound the time).
-    compiled: dict[ParallelConfig, tuple[float, float]] = {}
+    compiled: dict[ParallelConfig, Prediction] = {}
     crashed: dict[ParallelConfig, str] = {}
     build_rejected: set[ParallelConfig] = set()
     for pc, _est in feasible[:2 * top_k]:
@@ -668,23 +707,26 @@ def advise(model: str, config: str, num_devices: int,
     def rank_key(ce: tuple[ParallelConfig, Estimate]) -> tuple:
         pc, est = ce
         if pc in compiled:
-            return (0, compiled[pc][1], pc)
+            return (0, compiled[pc].tuned_ms, pc)
         return (1, est.step_us, pc)
 
     feasible.sort(key=rank_key)
-    best_tuned = min((t for _, t in compiled.values()), default=None)
+    best_tuned = min((p.tuned_ms for p in compiled.values()), default=None)
     candidates = []
     for pc, est in feasible[:max_candidates]:
-        untuned, tuned = compiled.get(pc, (None, None))
+        pred = compiled.get(pc)
         if pc in crashed:
             why = f"{est.describe()}; not predicted: {crashed[pc]}"
-        elif tuned is None:
+        elif pred is None:
             why = f"{est.describe()}; not compiled (outside the top {top_k} of the screen)"
         else:
-            gap = "fastest predicted tuned step" if tuned == best_tuned else \
-                f"{(tuned / best_tuned - 1) * 100:.1f}% slower than the best tuned step"
-            why = (f"{gap}; compiled step predicted {untuned:.2f} ms under XLA/NCCL defaults, "
-                   f"{tuned:.2f} ms lagom-tuned; {est.describe()}")
-        candidates.append(Candidate(pc, est, untuned, tuned, est.memory_bytes / 1e9, why))
+            gap = "fastest predicted tuned step" if pred.tuned_ms == best_tuned else \
+                f"{(pred.tuned_ms / best_tuned - 1) * 100:.1f}% slower than the best tuned step"
+            why = (f"{gap}; compiled step predicted {pred.untuned_ms:.2f} ms under XLA/NCCL "
+                   f"defaults, {pred.tuned_ms:.2f} ms lagom-tuned; {est.describe()}"
+                   + (f"; {pred.note}" if pred.note else ""))
+        candidates.append(Candidate(pc, est, pred and pred.untuned_ms, pred and pred.tuned_ms,
+                                    pred.compiled_dtype if pred else None,
+                                    est.memory_bytes / 1e9, why))
     return Advice(model, config, num_devices, hw.name, hw.nodes, global_batch, seq_len, dtype,
                   tuple(candidates), tuple(rejected))
