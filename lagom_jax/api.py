@@ -34,23 +34,14 @@ from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
 from lagom_jax.flags import XlaFlag
+from lagom_jax.passes import THRESHOLD_FLAGS
 from lagom_jax.plan import MAX_CHANNELS, CollectiveChoice, Plan, PlanCache
 
-__all__ = ["tune", "Tuned", "make_plan", "search_all", "plan_from_results", "auto_hardware", "apply_nccl_env", "launch_line",
-           "BASELINES", "TuningWarning"]
+__all__ = ["BASELINES", "Tuned", "TuningWarning", "apply_nccl_env", "auto_hardware",
+           "launch_line", "make_plan", "plan_from_results", "search_all", "tune"]
 
 VERSION = "0.1.0"
 BASELINES = ("xla-default", "recipe", "autoccl")
-COMBINE_FLAG = {
-    "all-reduce": "xla_gpu_all_reduce_combine_threshold_bytes",
-    "all-gather": "xla_gpu_all_gather_combine_threshold_bytes",
-    "reduce-scatter": "xla_gpu_reduce_scatter_combine_threshold_bytes",
-    "collective-permute": "xla_gpu_collective_permute_combine_threshold_bytes",
-}
-# device_kind substrings -> preset (reference/nccl_model.md, section 3 for the GPUs).
-_KIND_TO_PRESET = (("H100", "h100-sxm-8"), ("H200", "h100-sxm-8"), ("H800", "h100-sxm-8"),
-                   ("A100", "a100-sxm-8"), ("A800", "a100-sxm-8"), ("A40", "a40-pcie-8"),
-                   ("V100", "v100-25g"))
 DEFAULT_PREDICTED_CLUSTER = "h100-sxm-8"
 
 
@@ -63,13 +54,12 @@ def auto_hardware(devices: list[Any] | None = None) -> tuple[hardware_lib.Hardwa
     devices = devices if devices is not None else jax.devices()
     d0 = devices[0]
     n = len(devices)
-    if d0.platform == "gpu" or d0.platform == "cuda":
-        for needle, preset in _KIND_TO_PRESET:
-            if needle in d0.device_kind:
-                per_node = hardware_lib.get(preset).gpus_per_node
-                nodes = max(1, math.ceil(n / per_node))
-                return (hardware_lib.get(preset, nodes=nodes),
-                        f"hardware=auto: {n}x {d0.device_kind} -> preset {preset}, {nodes} node(s)")
+    if d0.platform in ("gpu", "cuda", "rocm"):
+        preset = hardware_lib.preset_for_device(d0.device_kind)
+        if preset is not None:
+            nodes = max(1, math.ceil(n / hardware_lib.get(preset).gpus_per_node))
+            return (hardware_lib.get(preset, nodes=nodes),
+                    f"hardware=auto: {n}x {d0.device_kind} -> preset {preset}, {nodes} node(s)")
         note = f"hardware=auto: no preset for {d0.device_kind!r}; predicting for {DEFAULT_PREDICTED_CLUSTER}"
     else:
         note = (f"hardware=auto: {n} {d0.platform.upper()} device(s), no GPU here; "
@@ -93,8 +83,8 @@ def _plan_flags(result: search_lib.SearchResult) -> tuple[XlaFlag, ...]:
     out = [XlaFlag("xla_gpu_enable_latency_hiding_scheduler", bool(structure.latency_hiding)),
            XlaFlag("xla_gpu_experimental_parallel_collective_overlap_limit",
                    int(structure.overlap_limit))]
-    out += [XlaFlag(COMBINE_FLAG[kind], int(threshold))
-            for kind, threshold in structure.thresholds if kind in COMBINE_FLAG]
+    out += [XlaFlag(THRESHOLD_FLAGS[kind], int(threshold))
+            for kind, threshold in structure.thresholds if kind in THRESHOLD_FLAGS]
     if structure.windowed_einsum:  # every eligible einsum becomes a collective matmul
         out.append(XlaFlag("xla_gpu_threshold_for_windowed_einsum_mib", 0))
     channels = [p.nchannels for _, p in result.params]

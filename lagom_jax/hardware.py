@@ -241,6 +241,22 @@ PRESETS: dict[str, HardwareProfile] = {
 }
 
 
+# GPU names (as in jax's ``device_kind``) -> the preset with that GPU's links and NCCL
+# tables; H200 and H800 share the H100's Hopper tables, A800 the A100's.
+GPU_PRESETS: tuple[tuple[str, str], ...] = (
+    ("H100", "h100-sxm-8"), ("H200", "h100-sxm-8"), ("H800", "h100-sxm-8"),
+    ("A100", "a100-sxm-8"), ("A800", "a100-sxm-8"), ("A40", "a40-pcie-8"), ("V100", "v100-25g"),
+)
+
+
+def preset_for_device(device_kind: str) -> str | None:
+    """The preset name for a GPU's ``device_kind`` (e.g. "NVIDIA H100 80GB HBM3"), or None."""
+    for key, preset in GPU_PRESETS:
+        if key.lower() in device_kind.lower():
+            return preset
+    return None
+
+
 def get(name: str, nodes: int = 1) -> HardwareProfile:
     """The preset ``name`` scaled to ``nodes`` nodes."""
     try:

@@ -585,18 +585,15 @@ def fit_contention(ctas: Sequence[int], slowdown: Sequence[float], copy_gbps: Se
 # --- The measured profile -----------------------------------------------------------------
 
 
-_PRESET_BY_GPU = (("H100", "h100-sxm-8"), ("H200", "h100-sxm-8"), ("H800", "h100-sxm-8"),
-                  ("A100", "a100-sxm-8"), ("A40", "a40-pcie-8"), ("V100", "v100-25g"))
-
-
 def base_preset_for(device_kind: str) -> str:
     """The preset whose link and NCCL numbers a measured GPU profile keeps (those are not
-    measured on one GPU). H200 and H800 share the H100's Hopper NCCL tables."""
-    for key, preset in _PRESET_BY_GPU:
-        if key.lower() in device_kind.lower():
-            return preset
-    raise ProfileError(f"no preset for GPU {device_kind!r} (known: {', '.join(k for k, _ in _PRESET_BY_GPU)}); "
-                       f"pass base= one of {', '.join(hardware.PRESETS)}")
+    measured on one GPU)."""
+    preset = hardware.preset_for_device(device_kind)
+    if preset is None:
+        raise ProfileError(f"no preset for GPU {device_kind!r} (known: "
+                           f"{', '.join(k for k, _ in hardware.GPU_PRESETS)}); "
+                           f"pass base= one of {', '.join(hardware.PRESETS)}")
+    return preset
 
 
 def measured_profile(base: HardwareProfile, *, name: str, gpu: str, gemm: LineFit, hbm: LineFit,

@@ -215,3 +215,15 @@ def test_static_arguments_and_python_scalars(tmp_path):
     # ... a new static value is a new signature.
     np.testing.assert_allclose(tuned(x, 3, 0.25, power=1), scale(x, 3, 0.25, power=1))
     assert len(_COMPILES) > first
+
+
+def test_auto_hardware_maps_gpu_names_to_presets():
+    import types
+
+    gpus = [types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")] * 16
+    hw, note = api.auto_hardware(gpus)
+    assert hw.nodes == 2
+    assert hw.name.startswith("h100-sxm-8") and "2 node(s)" in note
+    odd = [types.SimpleNamespace(platform="gpu", device_kind="Mystery GPU")]
+    hw, note = api.auto_hardware(odd)
+    assert "no preset for 'Mystery GPU'" in note
