@@ -64,7 +64,14 @@ def main(argv: list[str] | None = None) -> None:
         "predictions of the really compiled step (CPU HLO for 8 devices) under XLA/NCCL "
         "defaults and after the lagom search. All step times are **predicted** for the GPU "
         "preset, in ms; memory is the analytic estimate per device. Rows without untuned/tuned "
-        "numbers were not compiled (outside the top-k of the screen).\n\n"
+        "numbers were not compiled (outside the top-k of the screen). \"(f32)\" marks a GPipe "
+        "step predicted from its float32 compile because XLA's CPU compiler aborts on the "
+        "bfloat16 one (jaxlib 0.10.2), an upper bound.\n\n"
+        "Known gap: the compiled predictions are far above the analytic ones because the "
+        "StepGraph built from CPU HLO charges in-place dynamic-update-slice / dynamic-slice "
+        "fusions of a scanned layer stack with the whole stacked buffer on every layer "
+        "iteration, so predicted compute is memory-bound; the ranking by *tuned* inherits "
+        "that, the *analytic* column does not.\n\n"
         + "\n".join(sections)
     )
     (RESULTS_DIR / "advise.json").write_text(json.dumps(dump, indent=2) + "\n")
