@@ -194,7 +194,8 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", default=None,
                    help="sharding recipe for --model (default: from the mesh axes, e.g. dp+tp)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="sequence length (default: 512, or the model's maximum if shorter)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     _add_hardware_args(p, default="h100-sxm-8")
     p.add_argument("--strategy", default="lagom", choices=STRATEGY_CHOICES)
@@ -215,15 +216,31 @@ def _model_graph(args: argparse.Namespace):
 
     from lagom_jax import models
 
-    shape = models.parse_mesh(args.mesh)
+    try:
+        shape = models.parse_mesh(args.mesh)
+    except ValueError as err:
+        raise _UsageError(str(err)) from None
     recipe = args.recipe or "+".join(_AXIS_PART[a] for a in shape if a in _AXIS_PART)
     if jax.config.jax_platforms in (None, "", "cpu") and not _backend_started():
         jax.config.update("jax_num_cpu_devices", max(8, math.prod(shape.values())))
     config = args.config or _DEFAULT_CONFIG[args.model]
+    dtype = args.dtype
+    if "pp" in recipe.split("+") and dtype == "bfloat16" and jax.devices()[0].platform == "cpu":
+        # XLA:CPU in jaxlib 0.10.2 aborts the process compiling a bf16 GPipe step; the
+        # float32 compile has the same collectives, at twice the bytes.
+        print("lagom-jax: compiling the pipeline in float32 (XLA:CPU aborts on bf16 GPipe "
+              "steps); collective bytes are those of float32", file=sys.stderr)
+        dtype = "float32"
     print(f"lagom-jax: compiling {args.model} {config} ({recipe}, mesh {args.mesh}) on "
           f"{len(jax.devices())} {jax.devices()[0].platform} device(s) ...", file=sys.stderr)
-    built = models.build(args.model, config, recipe, shape, batch_size=args.batch_size,
-                         seq_len=args.seq_len, dtype=args.dtype)
+    try:
+        seq_len = args.seq_len
+        if seq_len is None and config in models.FAMILIES[args.model].configs:
+            seq_len = min(512, models.FAMILIES[args.model].configs[config].max_len)
+        built = models.build(args.model, config, recipe, shape, batch_size=args.batch_size,
+                             seq_len=seq_len, dtype=dtype)
+    except ValueError as err:  # unknown config, infeasible mesh, bad sizes: say which
+        raise _UsageError(str(err)) from None
     text = built.train_step.lower(*built.abstract_inputs).compile().as_text()
     return graph.from_hlo_text(text), text
 

@@ -37,7 +37,7 @@ def test_tune_hlo_json_contract(capsys):
 def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
     out_dir = tmp_path / "out"
     assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2,model=4",
-                     "--seq-len", "16", "--hardware", "h100-sxm-8", "--out", str(out_dir)]) == 0
+                     "--hardware", "h100-sxm-8", "--out", str(out_dir)]) == 0
     text = capsys.readouterr().out
     assert "lagom-jax plan for" in text and "XLA_FLAGS" in text and "predicted gain" in text
     names = {p.name for p in out_dir.iterdir()}
@@ -55,6 +55,8 @@ def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
         (["tune", "--example", "--strategy", "exhaustive"], "exhaustive search"),
         (["simulate", "--example", "--nodes", "0"], "--nodes must be positive"),
         (["tune", "--example", "--model", "gpt2"], "not several"),
+        (["tune", "--model", "gpt2", "--config", "tiny", "--seq-len", "99"], "seq_len 99 outside"),
+        (["tune", "--model", "gpt2", "--mesh", "data=two"], "data=two"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys):
