@@ -355,6 +355,48 @@ class _Builder:
             state = self.walk(body, [state], trip * n, iteration * n + k)
         return state
 
+    def memory_bytes(self, comp, inst) -> float:
+        """Bytes one compute instruction reads and writes in HBM.
+
+        Operands plus result, except where XLA works in place or reads a window: a
+        dynamic-update-slice writes only its update into the buffer it aliases, and a
+        dynamic-slice reads only the slice. Charging whole buffers would make a scanned
+        layer stack move every layer's weights on every iteration.
+        """
+        operands = [comp.by_name[o].shape.bytes for o in inst.operands]
+        if inst.opcode == "dynamic-update-slice" and len(operands) >= 2:
+            return 2.0 * operands[1] + sum(operands[2:])
+        if inst.opcode == "dynamic-slice" and operands:
+            return 2.0 * inst.shape.bytes + sum(operands[1:])
+        if inst.opcode != "fusion" or not inst.called_computations:
+            return float(inst.shape.bytes + sum(operands))
+        fused = self.module.computation(inst.called_computations[0])
+        params = {i.name: int(i.literal) for i in fused.instructions if i.opcode == "parameter"}
+        users: dict[str, list] = {}
+        for i in fused.instructions:
+            for o in i.operands:
+                users.setdefault(o, []).append(i)
+        roots = ([fused.by_name[o] for o in fused.root.operands] if fused.root.opcode == "tuple"
+                 else [fused.root])
+        written = 0.0
+        aliased: set[int] = set()
+        for r in roots:
+            if r.opcode == "dynamic-update-slice" and r.operands[0] in params:
+                aliased.add(params[r.operands[0]])
+                written += fused.by_name[r.operands[1]].shape.bytes
+            else:
+                written += r.shape.bytes
+        read = 0.0
+        for name, k in params.items():
+            if k in aliased or k >= len(operands):
+                continue
+            uses = users.get(name, [])
+            if uses and all(u.opcode == "dynamic-slice" and u.operands[0] == name for u in uses):
+                read += sum(u.shape.bytes for u in uses)
+            else:
+                read += operands[k]
+        return float(read + written)
+
     def task(self, comp, inst, deps, trip, iteration) -> int:
         op = inst.opcode
         kind, target = _collective_kind(self.module, inst)
@@ -367,9 +409,7 @@ class _Builder:
                 flops = self.computation_flops(wrapped)
             else:
                 flops = self.inst_flops(comp, inst)
-            nbytes = float(
-                inst.shape.bytes + sum(comp.by_name[o].shape.bytes for o in inst.operands)
-            )
+            nbytes = self.memory_bytes(comp, inst)
             return self.emit(
                 name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,
                 opcode=op, deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,

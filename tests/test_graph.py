@@ -228,3 +228,38 @@ ENTRY e {
 """
     (task,) = graph.from_hlo_text(text).tasks
     assert task.opcode == "conditional" and task.flops == 8.0 and task.bytes == 4 + 3 * 16
+
+
+IN_PLACE = """HloModule m
+%dus (p0: f32[64,8], p1: f32[1,8], p2: s32[]) -> f32[64,8] {
+  %p0 = f32[64,8]{1,0} parameter(0)
+  %p1 = f32[1,8]{1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %d = f32[64,8]{1,0} dynamic-update-slice(%p0, %p1, %p2, %z)
+}
+%ds (q0: f32[64,8], q1: s32[]) -> f32[1,8] {
+  %q0 = f32[64,8]{1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %s = f32[1,8]{1,0} dynamic-slice(%q0, %q1, %z), dynamic_slice_sizes={1,8}
+  ROOT %n = f32[1,8]{1,0} negate(%s)
+}
+ENTRY %e (a: f32[64,8], b: f32[1,8], i: s32[]) -> (f32[64,8], f32[1,8], f32[64,8]) {
+  %a = f32[64,8]{1,0} parameter(0)
+  %b = f32[1,8]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %f = f32[64,8]{1,0} fusion(%a, %b, %i), kind=kLoop, calls=%dus
+  %g = f32[1,8]{1,0} fusion(%a, %i), kind=kLoop, calls=%ds
+  %h = f32[64,8]{1,0} add(%a, %a)
+  ROOT %t = (f32[64,8]{1,0}, f32[1,8]{1,0}, f32[64,8]{1,0}) tuple(%f, %g, %h)
+}
+"""
+
+
+def test_in_place_updates_and_slices_move_only_the_window():
+    tasks = {t.name: t for t in graph.from_hlo_text(IN_PLACE).tasks}
+    row, index = 8 * 4, 4
+    assert tasks["f"].bytes == row + index + row  # read the update, write it in place
+    assert tasks["g"].bytes == row + index + row  # read the slice, write the result
+    assert tasks["h"].bytes == 3 * 64 * 8 * 4  # elementwise: two reads, one write
