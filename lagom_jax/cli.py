@@ -289,8 +289,11 @@ def _run_tune(args: argparse.Namespace) -> int:
         }))
     else:
         print(plan.report())
-        print("\nXLA_FLAGS (checked by the installed XLA):")
-        print(f"  XLA_FLAGS='{plan.xla_flags()}'")
+        if plan.flags:
+            print("\nXLA_FLAGS (checked by the installed XLA):")
+            print(f"  XLA_FLAGS='{plan.xla_flags()}'")
+        else:
+            print("\nXLA_FLAGS: none to set (XLA's defaults are the best structure found)")
         print("NCCL environment:" + ("" if env else " none needed (run `lagom-jax build-tuner` "
                                      "to apply per-collective choices through NCCL's tuner plugin)"))
         for k, v in sorted(env.items()):
