@@ -29,10 +29,6 @@ from typing import Any
 
 STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom")
 HARDWARE = ("h100-sxm-8", "a40-pcie-8", "v100-25g")
-# XLA:CPU's all-reduce-promotion pass widens bf16 all-reduces to f32 (NCCL on GPU reduces
-# bf16 as it is) and aborts with "Invalid binary instruction opcode copy" on the pipelined
-# (pp) steps of jax 0.10.2; the prediction compiles leave it out.
-PREDICT_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "all-reduce-promotion"}
 DEFAULT_CONFIG = {"gpt2": "124M", "bert": "base", "t5": "small"}
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -144,7 +140,7 @@ def _compile_here(cell: Cell) -> str:
 
     built = build(cell.model, cell.config, cell.recipe, cell.mesh, batch_size=cell.batch_size,
                   seq_len=cell.seq_len, dtype=cell.dtype)
-    return built.lower().compile(compiler_options=PREDICT_COMPILER_OPTIONS).as_text()
+    return built.compiled_text()
 
 
 class CompileError(RuntimeError):
@@ -232,7 +228,7 @@ def measure(cell: Cell, hardware: str, *, warmup: int = 2,
     """Time the cell's compiled step on this process's devices, untuned and tuned.
 
     On CPU the ``tiny`` config runs in float32 (the real sizes would take minutes a step,
-    and XLA:CPU aborts on bf16 pipelined steps, see PREDICT_COMPILER_OPTIONS; ``tune``
+    and XLA:CPU aborts on bf16 pipelined steps, see ``Built.compiled_text``; ``tune``
     compiles with XLA's defaults); on GPUs the cell's own config. The tuned step is
     ``lagom_jax.tune`` of the same jitted step, predicting for ``hardware``; both start
     from the same initial state, and their steps alternate (warm-up, then ``steps`` each).

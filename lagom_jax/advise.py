@@ -514,7 +514,7 @@ def _compile_here(job: _Job) -> str:
     built = build(job.model, job.config, job.recipe, job.mesh, batch_size=job.global_batch,
                   seq_len=job.seq_len, dtype=job.dtype, microbatches=job.microbatches,
                   devices=jax.devices()[:job.num_devices])
-    return built.lower().compile().as_text()
+    return built.compiled_text()
 
 
 class CompileCrash(RuntimeError):

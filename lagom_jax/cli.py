@@ -224,24 +224,15 @@ def _model_graph(args: argparse.Namespace):
     if jax.config.jax_platforms in (None, "", "cpu") and not _backend_started():
         jax.config.update("jax_num_cpu_devices", max(8, math.prod(shape.values())))
     config = args.config or _DEFAULT_CONFIG[args.model]
-    dtype = args.dtype
-    if "pp" in recipe.split("+") and dtype == "bfloat16" and jax.devices()[0].platform == "cpu":
-        # XLA:CPU in jaxlib 0.10.2 aborts the process compiling a bf16 GPipe step; the
-        # float32 compile has the same collectives, at twice the bytes.
-        print("lagom-jax: compiling the pipeline in float32 (XLA:CPU aborts on bf16 GPipe "
-              "steps); collective bytes are those of float32", file=sys.stderr)
-        dtype = "float32"
-    print(f"lagom-jax: compiling {args.model} {config} ({recipe}, mesh {args.mesh}) on "
-          f"{len(jax.devices())} {jax.devices()[0].platform} device(s) ...", file=sys.stderr)
     try:
         seq_len = args.seq_len
         if seq_len is None and config in models.FAMILIES[args.model].configs:
             seq_len = min(512, models.FAMILIES[args.model].configs[config].max_len)
         built = models.build(args.model, config, recipe, shape, batch_size=args.batch_size,
-                             seq_len=seq_len, dtype=dtype)
+                             seq_len=seq_len, dtype=args.dtype)
     except ValueError as err:  # unknown config, infeasible mesh, bad sizes: say which
         raise _UsageError(str(err)) from None
-    text = built.train_step.lower(*built.abstract_inputs).compile().as_text()
+    text = built.compiled_text()
     return graph.from_hlo_text(text), text
 
 
@@ -376,12 +367,48 @@ def _run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- advise
+
+
+def _add_advise(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("advise", help="recommend dp/fsdp/tp/pp and micro-batches for a model",
+                       description="ConfigTuner-style advice: screen every hybrid-parallel "
+                       "configuration of a built-in model analytically, compile the best few on "
+                       "this machine's CPU devices and predict their step time, untuned and "
+                       "tuned. All times are predicted.")
+    p.add_argument("--model", required=True, choices=("gpt2", "bert", "t5"))
+    p.add_argument("--config", default=None, help="model size (default: the smallest real size)")
+    p.add_argument("--devices", type=int, default=8, help="number of GPUs (default 8)")
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--top-k", type=int, default=4, help="how many configurations to compile")
+    p.add_argument("--hardware", default="h100-sxm-8",
+                   help="a preset, NAME:nodes=N, or a HardwareProfile JSON file")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _run_advise(args: argparse.Namespace) -> int:
+    from lagom_jax import advise
+
+    try:
+        result = advise.advise(args.model, args.config or _DEFAULT_CONFIG[args.model],
+                               args.devices, args.hardware, global_batch=args.global_batch,
+                               seq_len=args.seq_len, dtype=args.dtype, top_k=args.top_k,
+                               progress=lambda line: print(line, file=sys.stderr))
+    except ValueError as err:
+        raise _UsageError(str(err)) from None
+    print(result.to_json() if args.json else result.report())
+    return 0
+
+
 _SUBCOMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
     "analyze": (_add_analyze, _run_analyze),
     "simulate": (_add_simulate, _run_simulate),
     "tune": (_add_tune, _run_tune),
     "build-tuner": (_add_build_tuner, _run_build_tuner),
     "profile": (_add_profile, _run_profile),
+    "advise": (_add_advise, _run_advise),
 }
 
 

@@ -35,6 +35,9 @@ class TrainState:
     opt_state: Any
 
 
+CPU_ANALYSIS_OPTIONS = {"xla_disable_hlo_passes": "all-reduce-promotion"}
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Built:
     """A model under a recipe on a mesh: everything needed to lower, compile or run a step.
@@ -57,6 +60,18 @@ class Built:
 
     def lower(self) -> Any:
         return self.train_step.lower(*self.abstract_inputs)
+
+    def compiled_text(self) -> str:
+        """The compiled step's HLO text, compiled from abstract inputs (nothing allocated).
+
+        On CPU, XLA's all-reduce-promotion pass (a CPU-numerics pass the GPU pipeline
+        does not run) is off: in jaxlib 0.10.2 it aborts the process on bf16 GPipe steps
+        ("Invalid binary instruction opcode copy").
+        """
+        lowered = self.lower()
+        if self.mesh.devices.flat[0].platform == "cpu":
+            return lowered.compile(compiler_options=CPU_ANALYSIS_OPTIONS).as_text()
+        return lowered.compile().as_text()
 
 
 @functools.cache

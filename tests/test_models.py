@@ -196,3 +196,10 @@ def test_t5_relative_position_buckets() -> None:
 
 def test_every_family_has_a_tiny_config() -> None:
     assert all("tiny" in f.configs for f in FAMILIES.values())
+
+
+def test_compiled_text_compiles_bf16_pipelines_on_cpu():
+    # With XLA's defaults, jaxlib 0.10.2's CPU compiler aborts the process on this step.
+    text = build("gpt2", "tiny", "dp+pp+tp", "data=2,stage=2,model=2",
+                 dtype="bfloat16", seq_len=16).compiled_text()
+    assert "collective-permute" in text and " all-reduce(" in text
