@@ -69,3 +69,10 @@ def test_build_tuner_prints_the_launch_variable(tmp_path, capsys):
     line = capsys.readouterr().out.splitlines()[0]
     assert line == f"NCCL_TUNER_PLUGIN={tmp_path / 'libnccl-tuner-lagom.so'}"
     assert (tmp_path / "libnccl-tuner-lagom.so").exists()
+
+
+def test_advise_ranks_configurations(capsys):
+    assert cli.main(["advise", "--model", "gpt2", "--config", "tiny", "--devices", "8",
+                     "--global-batch", "16", "--seq-len", "16", "--top-k", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["candidates"] and out["recommendation"]
