@@ -376,23 +376,47 @@ class _Builder:
         for i in fused.instructions:
             for o in i.operands:
                 users.setdefault(o, []).append(i)
+
+        def source(i):  # look through dtype/layout wrappers (XLA:CPU's bf16 normalisation)
+            while i.opcode in _WRAPPERS and i.operands:
+                i = fused.by_name[i.operands[0]]
+            return i
+
+        def windows(name):  # the dynamic-slices reached from ``name`` through wrappers
+            out = []
+            for u in users.get(name, []):
+                if u.opcode in _WRAPPERS:
+                    inner = windows(u.name)
+                    if inner is None:
+                        return None
+                    out += inner
+                elif u.opcode == "dynamic-slice" and u.operands[0] == name:
+                    out.append(u)
+                else:
+                    return None
+            return out or None
+
         roots = ([fused.by_name[o] for o in fused.root.operands] if fused.root.opcode == "tuple"
                  else [fused.root])
         written = 0.0
         aliased: set[int] = set()
         for r in roots:
-            if r.opcode == "dynamic-update-slice" and r.operands[0] in params:
-                aliased.add(params[r.operands[0]])
-                written += fused.by_name[r.operands[1]].shape.bytes
+            dus = source(r)
+            buffer = source(fused.by_name[dus.operands[0]]) if dus.opcode == "dynamic-update-slice" else None
+            if buffer is not None and buffer.name in params:
+                aliased.add(params[buffer.name])
+                update = fused.by_name[dus.operands[1]].shape
+                written += update.elements * r.shape.bytes / max(r.shape.elements, 1)
             else:
                 written += r.shape.bytes
         read = 0.0
         for name, k in params.items():
             if k in aliased or k >= len(operands):
                 continue
-            uses = users.get(name, [])
-            if uses and all(u.opcode == "dynamic-slice" and u.operands[0] == name for u in uses):
-                read += sum(u.shape.bytes for u in uses)
+            slices = windows(name)
+            if slices:
+                read += sum(u.shape.elements for u in slices) * (
+                    operands[k] / max(fused.by_name[name].shape.elements, 1))
             else:
                 read += operands[k]
         return float(read + written)
@@ -458,6 +482,11 @@ def _collective_kind(module: hlo.Module, inst: hlo.Instruction):
         if root.opcode in COLLECTIVE_KINDS:
             return root.opcode, root
     return None, None
+
+
+# Ops that only change dtype or layout: in-place updates and windowed reads are looked for
+# through them.
+_WRAPPERS = frozenset({"convert", "bitcast", "copy", "bitcast-convert"})
 
 
 def from_module(

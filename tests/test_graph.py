@@ -263,3 +263,40 @@ def test_in_place_updates_and_slices_move_only_the_window():
     assert tasks["f"].bytes == row + index + row  # read the update, write it in place
     assert tasks["g"].bytes == row + index + row  # read the slice, write the result
     assert tasks["h"].bytes == 3 * 64 * 8 * 4  # elementwise: two reads, one write
+
+
+NORMALISED = """HloModule m
+%dus (p0: s32[], p1: bf16[64,8], p2: bf16[1,8]) -> bf16[64,8] {
+  %p1 = bf16[64,8]{1,0} parameter(1)
+  %c1 = f32[64,8]{1,0} convert(%p1)
+  %p2 = bf16[1,8]{1,0} parameter(2)
+  %c2 = f32[1,8]{1,0} convert(%p2)
+  %p0 = s32[] parameter(0)
+  %z = s32[] constant(0)
+  %d = f32[64,8]{1,0} dynamic-update-slice(%c1, %c2, %p0, %z)
+  ROOT %r = bf16[64,8]{1,0} convert(%d)
+}
+%ds (q0: bf16[64,8], q1: s32[]) -> f32[1,8] {
+  %q0 = bf16[64,8]{1,0} parameter(0)
+  %c = f32[64,8]{1,0} convert(%q0)
+  %q1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %s = f32[1,8]{1,0} dynamic-slice(%c, %q1, %z), dynamic_slice_sizes={1,8}
+}
+ENTRY %e (a: bf16[64,8], b: bf16[1,8], i: s32[]) -> (bf16[64,8], f32[1,8]) {
+  %a = bf16[64,8]{1,0} parameter(0)
+  %b = bf16[1,8]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %f = bf16[64,8]{1,0} fusion(%i, %a, %b), kind=kLoop, calls=%dus
+  %g = f32[1,8]{1,0} fusion(%a, %i), kind=kLoop, calls=%ds
+  ROOT %t = (bf16[64,8]{1,0}, f32[1,8]{1,0}) tuple(%f, %g)
+}
+"""
+
+
+def test_in_place_is_seen_through_dtype_conversions():
+    # XLA:CPU wraps bf16 updates in f32 converts; a GPU compile updates bf16 in place.
+    tasks = {t.name: t for t in graph.from_hlo_text(NORMALISED).tasks}
+    row_bf16, index = 8 * 2, 4
+    assert tasks["f"].bytes == index + row_bf16 + row_bf16
+    assert tasks["g"].bytes == row_bf16 + index + 8 * 4
