@@ -67,11 +67,11 @@ def main(argv: list[str] | None = None) -> None:
         "numbers were not compiled (outside the top-k of the screen). \"(f32)\" marks a GPipe "
         "step predicted from its float32 compile because XLA's CPU compiler aborts on the "
         "bfloat16 one (jaxlib 0.10.2), an upper bound.\n\n"
-        "Known gap: the compiled predictions are far above the analytic ones because the "
-        "StepGraph built from CPU HLO charges in-place dynamic-update-slice / dynamic-slice "
-        "fusions of a scanned layer stack with the whole stacked buffer on every layer "
-        "iteration, so predicted compute is memory-bound; the ranking by *tuned* inherits "
-        "that, the *analytic* column does not.\n\n"
+        "Known gap: the compiled predictions stay well above the analytic ones. They are "
+        "built from XLA:CPU's HLO, which fuses less than XLA:GPU (attention scores and f32 "
+        "conversions are materialised), so predicted compute is memory-bound; the ranking "
+        "by *tuned* inherits that, the *analytic* column does not. GPU HLO (issue 9) is the "
+        "way to close it.\n\n"
         + "\n".join(sections)
     )
     (RESULTS_DIR / "advise.json").write_text(json.dumps(dump, indent=2) + "\n")
