@@ -53,3 +53,17 @@ def write_section(name: str, markdown: str) -> pathlib.Path:
         " *predicted* come from the cost model; *measured* numbers were timed.\n\n" + body + "\n"
     )
     return path
+
+
+def record_gpu_section(name: str, markdown: str, backend: str) -> bool:
+    """Print a GPU benchmark's section and record it, only when it ran on a GPU.
+
+    RESULTS.md must never show CPU numbers as GPU numbers; a CPU run (the scripts' tests)
+    prints its section and says that nothing was recorded.
+    """
+    print(markdown)
+    if backend != "gpu":
+        print(f"{name}: {backend} run: nothing recorded in RESULTS.md (GPU results only)")
+        return False
+    write_section(name, markdown)
+    return True

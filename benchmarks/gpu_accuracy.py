@@ -215,14 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     except (GpuAccuracyError, profile.ProfileError) as e:
         print(f"gpu_accuracy: {e}", file=sys.stderr)
         return 2
-    md = markdown(report)
-    print(md)
-    if report.backend == "gpu":
-        from benchmarks.common import write_section
+    from benchmarks.common import record_gpu_section
 
-        write_section("gpu_accuracy", md)
-    else:
-        print("gpu_accuracy: CPU run (--allow-cpu): nothing recorded in RESULTS.md")
+    record_gpu_section("gpu_accuracy", markdown(report), report.backend)
     return 0
 
 

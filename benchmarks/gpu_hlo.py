@@ -414,14 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     except GpuHloError as e:
         print(f"gpu_hlo: {e}", file=sys.stderr)
         return 2
-    md = markdown(report)
-    print(md)
-    if report.backend == "gpu":
-        from benchmarks.common import write_section
+    from benchmarks.common import record_gpu_section
 
-        write_section("gpu_hlo", md)
-    else:
-        print("gpu_hlo: CPU run (--allow-cpu): nothing recorded in RESULTS.md; files are named cpu_*")
+    record_gpu_section("gpu_hlo", markdown(report), report.backend)
     return 0
 
 
