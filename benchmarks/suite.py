@@ -29,7 +29,6 @@ from typing import Any
 
 STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom")
 HARDWARE = ("h100-sxm-8", "a40-pcie-8", "v100-25g")
-DEFAULT_CONFIG = {"gpt2": "124M", "bert": "base", "t5": "small"}
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -53,6 +52,8 @@ class Cell:
     def id(self) -> str:
         """The name ``--cells`` selects: ``model/recipe``, plus ``/N`` on N != 8 devices;
         ``model-config/...`` for a config other than the model's default."""
+        from lagom_jax.models import DEFAULT_CONFIG
+
         model = self.model if DEFAULT_CONFIG[self.model] == self.config else f"{self.model}-{self.config}"
         base = f"{model}/{self.recipe}"
         return base if self.num_devices == 8 else f"{base}/{self.num_devices}"

@@ -204,7 +204,6 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    "tuner config, LHS profile, trace) into DIR")
 
 
-_DEFAULT_CONFIG = {"gpt2": "124M", "bert": "base", "t5": "small"}
 _AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp"}
 
 
@@ -223,7 +222,7 @@ def _model_graph(args: argparse.Namespace):
     recipe = args.recipe or "+".join(_AXIS_PART[a] for a in shape if a in _AXIS_PART)
     if jax.config.jax_platforms in (None, "", "cpu") and not _backend_started():
         jax.config.update("jax_num_cpu_devices", max(8, math.prod(shape.values())))
-    config = args.config or _DEFAULT_CONFIG[args.model]
+    config = args.config or models.DEFAULT_CONFIG[args.model]
     try:
         seq_len = args.seq_len
         if seq_len is None and config in models.FAMILIES[args.model].configs:
@@ -251,13 +250,11 @@ def _run_tune(args: argparse.Namespace) -> int:
         if args.path is not None or args.example is not None:
             raise _UsageError("give PATH, --example or --model, not several")
         step, text = _model_graph(args)
-        hw, note = api.resolve_hardware(args.hardware) if args.nodes is None else (
-            _hardware(args), f"hardware: {args.hardware}")
     else:
         text = _read_text(args)
         step = _parse_graph(text, args)
-        hw, note = _hardware(args), f"hardware: {args.hardware}"
-    print(f"lagom-jax: {note}; {len(step.collectives)} collectives, "
+    hw = _hardware(args)  # after the compile: "auto" looks at the devices it used
+    print(f"lagom-jax: hardware: {hw.name}; {len(step.collectives)} collectives, "
           f"{len(step.tasks)} tasks; searching ...", file=sys.stderr)
     try:
         results = api.search_all(step, hw, strategy=args.strategy)
@@ -389,10 +386,10 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_advise(args: argparse.Namespace) -> int:
-    from lagom_jax import advise
+    from lagom_jax import advise, models
 
     try:
-        result = advise.advise(args.model, args.config or _DEFAULT_CONFIG[args.model],
+        result = advise.advise(args.model, args.config or models.DEFAULT_CONFIG[args.model],
                                args.devices, args.hardware, global_batch=args.global_batch,
                                seq_len=args.seq_len, dtype=args.dtype, top_k=args.top_k,
                                progress=lambda line: print(line, file=sys.stderr))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .build import Built as Built
 from .build import TrainState as TrainState
 from .build import build as build
+from .families import DEFAULT_CONFIG as DEFAULT_CONFIG
 from .families import FAMILIES as FAMILIES
 from .layers import ModelConfig as ModelConfig
 from .sharding import PART_AXIS as PART_AXIS
@@ -18,5 +19,5 @@ from .sharding import make_mesh as make_mesh
 from .sharding import parse_mesh as parse_mesh
 from .sharding import parse_recipe as parse_recipe
 
-__all__ = ["Built", "FAMILIES", "ModelConfig", "PART_AXIS", "TrainState", "build", "make_mesh",
+__all__ = ["Built", "DEFAULT_CONFIG", "FAMILIES", "ModelConfig", "PART_AXIS", "TrainState", "build", "make_mesh",
            "parse_mesh", "parse_recipe"]

@@ -333,3 +333,6 @@ class T5:
 
 
 FAMILIES: dict[str, Any] = {"gpt2": GPT2(), "bert": BERT(), "t5": T5()}
+
+# The smallest real size of each model: what tools use when no size is given.
+DEFAULT_CONFIG: dict[str, str] = {"gpt2": "124M", "bert": "base", "t5": "small"}

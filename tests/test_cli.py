@@ -52,6 +52,7 @@ def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
     "argv, message",
     [
         (["tune", "--example", "--hardware", "h10"], "unknown hardware 'h10'"),
+        (["tune", "--model", "gpt2", "--config", "tiny", "--hardware", "h10"], "unknown hardware 'h10'"),
         (["tune", "--example", "--strategy", "exhaustive"], "exhaustive search"),
         (["simulate", "--example", "--nodes", "0"], "--nodes must be positive"),
         (["tune", "--example", "--model", "gpt2"], "not several"),
