@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -208,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10, help="traced steps")
     ap.add_argument("--min-us", type=float, default=2.0, help="leave out ops measured under this (timer noise)")
     args = ap.parse_args(argv)
+    # XLA:GPU replays runs of kernels as CUDA graphs ("command buffers"); the profiler
+    # then names one graph launch, not the ops in it (seen with jax 0.11.2 on an H100:
+    # every measured op was "command_buffer_N"). Per-op times need them off; XLA reads
+    # XLA_FLAGS when its backend starts, which has not happened yet in this process.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
     try:
         report = run(args.out, allow_cpu=args.allow_cpu, model=args.model, config=args.config,
                      batch_size=args.batch_size, seq_len=args.seq_len, dtype=args.dtype, hw_profile=args.profile,
