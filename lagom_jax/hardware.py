@@ -65,6 +65,10 @@ class HardwareProfile:
     # against ISPASS'25's 18.9% average / 40% worst (arXiv 2507.03114);
     # `lagom-jax profile` measures it on a GPU.
     sm_share_per_channel: float = 0.6
+    # XLA's description of this GPU (lagom_jax/data/gpu_targets/<name>.txtpb, taken from
+    # openxla/xla xla/backends/gpu/target_config/specs): what a deviceless GPU compile
+    # targets. Empty: no description, the step can only be compiled on real GPUs.
+    xla_target: str = ""
 
     def __post_init__(self) -> None:
         if self.arch not in ("volta", "ampere", "hopper"):
@@ -169,6 +173,7 @@ PRESETS: dict[str, HardwareProfile] = {
         nccl_channels=24,  # "Channel xx/24" on 8xA100 NVSwitch (nccl-tests #100)
         ll128_enabled=True,  # NVLink path (NCCL enables LL128 on NVLink)
         launch_us=_LAUNCH_US,
+        xla_target="a100_sxm_80",
     ),
     "h100-sxm-8": HardwareProfile(
         name="h100-sxm-8",
@@ -192,6 +197,7 @@ PRESETS: dict[str, HardwareProfile] = {
         nccl_channels=24,  # 6x60 -> 12x30 search channels, 24 CTAs (NCCL init, reference)
         ll128_enabled=True,
         launch_us=_LAUNCH_US,
+        xla_target="h100_sxm",
     ),
     "a40-pcie-8": HardwareProfile(
         name="a40-pcie-8",
@@ -215,6 +221,10 @@ PRESETS: dict[str, HardwareProfile] = {
         nccl_channels=8,  # NCCL's NC on the A40 cluster of Lagom, raised 8 -> 61 by AutoCCL [2nd]
         ll128_enabled=False,  # PCIe-only boxes get LL + Simple
         launch_us=_LAUNCH_US,
+        # XLA ships no A40 description; the RTX A6000 is the same GA102 chip (84 SMs, 48 GB
+        # GDDR6, 768 GB/s vs the A40's 696): the compiled module differs only where XLA
+        # weighs memory bandwidth.
+        xla_target="a6000",
     ),
     "v100-25g": HardwareProfile(
         name="v100-25g",
@@ -237,6 +247,7 @@ PRESETS: dict[str, HardwareProfile] = {
         nccl_channels=12,  # derived above from NCCL's channel search
         ll128_enabled=True,  # NVLink path
         launch_us=_LAUNCH_US,
+        xla_target="v100",
     ),
 }
 

@@ -61,17 +61,18 @@ class Built:
     def lower(self) -> Any:
         return self.train_step.lower(*self.abstract_inputs)
 
-    def compiled_text(self) -> str:
+    def compiled_text(self, compiler_options: Mapping[str, Any] | None = None) -> str:
         """The compiled step's HLO text, compiled from abstract inputs (nothing allocated).
 
-        On CPU, XLA's all-reduce-promotion pass (a CPU-numerics pass the GPU pipeline
-        does not run) is off: in jaxlib 0.10.2 it aborts the process on bf16 GPipe steps
-        ("Invalid binary instruction opcode copy").
+        On abstract GPUs (a mesh of ``lagom_jax.gpu_compile.devices``) this is XLA's GPU
+        pipeline. On CPU, XLA's all-reduce-promotion pass (a CPU-numerics pass the GPU
+        pipeline does not run) is off: in jaxlib 0.10.2 it aborts the process on bf16
+        GPipe steps ("Invalid binary instruction opcode copy").
         """
-        lowered = self.lower()
+        options = dict(compiler_options or {})
         if self.mesh.devices.flat[0].platform == "cpu":
-            return lowered.compile(compiler_options=CPU_ANALYSIS_OPTIONS).as_text()
-        return lowered.compile().as_text()
+            options = {**CPU_ANALYSIS_OPTIONS, **options}
+        return self.lower().compile(compiler_options=options).as_text()
 
 
 @functools.cache

@@ -1,0 +1,234 @@
+"""Compile a step for a GPU cluster on any machine: XLA's deviceless GPU compilation.
+
+The module a GPU cluster runs is the one XLA's GPU pipeline makes: async collective
+pairs, the GPU combiners, the latency-hiding scheduler, Triton and cuBLAS gemm fusions.
+XLA can make it without a GPU. Given a device description (a ``GpuTargetConfigProto`` in
+text form), the CUDA PJRT plugin's ``PJRT_GpuDeviceTopology_Create`` builds abstract
+devices and ``StreamExecutorGpuCompiler`` compiles for them with no client
+(openxla/xla ``xla/pjrt/c/pjrt_c_api_gpu_internal.cc``, ``xla/pjrt/gpu/se_gpu_pjrt_compiler.cc``).
+From JAX this is ``jax.experimental.topologies.get_topology_desc(platform="cuda",
+target_config=..., topology="1xHOSTSxGPUS")`` and the usual ``jit(...).lower(...).compile()``
+on a mesh of those devices.
+
+What it needs: ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt`` of jaxlib's version, and, on a
+machine without a CUDA driver, JAX's platforms limited to the CPU before its backends
+start (else the plugin's start-up check fails on ``cuInit`` and the plugin is dropped):
+:func:`prepare` does that. No CUDA libraries are needed.
+
+What it cannot do without a GPU: gemm autotuning. Gemms keep XLA's default Triton tiles;
+an autotune-results file recorded on a real GPU (``xla_gpu_load_autotune_results_from``)
+gives the real choices.
+
+The device descriptions are XLA's own (``lagom_jax/data/gpu_targets``, see SOURCE.md
+there). Fields the installed jaxlib's proto does not know are dropped at load time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.resources
+import importlib.util
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lagom_jax import hardware as hardware_lib
+
+__all__ = ["DevicelessUnavailable", "compile_text", "devices", "prepare", "target_config",
+           "topology_string", "unavailable_reason"]
+
+_PLUGIN_MODULE = "jax_plugins.xla_cuda12"
+
+
+class DevicelessUnavailable(RuntimeError):
+    """This process cannot compile for abstract GPUs; the message says why and the fix."""
+
+
+def _has_cuda_driver() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _backends_started() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def prepare() -> None:
+    """Make the deviceless route possible in this process, if JAX has not started yet.
+
+    On a machine with no CUDA driver, the CUDA plugin registers only when JAX's platforms
+    are limited to the CPU before its backends start. Nothing changes on a GPU machine,
+    when the user chose platforms, or once the backends are up.
+    """
+    import jax
+
+    if (_backends_started() or jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS")
+            or importlib.util.find_spec(_PLUGIN_MODULE) is None or _has_cuda_driver()):
+        return
+    jax.config.update("jax_platforms", "cpu")
+
+
+def unavailable_reason() -> str | None:
+    """None when this process can compile for abstract GPUs, else why not and the fix.
+
+    Starts JAX's backends (after :func:`prepare`): plugins register when they start.
+    """
+    if importlib.util.find_spec(_PLUGIN_MODULE) is None:
+        return ("the CUDA PJRT plugin is not installed (pip install jax-cuda12-plugin==<jaxlib "
+                "version> jax-cuda12-pjrt==<jaxlib version>; needs Python >= 3.11)")
+    from jax._src import xla_bridge
+
+    prepare()
+    xla_bridge.backends()
+    if "cuda" not in xla_bridge._backend_factories:
+        return ("the CUDA plugin did not register: JAX started with CUDA enabled on a machine "
+                "without a CUDA driver (set JAX_PLATFORMS=cpu before JAX starts)")
+    return None
+
+
+def topology_string(hw: hardware_lib.HardwareProfile, num_devices: int | None = None) -> str:
+    """``partitions x hosts x GPUs-per-host`` for ``num_devices`` GPUs of ``hw``.
+
+    A job smaller than one node runs on one host; a larger one must fill whole nodes.
+    """
+    n = hw.num_gpus if num_devices is None else num_devices
+    if n < 1:
+        raise ValueError(f"need at least one GPU, got {n}")
+    if n <= hw.gpus_per_node:
+        if hw.nodes != 1:
+            raise ValueError(f"{n} GPUs fit in one node of {hw.name}, but the cluster has "
+                             f"{hw.nodes} nodes; use nodes=1 or a mesh of "
+                             f"{hw.num_gpus} devices")
+        return f"1x1x{n}"
+    if n != hw.num_gpus:
+        raise ValueError(f"{n} devices do not match {hw.name} with {hw.nodes} node(s) of "
+                         f"{hw.gpus_per_node} GPUs ({hw.num_gpus} GPUs); "
+                         + (f"use {n // hw.gpus_per_node} nodes" if n % hw.gpus_per_node == 0
+                            else f"use a multiple of {hw.gpus_per_node} devices"))
+    return f"1x{hw.nodes}x{hw.gpus_per_node}"
+
+
+# ------------------------------------------------------------------ device descriptions
+
+
+def _raw_target(name: str) -> str:
+    root = importlib.resources.files("lagom_jax") / "data" / "gpu_targets"
+    known = sorted(p.name.removesuffix(".txtpb") for p in root.iterdir() if p.name.endswith(".txtpb"))
+    if name not in known:
+        raise ValueError(f"unknown GPU target {name!r} (known: {', '.join(known)})")
+    return (root / f"{name}.txtpb").read_text()
+
+
+@contextlib.contextmanager
+def _captured_fd2():
+    """Capture what C++ code writes to file descriptor 2 (XLA's parse errors go there)."""
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        box: list[str] = []
+        try:
+            yield box
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            box.append(tmp.read().decode("utf-8", "replace"))
+
+
+_UNKNOWN_FIELD = re.compile(r'(\d+):(\d+): Message type "[\w.]+" has no field named "(\w+)"')
+
+
+def _drop_field(text: str, line_no: int, field: str) -> str:
+    """``text`` without the field starting on 1-based line ``line_no`` (a value or a block)."""
+    lines = text.split("\n")
+    i = line_no - 1
+    if not re.match(rf"\s*{field}\s*[:{{]", lines[i]):
+        raise ValueError(f"cannot find field {field!r} on line {line_no}")
+    end = i
+    if "{" in lines[i] and "}" not in lines[i]:
+        depth = 0
+        for end in range(i, len(lines)):
+            depth += lines[end].count("{") - lines[end].count("}")
+            if depth == 0:
+                break
+    return "\n".join(lines[:i] + lines[end + 1:])
+
+
+def _require(what: str) -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        raise DevicelessUnavailable(f"cannot compile for {what} GPUs here: {reason}")
+
+
+@functools.cache
+def target_config(name: str) -> tuple[str, tuple[str, ...]]:
+    """XLA's device description ``name`` as the installed jaxlib accepts it.
+
+    Returns (text, fields dropped). The description is parsed by the installed proto
+    through the plugin; each field it does not know (newer XLA adds fields) is removed.
+    """
+    from jax.experimental import topologies
+
+    _require(name)
+    text, dropped = _raw_target(name), []
+    for _ in range(64):
+        with _captured_fd2() as err:
+            try:
+                topologies.get_topology_desc(platform="cuda", topology_name="",
+                                             target_config=text, topology="1x1x1")
+                return text, tuple(dropped)
+            except Exception as e:  # noqa: BLE001 - classified below
+                failure = e
+        match = _UNKNOWN_FIELD.search(err[0])
+        if match is None:
+            raise DevicelessUnavailable(
+                f"XLA rejected the GPU description {name!r}: {failure}"
+                + (f" ({err[0].strip().splitlines()[-1]})" if err[0].strip() else "")) from failure
+        text = _drop_field(text, int(match.group(1)), match.group(3))
+        dropped.append(match.group(3))
+    raise DevicelessUnavailable(f"too many unknown fields in the GPU description {name!r}")
+
+
+@functools.cache
+def _topology(target: str, topology: str) -> Any:
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(platform="cuda", topology_name="",
+                                        target_config=target_config(target)[0], topology=topology)
+
+
+def devices(hw: hardware_lib.HardwareProfile, num_devices: int | None = None) -> list[Any]:
+    """``num_devices`` (default: all) abstract GPUs of ``hw``, host by host.
+
+    Raises DevicelessUnavailable when this process cannot compile for them.
+    """
+    if not hw.xla_target:
+        raise DevicelessUnavailable(f"hardware {hw.name!r} names no XLA GPU target "
+                                    "(HardwareProfile.xla_target)")
+    topo = topology_string(hw, num_devices)
+    try:
+        return list(_topology(hw.xla_target, topo).devices)
+    except DevicelessUnavailable:
+        raise
+    except Exception as e:  # the plugin refused: say so with its words
+        raise DevicelessUnavailable(f"cannot create {topo} {hw.gpu} GPUs: {e}") from e
+
+
+def compile_text(lowerable: Any, args: Sequence[Any],
+                 options: Mapping[str, Any] | None = None) -> str:
+    """HLO text of ``lowerable.lower(*args).compile(compiler_options=options)``.
+
+    ``args`` are ``jax.ShapeDtypeStruct``s sharded on a mesh of :func:`devices`; nothing
+    is allocated and nothing runs.
+    """
+    return lowerable.lower(*args).compile(compiler_options=dict(options or {})).as_text()
