@@ -8,6 +8,7 @@ that pair and one line in :data:`_SUBCOMMANDS`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.resources
 import json
 import pathlib
@@ -208,31 +209,76 @@ _AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp"}
 
 
 def _model_graph(args: argparse.Namespace):
-    """Compile a built-in model's train step from abstract inputs on this process's devices."""
+    """Compile a built-in model's train step for the GPU cluster (``--hardware``, ``--nodes``).
+
+    Returns (StepGraph, HLO text, hardware, where, recompile): XLA's GPU pipeline compiles the step
+    for abstract GPUs of the preset (nothing runs, no GPU needed); when that route is
+    missing, XLA:CPU compiles it on fake CPU devices, with a warning of what is lost.
+    ``recompile(options)`` compiles the same step again with compile options (None on
+    the XLA:CPU fallback: XLA:CPU ignores the GPU options, so recompiling proves nothing).
+    """
     import math
 
-    import jax
+    from lagom_jax import gpu_compile, models
 
-    from lagom_jax import models
-
+    gpu_compile.prepare()  # before anything starts JAX's backends ("auto" hardware does)
     try:
         shape = models.parse_mesh(args.mesh)
     except ValueError as err:
         raise _UsageError(str(err)) from None
     recipe = args.recipe or "+".join(_AXIS_PART[a] for a in shape if a in _AXIS_PART)
-    if jax.config.jax_platforms in (None, "", "cpu") and not _backend_started():
-        jax.config.update("jax_num_cpu_devices", max(8, math.prod(shape.values())))
+    n = math.prod(shape.values())
+    hw = _cluster_for_mesh(args, n)
+    try:
+        devices, where = gpu_compile.devices(hw, n), f"XLA:GPU deviceless compile for {n}x {hw.gpu}"
+    except gpu_compile.DevicelessUnavailable as err:
+        devices = None
+        where = f"XLA:CPU compile on {n} fake CPU devices"
+        print(f"lagom-jax: warning: {err}. Falling back to XLA:CPU's module: no async "
+              "collectives, XLA:CPU's combiner and fusion, so the plan tunes a different "
+              "program than the GPUs run and its predicted gains are rough.", file=sys.stderr)
+        _fake_cpu_devices(n)
     config = args.config or models.DEFAULT_CONFIG[args.model]
     try:
         seq_len = args.seq_len
         if seq_len is None and config in models.FAMILIES[args.model].configs:
             seq_len = min(512, models.FAMILIES[args.model].configs[config].max_len)
         built = models.build(args.model, config, recipe, shape, batch_size=args.batch_size,
-                             seq_len=seq_len, dtype=args.dtype)
+                             seq_len=seq_len, dtype=args.dtype, devices=devices)
     except ValueError as err:  # unknown config, infeasible mesh, bad sizes: say which
         raise _UsageError(str(err)) from None
+    print(f"lagom-jax: {where} ({args.model} {config}, {recipe}, mesh {args.mesh}) ...",
+          file=sys.stderr)
     text = built.compiled_text()
-    return graph.from_hlo_text(text), text
+    recompile = built.compiled_text if devices is not None else None
+    return graph.from_hlo_text(text), text, hw, where, recompile
+
+
+def _cluster_for_mesh(args: argparse.Namespace, n: int) -> hardware.HardwareProfile:
+    """The cluster a mesh of ``n`` devices runs on: the mesh, the preset and --nodes agree.
+
+    Without --nodes, a mesh larger than one node fills ``n / gpus_per_node`` nodes.
+    """
+    hw = _hardware(args)
+    if args.nodes is None and n > hw.gpus_per_node and n % hw.gpus_per_node == 0 \
+            and hw.nodes == 1:
+        hw = hw.with_nodes(n // hw.gpus_per_node)
+    fits = n == hw.num_gpus or (hw.nodes == 1 and n < hw.gpus_per_node)
+    if not fits:
+        raise _UsageError(
+            f"mesh {args.mesh} has {n} devices but {hw.name} with {hw.nodes} node(s) has "
+            f"{hw.num_gpus} GPUs ({hw.gpus_per_node} per node); give a mesh of "
+            f"{hw.num_gpus} devices or --nodes to match "
+            + (f"({n // hw.gpus_per_node})" if n % hw.gpus_per_node == 0
+               else f"(a mesh of a multiple of {hw.gpus_per_node} devices)"))
+    return hw
+
+
+def _fake_cpu_devices(n: int) -> None:
+    import jax
+
+    if jax.config.jax_platforms in (None, "", "cpu") and not _backend_started():
+        jax.config.update("jax_num_cpu_devices", max(8, n))
 
 
 def _backend_started() -> bool:
@@ -249,11 +295,11 @@ def _run_tune(args: argparse.Namespace) -> int:
     if args.model is not None:
         if args.path is not None or args.example is not None:
             raise _UsageError("give PATH, --example or --model, not several")
-        step, text = _model_graph(args)
+        step, text, hw, where, recompile = _model_graph(args)
     else:
         text = _read_text(args)
         step = _parse_graph(text, args)
-    hw = _hardware(args)  # after the compile: "auto" looks at the devices it used
+        hw, where, recompile = _hardware(args), _where(args), None
     print(f"lagom-jax: hardware: {hw.name}; {len(step.collectives)} collectives, "
           f"{len(step.tasks)} tasks; searching ...", file=sys.stderr)
     try:
@@ -263,6 +309,17 @@ def _run_tune(args: argparse.Namespace) -> int:
     plan = api.plan_from_results(results, args.strategy, hw, module=step.name,
                                  fingerprint=hashlib.sha256(text.encode()).hexdigest())
     flags.validate(plan.xla_flags(), plan.compiler_options())
+    if recompile is not None:
+        from lagom_jax import verify
+
+        if plan.compiler_options():
+            print(f"lagom-jax: verifying: recompiling with the plan's "
+                  f"{len(plan.compiler_options())} option(s), each left out once ...", file=sys.stderr)
+        plan, _ = verify.verify_plan(plan, results[args.strategy].graph, text, recompile)
+    else:
+        plan = dataclasses.replace(plan, verification=(("plan", f"not recompiled: {where} cannot "
+                                   "be compiled again here; its options passed the installed XLA's "
+                                   "flag parser"),))
     env = plan.nccl_env()
     if args.json:
         print(json.dumps({
@@ -272,10 +329,12 @@ def _run_tune(args: argparse.Namespace) -> int:
                                   "search_time_s": r.search_time_s,
                                   "speedup": r.makespan_us and plan.speedup_over(name)}
                            for name, r in results.items()},
-            "xla_flags": plan.xla_flags(), "nccl_env": env,
+            "xla_flags": plan.xla_flags(), "nccl_env": env, "compiled_by": where,
+            "verification": [list(v) for v in plan.verification],
             "collectives": json.loads(plan.to_json())["collectives"],
         }))
     else:
+        print(f"module: {where}")
         print(plan.report())
         if plan.flags:
             print("\nXLA_FLAGS (checked by the installed XLA):")

@@ -106,6 +106,9 @@ class Plan:
     costs: tuple[tuple[str, float], ...] = ()
     # The predicted timeline of this plan, as Timeline.to_json() wrote it.
     timeline_json: str = "{}"
+    # (subject, outcome) lines from recompiling with the plan's options (lagom_jax.verify);
+    # empty when the plan was not verified.
+    verification: tuple[tuple[str, str], ...] = ()
 
     # -- what the plan predicts --------------------------------------------------------
     @property
@@ -136,6 +139,9 @@ class Plan:
             lines.append("speedup: " + ", ".join(
                 f"{self.speedup_over(n):.3f}x over {n} ({times[n] / 1e3:.3f} ms)" for n in others))
         lines.append(f"search: {self.evaluations} evaluations in {self.search_seconds:.2f} s")
+        if self.verification:
+            lines.append("verified by recompiling with the plan's options:")
+            lines += [f"  {subject}: {outcome}" for subject, outcome in self.verification]
         if not self.collectives:
             lines.append("no collectives: nothing to tune")
             return "\n".join(lines)
@@ -257,6 +263,7 @@ class Plan:
                     "flags": tuple(XlaFlag(f["name"], f["value"]) for f in raw["flags"]),
                     "predicted_us": tuple((k, float(v)) for k, v in raw["predicted_us"]),
                     "costs": tuple((k, float(v)) for k, v in raw["costs"]),
+                    "verification": tuple((str(a), str(b)) for a, b in raw.get("verification", ())),
                 }
             )
         except (KeyError, TypeError, ValueError) as err:

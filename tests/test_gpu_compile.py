@@ -1,0 +1,115 @@
+"""Deviceless XLA:GPU compiles: abstract GPUs of a preset, the CLI's cluster checks, verification."""
+
+import dataclasses
+
+import pytest
+
+from lagom_jax import api, cli, gpu_compile, graph, hardware, models, verify
+from lagom_jax.flags import XlaFlag
+
+pytestmark = pytest.mark.skipif(gpu_compile.unavailable_reason() is not None,
+                                reason=f"no deviceless GPU compile here: {gpu_compile.unavailable_reason()}")
+
+
+@pytest.mark.parametrize("preset", sorted(hardware.PRESETS))
+def test_every_preset_loads_its_xla_description(preset):
+    hw = hardware.get(preset)
+    text, dropped = gpu_compile.target_config(hw.xla_target)
+    assert "gpu_device_info" in text and all(f not in text for f in dropped)
+    devices = gpu_compile.devices(hw)
+    assert len(devices) == 8 and {d.platform for d in devices} == {"gpu"}
+
+
+def test_two_nodes_are_two_hosts():
+    devices = gpu_compile.devices(hardware.get("h100-sxm-8", nodes=2))
+    assert len(devices) == 16
+    assert sorted({d.process_index for d in devices}) == [0, 1]
+
+
+@pytest.mark.parametrize("n, nodes, want", [(8, 1, "1x1x8"), (4, 1, "1x1x4"), (16, 2, "1x2x8")])
+def test_topology_string(n, nodes, want):
+    assert gpu_compile.topology_string(hardware.get("a100-sxm-8", nodes=nodes), n) == want
+
+
+@pytest.mark.parametrize("n, nodes, message", [(12, 2, "use a multiple of 8"), (16, 4, "use 2 nodes"),
+                                               (4, 2, "fit in one node")])
+def test_topology_refuses_a_mismatch(n, nodes, message):
+    with pytest.raises(ValueError, match=message):
+        gpu_compile.topology_string(hardware.get("a100-sxm-8", nodes=nodes), n)
+
+
+def test_gpu_module_has_async_collectives_and_gpu_fusions():
+    hw = hardware.get("h100-sxm-8")
+    built = models.build("gpt2", "tiny", "dp", "data=8", devices=gpu_compile.devices(hw), dtype="bfloat16")
+    text = built.compiled_text()
+    assert "all-reduce-start" in text and "is_scheduled=true" in text
+    step = graph.from_hlo_text(text)
+    assert step.collectives and all(t.is_async for t in step.collectives)
+    # The combine threshold really reaches the GPU combiner: at 0 nothing is combined.
+    uncombined = graph.from_hlo_text(built.compiled_text(
+        {"xla_gpu_all_reduce_combine_threshold_bytes": 0}))
+    assert len(uncombined.collectives) > len(step.collectives)
+
+
+def test_verify_drops_an_option_that_changes_nothing_and_keeps_one_that_does():
+    hw = hardware.get("h100-sxm-8")
+    built = models.build("gpt2", "tiny", "dp", "data=8", devices=gpu_compile.devices(hw), dtype="bfloat16")
+    text = built.compiled_text()
+    step = graph.from_hlo_text(text)
+    plan = dataclasses.replace(
+        api.make_plan(step, hw, strategy="xla-default"),
+        flags=(XlaFlag("xla_gpu_all_reduce_combine_threshold_bytes", 0),
+               XlaFlag("xla_gpu_enable_latency_hiding_scheduler", False)))
+    tuned, result = verify.verify_plan(plan, step, text, built.compiled_text)
+    assert dict(result.option_changed) == {"xla_gpu_all_reduce_combine_threshold_bytes": True,
+                                           "xla_gpu_enable_latency_hiding_scheduler": False}
+    assert [f.name for f in tuned.flags] == ["xla_gpu_all_reduce_combine_threshold_bytes"]
+    assert "dropped from the plan" in tuned.report()
+    assert result.compiled["all-reduce"][0] > result.predicted["all-reduce"][0]
+    assert result.async_starts == result.compiled["all-reduce"][0]
+
+
+def test_cli_tunes_the_gpu_module_and_reports_verification(capsys):
+    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4,model=2",
+                     "--hardware", "h100-sxm-8", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["compiled_by"].startswith("XLA:GPU deviceless compile for 8x H100")
+    assert out["verification"] and out["verification"][0][0] == "collectives"
+
+
+def test_cli_falls_back_to_the_cpu_module_with_a_warning(monkeypatch, capsys):
+    def unavailable(*_a, **_k):
+        raise gpu_compile.DevicelessUnavailable("the CUDA PJRT plugin is not installed")
+
+    monkeypatch.setattr(gpu_compile, "devices", unavailable)
+    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2,model=4",
+                     "--hardware", "h100-sxm-8", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "Falling back to XLA:CPU's module" in captured.err
+    import json
+
+    out = json.loads(captured.out)
+    assert out["compiled_by"].startswith("XLA:CPU") and "not recompiled" in out["verification"][0][1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mesh", "data=4,model=4", "--nodes", "1"], "has 16 devices but h100-sxm-8 with 1 node"),
+    (["--mesh", "data=3,model=4"], "a mesh of a multiple of 8 devices"),
+    (["--mesh", "data=2,model=2", "--nodes", "2"], "has 4 devices but h100-sxm-8 with 2 node"),
+])
+def test_cli_mesh_preset_and_nodes_must_agree(argv, message, capsys):
+    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--hardware", "h100-sxm-8", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_two_nodes_from_a_16_device_mesh(capsys):
+    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=8,model=2",
+                     "--hardware", "h100-sxm-8", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["compiled_by"].startswith("XLA:GPU deviceless compile for 16x")
+    # The data axis (8 ways, outer) spans both hosts: its gradient all-reduces cross nodes.
+    assert max(c["nodes"] for c in out["collectives"]) == 2
