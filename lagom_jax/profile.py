@@ -417,16 +417,22 @@ class CudaContentionProbe:
         one = copy(1)
         copy_stream.synchronize()
         one_us = ms(*one) * 1e3
-        reps = max(1, math.ceil(2.0 * (self.repeats + 1) * float(np.median(alone_us)) / one_us))
-        start, end = copy(reps)
-        contended = timed_gemms(self.repeats, after=start)
-        copy_stream.synchronize()
-        gemm_stream.synchronize()
-        copy_us = ms(start, end) * 1e3
-        last_end = max(ms(start, e1) * 1e3 for _, e1 in contended)
-        if last_end > copy_us:
+        # The copy must outlast every contended GEMM; contention can slow them ~3x, and
+        # each too-short try doubles the copy.
+        reps = max(1, math.ceil(4.0 * (self.repeats + 1) * float(np.median(alone_us)) / one_us))
+        for _ in range(3):
+            start, end = copy(reps)
+            contended = timed_gemms(self.repeats, after=start)
+            copy_stream.synchronize()
+            gemm_stream.synchronize()
+            copy_us = ms(start, end) * 1e3
+            last_end = max(ms(start, e1) * 1e3 for _, e1 in contended)
+            if last_end <= copy_us:
+                break
+            reps *= 2
+        else:
             raise ProfileError(f"k={k}: the copy ({copy_us:.0f} us) ended before the last GEMM "
-                               f"({last_end:.0f} us after the copy started)")
+                               f"({last_end:.0f} us after the copy started), three times")
         return ContentionPoint(k, Timing(tuple(alone_us)),
                                Timing(tuple(ms(e0, e1) * 1e3 for e0, e1 in contended)),
                                2 * words * 16 * reps, Timing((copy_us,)))
