@@ -50,7 +50,7 @@ def table(raw: dict, prof: hardware.HardwareProfile) -> str:
             f"| SMs | {prof.sm_count} | {base.sm_count} |"]
     if "contention" in fits:
         c = fits["contention"]
-        out += [f"| SMs taken per copy CTA | {c['sm_per_cta']:.2f} | 1.00 (cost model) |",
+        out += [f"| SMs taken per copy CTA | {c['sm_per_cta']:.2f} | {base.sm_share_per_channel:.2f} (sm_share_per_channel) |",
                 f"| copy GB/s per CTA | {c['hbm_gbps_per_cta']:.1f} | - |",
                 f"| copy saturation GB/s | {c['hbm_saturation_gbps']:.0f} | - |"]
     return "\n".join(out)
