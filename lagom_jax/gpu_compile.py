@@ -40,7 +40,12 @@ from lagom_jax import hardware as hardware_lib
 __all__ = ["DevicelessUnavailable", "compile_text", "devices", "prepare", "target_config",
            "topology_string", "unavailable_reason"]
 
-_PLUGIN_MODULE = "jax_plugins.xla_cuda12"
+# The CUDA 12 plugin (what lagom-jax installs) or CUDA 13's (newer jax on GPU hosts).
+_PLUGIN_MODULES = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+
+
+def _plugin_installed() -> bool:
+    return any(importlib.util.find_spec(m) is not None for m in _PLUGIN_MODULES)
 
 
 class DevicelessUnavailable(RuntimeError):
@@ -73,7 +78,7 @@ def prepare() -> None:
     import jax
 
     if (_backends_started() or jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS")
-            or importlib.util.find_spec(_PLUGIN_MODULE) is None or _has_cuda_driver()):
+            or not _plugin_installed() or _has_cuda_driver()):
         return
     jax.config.update("jax_platforms", "cpu")
 
@@ -83,7 +88,7 @@ def unavailable_reason() -> str | None:
 
     Starts JAX's backends (after :func:`prepare`): plugins register when they start.
     """
-    if importlib.util.find_spec(_PLUGIN_MODULE) is None:
+    if not _plugin_installed():
         return ("the CUDA PJRT plugin is not installed (pip install jax-cuda12-plugin==<jaxlib "
                 "version> jax-cuda12-pjrt==<jaxlib version>; needs Python >= 3.11)")
     from jax._src import xla_bridge
