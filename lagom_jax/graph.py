@@ -53,8 +53,20 @@ class Task:
     # When loops are unrolled each copy keeps this number and gets its ``iteration``.
     trip_count: int = 1
     iteration: int = 0
+    # The HLO computation the instruction sits in, as the path of computation names from
+    # the entry ("main/while_body"): a while body or called computation adds its name. XLA's
+    # combiners merge collectives of one computation only, and there a while or call is
+    # one instruction.
+    computation: str = ""
+    # The instruction's position in its computation's post order as XLA walks it
+    # (``HloComputation::MakeInstructionPostOrder``: depth first from each instruction
+    # without users, first operand first), the order XLA's combiners visit; -1 if unknown.
+    post_order: int = -1
     # Collectives only.
     groups: tuple[tuple[int, ...], ...] = ()
+    # all-reduce / reduce-scatter: the opcode at the root of the reduction computation
+    # (``to_apply``), e.g. "add" or "maximum"; collectives of different reductions never merge.
+    reduction: str = ""
     # collective-permute: (source, target) pairs.
     pairs: tuple[tuple[int, int], ...] = ()
     # Where the compiled schedule waited for this collective: the id of the first task
@@ -153,9 +165,13 @@ _COLLECTIVE_START = {
     "all-reduce-start": "all-reduce",
     "all-gather-start": "all-gather",
     "collective-permute-start": "collective-permute",
+    # Newer XLA gives reduce-scatter and all-to-all their own async pair too.
+    "reduce-scatter-start": "reduce-scatter",
+    "all-to-all-start": "all-to-all",
 }
 _COLLECTIVE_DONE = frozenset({
-    "all-reduce-done", "all-gather-done", "collective-permute-done", "async-done",
+    "all-reduce-done", "all-gather-done", "collective-permute-done", "reduce-scatter-done",
+    "all-to-all-done", "async-done",
 })  # fmt: skip
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 
@@ -225,6 +241,9 @@ class _Builder:
         # Collectives whose -done was seen; their done_before is the next task emitted.
         self.waiting: list[int] = []
         self.flops_cache: dict[str, float] = {}
+        # Names of the computations being walked, outermost (the entry) first.
+        self.scope: list[str] = []
+        self.post_orders: dict[str, dict[str, int]] = {}
 
     # -- values: a producer set per array, a tuple of them per tuple value --------------
     @staticmethod
@@ -287,9 +306,50 @@ class _Builder:
             return float(inst.shape.elements)
         return 0.0
 
+    def post_order(self, comp: hlo.Computation) -> dict[str, int]:
+        """Instruction name -> position in XLA's post order of ``comp``.
+
+        Mirrors ``HloComputation::MakeInstructionPostOrder`` (xla/hlo/ir/hlo_computation.cc):
+        for each instruction without users, in instruction order, a depth-first walk that
+        emits an instruction after its operands (first operand first) and its control
+        predecessors.
+        """
+        cached = self.post_orders.get(comp.name)
+        if cached is not None:
+            return cached
+        used = {o for i in comp.instructions for o in i.operands}
+        order: dict[str, int] = {}
+        expanded: set[str] = set()
+        for root in comp.instructions:
+            if root.name in used or root.name in order:
+                continue
+            stack = [root.name]
+            while stack:
+                name = stack[-1]
+                if name in order:
+                    stack.pop()
+                elif name in expanded:
+                    stack.pop()
+                    order[name] = len(order)
+                else:
+                    expanded.add(name)
+                    inst = comp.by_name[name]
+                    preds = [c for c in _called_names(inst, "control-predecessors") if c in comp.by_name]
+                    stack.extend(o for o in reversed(inst.operands) if o not in order)
+                    stack.extend(c for c in preds if c not in order)
+        self.post_orders[comp.name] = order
+        return order
+
     # -- walking ------------------------------------------------------------------
     def walk(self, comp: hlo.Computation, params: list, trip: int, iteration: int):
         """Emit the tasks of ``comp``; return the producer value of its root."""
+        self.scope.append(comp.name)
+        try:
+            return self._walk(comp, params, trip, iteration)
+        finally:
+            self.scope.pop()
+
+    def _walk(self, comp: hlo.Computation, params: list, trip: int, iteration: int):
         vals: dict[str, object] = {}
         starts: dict[str, int] = {}  # async start name -> collective task id
         for inst in comp.instructions:
@@ -437,6 +497,7 @@ class _Builder:
             return self.emit(
                 name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,
                 opcode=op, deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,
+                computation="/".join(self.scope), post_order=self.post_order(comp)[inst.name],
             )
         owner = comp if target is inst else self.module.computation(inst.called_computations[0])
         operand_bytes = [owner.by_name[o].shape.bytes for o in target.operands]
@@ -445,17 +506,24 @@ class _Builder:
         if kind == "all-gather":
             size = len(groups[0]) if groups else self.num_devices
             nbytes = sum(operand_bytes) * size
-        elif kind == "collective-permute":
+        elif kind == "collective-permute" and "slice_sizes" in target.attributes:
+            # The in-place form (input, output, offsets...) moves only its input.
             nbytes = operand_bytes[0] if operand_bytes else 0
         else:
             nbytes = sum(operand_bytes)
         if kind != "collective-permute" and not groups:
             groups = (tuple(range(self.num_devices)),)
         is_async = op != target.opcode or op.endswith("-start")
+        reduction = ""
+        reducer = self.module.by_name.get(target.attributes.get("to_apply", "").strip().lstrip("%"))
+        if kind in ("all-reduce", "reduce-scatter") and reducer is not None:
+            reduction = reducer.root.opcode
         tid = self.emit(
             name=inst.name, kind=kind, flops=0.0, bytes=float(nbytes), dtype=dtype, opcode=op,
             deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,
+            computation="/".join(self.scope), post_order=self.post_order(comp)[inst.name],
             groups=groups if kind != "collective-permute" else (), pairs=pairs, is_async=is_async,
+            reduction=reduction,
         )
         if not is_async:
             # A synchronous collective blocks the stream: the next task waits for it.

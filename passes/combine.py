@@ -1,16 +1,49 @@
 """``combine``: XLA:GPU's collective combiners, as a what-if pass.
 
 XLA merges small collectives of one kind into one larger call so that the launch and
-per-step latency is paid once (reference/xla_flags.md, section 1). The GPU pipeline runs
-GpuAllGatherCombiner, GpuAllReduceCombiner and GpuReduceScatterCombiner (and the
-collective-permute combiner) after fusion, each with a byte threshold
-(``xla_gpu_<kind>_combine_threshold_bytes``, default 30 MiB + 7 = 31457287) and a count
-cap (``xla_gpu_collective_combine_threshold_count``, default 2048). This pass follows the
-plain combiner that runs whenever a threshold is set explicitly: walk the collectives in
-schedule order, grow one open group per key (kind, replica groups / permute pairs, loop
-nest), and close it when the next part would exceed the threshold or the count, or when
-the next part depends on a member of the group (combining it would create a cycle).
-All-to-all has no threshold flag in XLA:GPU, so it is never combined.
+per-step latency is paid once. After fusion, XLA:GPU runs GpuAllGatherCombiner,
+GpuAllReduceCombiner and GpuReduceScatterCombiner, in that order (``RunPostFusionPasses``
+in openxla/xla xla/service/gpu/gpu_compiler.cc), and a collective-permute combiner. Each
+has a byte threshold (``xla_gpu_<kind>_combine_threshold_bytes``, default 30 MiB + 7 =
+31457287; 0 turns it off) and a count cap (``xla_gpu_collective_combine_threshold_count``),
+and each is ``CombineInstructionsByKey`` (xla/service/collective_combiner_utils.h) with
+its own key. This pass follows those rules:
+
+- Only collectives of one computation merge: the entry, or one while body (here: one
+  unrolled iteration of it). Inside a computation a nested while loop or call is one
+  instruction, so every input of the loop reaches every output of it (XLA checks
+  dependencies on the computation's ``HloReachabilityMap``). ``Task.computation`` says
+  where a collective sits.
+- Keys (``_key``): all-reduce and reduce-scatter need equal replica groups, element type
+  and reduction opcode (``GetAllReduceKey``, xla/service/all_reduce_key.cc); all-gather
+  only equal replica groups, since XLA:GPU builds its all-gather combiner with
+  ``combine_different_dtypes=true`` and XLA's defaults
+  ``xla_gpu_enable_{all_gather,reduce_scatter}_combine_by_dim=false`` keep the
+  gather/scatter dimension out of the keys (``AllGatherCombiner::CombineKey``,
+  ``ReduceScatterCombiner::CombineKey``, xla/hlo/transforms/collectives/); collective-permute
+  equal source-target pairs (``GetCollectivePermuteKey``).
+- The size held against the threshold is the collective's result (``ShapeUtil::ByteSizeOf``
+  of its shape): the NCCL-convention ``bytes`` for every kind but reduce-scatter, whose
+  result is its input divided among the group.
+- Greedy rounds in XLA's post order of the computation (``Task.post_order``,
+  ``HloComputation::MakeInstructionPostOrder``; the schedule order where it is unknown):
+  the first collective left starts a group, and the scan adds each later collective with
+  its key until one would pass the threshold or the count, or is reachable from a member
+  (merging it would make a cycle). That one starts a later round. A collective bigger
+  than the threshold on its own is never merged and does not stop the scan. A round's
+  merge is applied before the next round checks reachability, and each combiner sees
+  the merges of the ones before it.
+
+All-to-all has no combiner in XLA:GPU, so it is never combined. Not modelled, all off by
+default: with ``xla_gpu_experimental_enable_heuristic_collective_combining`` XLA:GPU first
+merges the collectives a dry-run schedule leaves synchronous, and pipelined ones, under a
+memory-derived threshold when the threshold is left at its default; collectives pipelined
+by ``xla_gpu_enable_pipelined_*`` and instructions with a ``combiner_key`` frontend
+attribute get keys of their own (GpuAllReduceCombiner and friends,
+xla/backends/gpu/transforms/collectives/). XLA also skips collectives that already have
+several operands (merged ones); a StepGraph does not record operand counts, so this pass
+may merge them again. ``benchmarks/combine_sweep.py`` checks the pass against deviceless
+XLA:GPU compiles.
 
 The combined collective depends on the union of its parts' producers (so it waits for the
 last of them) and every consumer of any part depends on it (so the first consumer is
@@ -26,10 +59,10 @@ from lagom_jax.graph import StepGraph, Task
 
 from .rewrite import Node, Rewrite, identity_nodes, rebuild
 
-# xla/service/collective_utils.h: kDefault<Kind>CombineThreshold = 30 * 1024 * 1024 + 7
-# (reference/xla_flags.md, section 1).
+# xla/service/collective_utils.h: kDefault<Kind>CombineThreshold = 30 * 1024 * 1024 + 7.
 DEFAULT_COMBINE_THRESHOLD_BYTES = 30 * 1024 * 1024 + 7
-# xla_gpu_collective_combine_threshold_count default (reference/xla_flags.md, section 1).
+# xla_gpu_collective_combine_threshold_count default (lagom_jax/flags.py); a deviceless
+# compile of 300 independent all-reduces merged them into one call, so it is above 256.
 DEFAULT_COMBINE_MAX_COUNT = 2048
 COMBINABLE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 DEFAULT_COMBINE_THRESHOLDS: Mapping[str, int] = {
@@ -55,8 +88,101 @@ def _check_thresholds(thresholds: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+# The order of the combiners in XLA:GPU's post-fusion pipeline (``RunPostFusionPasses`` in
+# xla/service/gpu/gpu_compiler.cc: all-gather, all-reduce, then reduce-scatter). The
+# collective-permute combiner runs elsewhere; it is put last.
+COMBINER_ORDER = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+
+
 def _key(t: Task) -> tuple:
-    return (t.kind, t.groups, t.pairs, t.trip_count, t.iteration)
+    """Collectives with equal keys may merge (the combiners' ``GroupKey``s).
+
+    Always: the kind and the computation (with the unrolled loop iteration), since the
+    combiners work one computation at a time. all-reduce and reduce-scatter add the replica
+    groups, the element type and the reduction's opcode (``GetAllReduceKey`` in
+    xla/service/all_reduce_key.cc); all-gather only the replica groups, because the GPU
+    all-gather combiner is built with ``combine_different_dtypes=true`` and by-dimension
+    keys are off by default (``xla_gpu_enable_all_gather_combine_by_dim=false``,
+    GpuAllGatherCombiner / ``AllGatherCombiner::CombineKey``); collective-permute its
+    source-target pairs (``GetCollectivePermuteKey``).
+    """
+    base = (t.kind, t.computation, t.trip_count, t.iteration)
+    if t.kind == "all-gather":
+        return (*base, t.groups)
+    if t.kind == "collective-permute":
+        return (*base, t.pairs)
+    return (*base, t.groups, t.dtype, t.reduction)
+
+
+def _result_bytes(t: Task) -> float:
+    """The size the combiners compare with the threshold: the collective's *result*.
+
+    ``CombineInstructionsByKey`` sizes an instruction by its output shape. That is the
+    NCCL-convention ``bytes`` for every kind but reduce-scatter, whose result is its input
+    divided among the group.
+    """
+    if t.kind == "reduce-scatter":
+        return t.bytes / max(t.group_size, 1)
+    return t.bytes
+
+
+class _Scope:
+    """One computation instance (a computation path and unrolled iteration), condensed.
+
+    In XLA a while loop or call is one instruction of its parent computation, so a task
+    of a nested computation counts as that instruction: every input of the loop reaches
+    every output of it. The nodes are the scope's own task ids and ``("sub", path)`` for
+    each nested computation; ``succ`` maps a node to the nodes that use it.
+    """
+
+    def __init__(self, graph: StepGraph, path: str, members: list[int]) -> None:
+        self.succ: dict[object, set[object]] = {}
+        node_of: dict[int, object] = {}
+        for i in members:
+            t = graph.tasks[i]
+            if t.computation == path:
+                node_of[i] = i
+            else:
+                child = t.computation[len(path) + 1:].split("/", 1)[0]
+                node_of[i] = ("sub", child)
+        for i in members:
+            a = node_of[i]
+            for d in graph.tasks[i].deps:
+                b = node_of.get(d)
+                if b is not None and b != a:
+                    self.succ.setdefault(b, set()).add(a)
+
+
+def _instance(t: Task) -> tuple[str, int]:
+    """The computation instance a task runs in: (computation path, unrolled iteration).
+
+    A graph without computation names (hand-built ones) is one instance.
+    """
+    return (t.computation, t.iteration) if t.computation else ("", 0)
+
+
+def _scope_members(graph: StepGraph) -> dict[tuple[str, int], list[int]]:
+    """Every computation instance with the ids of the tasks in it or nested in it.
+
+    A task of path ``P/C...`` with trip count ``n`` and iteration ``k`` belongs to the
+    instance ``(P, k // (n / n_P))`` of every enclosing computation ``P`` (trip count
+    ``n_P``).
+    """
+    trips: dict[str, int] = {}
+    by_instance: dict[tuple[str, int], list[int]] = {}
+    for t in graph.tasks:
+        trips.setdefault(t.computation, t.trip_count)
+        by_instance.setdefault(_instance(t), []).append(t.id)
+    out: dict[tuple[str, int], list[int]] = {}
+    for (path, iteration), ids in by_instance.items():
+        parts = path.split("/")
+        for depth in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:depth])
+            if prefix not in trips:  # no task of its own: never a combining scope
+                continue
+            per_parent = max(trips[path] // max(trips[prefix], 1), 1)
+            out.setdefault((prefix, iteration // per_parent), []).extend(ids)
+    return out
 
 
 def combine_groups(
@@ -65,50 +191,113 @@ def combine_groups(
     *,
     max_count: int = DEFAULT_COMBINE_MAX_COUNT,
 ) -> tuple[tuple[int, ...], ...]:
-    """Which collectives the combiner merges: groups of >= 2 ids, in schedule order.
+    """Which collectives the combiners merge: groups of >= 2 ids, in schedule order.
 
     ``thresholds`` maps a kind to its byte threshold; kinds left out keep XLA's default.
     """
     if max_count < 1:
         raise ValueError(f"max_count must be >= 1, got {max_count}")
     limits = _check_thresholds(thresholds)
-    # ancestors[i]: bitset of every task i depends on, directly or not.
-    ancestors: list[int] = []
-    for t in graph.tasks:
-        bits = 0
-        for d in t.deps:
-            bits |= ancestors[d] | (1 << d)
-        ancestors.append(bits)
-
-    done: list[tuple[int, ...]] = []
-    open_groups: dict[tuple, tuple[list[int], float, int]] = {}  # key -> (ids, bytes, members bitset)
-
-    def close(key: tuple) -> None:
-        ids, _, _ = open_groups.pop(key)
-        if len(ids) >= 2:
-            done.append(tuple(ids))
-
+    candidates: dict[tuple[str, int], list[Task]] = {}
     for t in graph.collectives:
-        limit = limits.get(t.kind)
-        if limit is None or t.bytes > limit:
+        limit = limits.get(t.kind, 0)
+        if limit > 0 and _result_bytes(t) <= limit:
+            candidates.setdefault(_instance(t), []).append(t)
+    done: list[tuple[int, ...]] = []
+    scopes = None
+    for (path, iteration), cands in candidates.items():
+        if len(cands) < 2:
             continue
-        key = _key(t)
-        if key in open_groups:
-            ids, size, members = open_groups[key]
-            if (
-                ancestors[t.id] & members
-                or size + t.bytes > limit
-                or len(ids) + 1 > max_count
-            ):
-                close(key)
-            else:
-                ids.append(t.id)
-                open_groups[key] = (ids, size + t.bytes, members | (1 << t.id))
-                continue
-        open_groups[key] = ([t.id], t.bytes, 1 << t.id)
-    for key in list(open_groups):
-        close(key)
+        # XLA visits a computation's instructions in post order; the schedule order stands
+        # in where the graph does not know it.
+        cands.sort(key=lambda t: (t.post_order, t.id))
+        if scopes is None:
+            scopes = _scope_members(graph)
+        done += _combine_scope(_Scope(graph, path, scopes[(path, iteration)]), cands, limits,
+                               max_count)
     return tuple(sorted(done))
+
+
+def _reach_bits(scope: _Scope, cands: list[Task]) -> dict[int, int]:
+    """Per candidate id, the bitset (bit k = ``cands[k]``) of candidates reachable from it."""
+    bit = {t.id: 1 << k for k, t in enumerate(cands)}
+    succ = scope.succ
+    reach: dict[object, int] = {}
+    for root in list(succ):
+        if root in reach:
+            continue
+        stack: list[tuple[object, bool]] = [(root, False)]
+        while stack:  # depth first; a node's bits once all its users have theirs
+            node, expanded = stack.pop()
+            if node in reach:
+                continue
+            users = succ.get(node, ())
+            if expanded:
+                bits = 0
+                for u in users:
+                    bits |= reach[u] | bit.get(u, 0)  # type: ignore[call-overload]
+                reach[node] = bits
+                continue
+            stack.append((node, True))
+            stack.extend((u, False) for u in users if u not in reach)
+    return {t.id: reach.get(t.id, 0) for t in cands}
+
+
+def _combine_scope(scope: _Scope, cands: list[Task], limits: Mapping[str, int],
+                   max_count: int) -> list[tuple[int, ...]]:
+    """``CombineInstructionsByKey`` (xla/service/collective_combiner_utils.h) on one scope.
+
+    ``cands`` are in visiting order. For each combiner in turn: take the first collective
+    left and scan those after it with its key, adding each until the next would pass the
+    threshold or the count, or is reachable from a member (it would wait on the group it
+    joins): the scan stops there, and the next round starts from the first collective left.
+    Every merge is applied before the next round looks at reachability, as XLA rebuilds
+    its reachability map after each group: whatever reaches a member now reaches all that
+    any member reaches.
+    """
+    bit = {t.id: 1 << k for k, t in enumerate(cands)}
+    reach = _reach_bits(scope, cands)
+    taken: set[int] = set()  # grouped, or alone in a round: never looked at again
+    # (their entries leave ``reach``)
+    out: list[tuple[int, ...]] = []
+    for kind in COMBINER_ORDER:
+        left = [t for t in cands if t.kind == kind]
+        limit = limits.get(kind, 0)
+        start = 0
+        while True:
+            while start < len(left) and left[start].id in taken:
+                start += 1
+            if start == len(left):
+                break
+            first = left[start]
+            key = _key(first)
+            group, size, below = [first], _result_bytes(first), reach[first.id]
+            members = bit[first.id]
+            for t in left[start + 1:]:
+                if t.id in taken or _key(t) != key:
+                    continue
+                nbytes = _result_bytes(t)
+                # (In post order a later collective never reaches an earlier one; the
+                # second test only guards graphs whose order is not topological.)
+                if size + nbytes > limit or below & bit[t.id] or reach[t.id] & members:
+                    break
+                group.append(t)
+                size += nbytes
+                below |= reach[t.id]
+                members |= bit[t.id]
+                if len(group) >= max_count:
+                    break
+            taken.update(t.id for t in group)
+            for t in group:
+                del reach[t.id]
+            if len(group) < 2:
+                continue
+            # Merged: whatever reaches one member reaches all that any member reaches.
+            for i, bits in reach.items():
+                if bits & members:
+                    reach[i] = bits | below
+            out.append(tuple(sorted(t.id for t in group)))
+    return out
 
 
 def _merged_task(parts: list[Task]) -> Task:
