@@ -137,33 +137,35 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     total = len(cells) * len(presets)
     done = 0
     for cell in cells:
-        t0 = time.perf_counter()
-        try:
-            g = graph_lib.from_hlo_text(compile_hlo(cell))
-            error = None
-        except CompileError as err:
-            g, error = None, str(err)
-        compile_s = time.perf_counter() - t0
         for preset in presets:
             per_node = hardware_lib.get(preset).gpus_per_node
             hw = hardware_lib.get(preset, nodes=max(1, -(-cell.num_devices // per_node)))
             row: dict[str, Any] = {"cell": cell.id, "label": cell.label(), "spec": dataclasses.asdict(cell),
-                                   "hardware": preset, "nodes": hw.nodes, "num_devices": cell.num_devices,
-                                   "compile_s": compile_s}
+                                   "hardware": preset, "nodes": hw.nodes, "num_devices": cell.num_devices}
+            t0 = time.perf_counter()
+            try:
+                step = compile_hlo(cell, hw)
+            except CompileError as err:
+                step, row["error"] = None, str(err)
+            row["compile_s"] = time.perf_counter() - t0
             done += 1
-            if g is None:
-                row["error"] = error
-                _progress(done, total, f"{cell.label()} on {preset} x{hw.nodes}: {error}")
-            else:
-                row["graph"] = {"tasks": len(g.tasks), "collectives": len(g.collectives),
-                                "total_flops": g.total_flops}
-                row["strategies"] = predict(g, hw, strategies)
-                lag = row["strategies"].get("lagom", {})
-                _progress(done, total, f"{cell.label()} on {preset} x{hw.nodes}: {len(g.collectives)} collectives, "
-                          f"compile {compile_s:.1f}s"
-                          + (f", lagom {lag['speedup_vs_xla-default']:.3f}x over xla-default, "
-                             f"{lag['evaluations']} evals in {lag['search_time_s']:.2f}s"
-                             if "speedup_vs_xla-default" in lag else ""))
+            if step is None:
+                _progress(done, total, f"{cell.label()} on {preset} x{hw.nodes}: {row['error']}")
+                rows.append(row)
+                continue
+            g = graph_lib.from_hlo_text(step.text)
+            row["compiled_by"] = step.where
+            if step.warning:
+                row["compile_warning"] = step.warning
+            row["graph"] = {"tasks": len(g.tasks), "collectives": len(g.collectives),
+                            "total_flops": g.total_flops}
+            row["strategies"] = predict(g, hw, strategies)
+            lag = row["strategies"].get("lagom", {})
+            _progress(done, total, f"{cell.label()} on {preset} x{hw.nodes}: {len(g.collectives)} collectives, "
+                      f"compile {row['compile_s']:.1f}s"
+                      + (f", lagom {lag['speedup_vs_xla-default']:.3f}x over xla-default, "
+                         f"{lag['evaluations']} evals in {lag['search_time_s']:.2f}s"
+                         if "speedup_vs_xla-default" in lag else ""))
             rows.append(row)
         if args.measure:
             m = measure(cell, measure_hw, steps=args.steps)

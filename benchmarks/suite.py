@@ -6,30 +6,24 @@ of each strategy from the HLO XLA compiled for that cell; where the backend has 
 devices it also times the compiled step, untuned and tuned. ``benchmarks/run.py`` is the
 command line over these functions.
 
-Why a subprocess compiles each cell's HLO: a cell on two 8-GPU nodes needs a 16-device
-mesh, and the device count of a JAX process is fixed when its backend starts; one child
-per cell (``jax_num_cpu_devices`` = the cell's mesh size) gives every cell its own count.
-It also keeps the run alive when XLA aborts on one cell instead of raising.
+Each cell is compiled once per preset, by XLA's GPU pipeline for abstract GPUs of that
+preset (``lagom_jax.gpu_compile``; the GPUs differ, so do the modules), in a child process
+that keeps the run alive when XLA aborts on one cell.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom")
 HARDWARE = ("h100-sxm-8", "a40-pcie-8", "v100-25g")
-REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -135,32 +129,25 @@ def check_names(kind: str, names: Sequence[str], known: Sequence[str]) -> tuple[
 
 
 # -- the HLO of a cell -----------------------------------------------------------------------
-def _compile_here(cell: Cell) -> str:
-    """Lower and compile the cell's step from abstract inputs (nothing is allocated)."""
-    from lagom_jax.models import build
-
-    built = build(cell.model, cell.config, cell.recipe, cell.mesh, batch_size=cell.batch_size,
-                  seq_len=cell.seq_len, dtype=cell.dtype)
-    return built.compiled_text()
-
-
 class CompileError(RuntimeError):
-    """The child that compiles a cell failed; the message carries its last words."""
+    """Compiling a cell failed; the message says how."""
 
 
-def compile_hlo(cell: Cell, timeout_s: float = 1800.0) -> str:
-    """HLO text of the cell compiled on ``cell.num_devices`` fake CPU devices (a child process)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = pathlib.Path(tmp) / "step.hlo"
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.suite", json.dumps(dataclasses.asdict(cell)), str(out)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0 or not out.exists():
-            lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("    @")]
-            last = next((ln for ln in lines if ln.startswith("F") and "]" in ln), lines[-1] if lines else "")
-            raise CompileError(f"compiling {cell.label()} failed (exit {proc.returncode}): {last.strip()}")
-        return out.read_text()
+def compile_hlo(cell: Cell, hw: Any, timeout_s: float = 1800.0) -> Any:
+    """The cell's step compiled for the cluster ``hw`` in a child process, from abstract inputs.
+
+    XLA's GPU pipeline for abstract GPUs of the preset (XLA:CPU on fake CPU devices where
+    the CUDA plugin is missing): ``lagom_jax.gpu_compile.compile_builtin_isolated``, which
+    returns the text and says which compiler made it.
+    """
+    from lagom_jax import gpu_compile
+
+    try:
+        return gpu_compile.compile_builtin_isolated(
+            hw, cell.model, cell.config, cell.recipe, cell.mesh, timeout_s=timeout_s,
+            batch_size=cell.batch_size, seq_len=cell.seq_len, dtype=cell.dtype)
+    except (ValueError, gpu_compile.CompileCrash) as err:
+        raise CompileError(f"compiling {cell.label()} for {hw.name} x{hw.nodes} failed: {err}") from err
 
 
 # -- predictions -----------------------------------------------------------------------------
@@ -275,6 +262,17 @@ def _fmt_ms(us: float) -> str:
     return f"{us / 1e3:.2f}"
 
 
+def _compiled_by(rows: Sequence[Mapping[str, Any]]) -> str:
+    """How the rows' steps were compiled, in words (older reports: XLA:CPU)."""
+    wheres = [r.get("compiled_by", "XLA:CPU") for r in rows if "strategies" in r]
+    if wheres and all(w.startswith("XLA:GPU deviceless") for w in wheres):
+        return ("by XLA's GPU pipeline for abstract GPUs of the row's preset (deviceless, "
+                "`lagom_jax.gpu_compile`)")
+    if wheres and all(w.startswith("XLA:CPU") for w in wheres):
+        return "by XLA:CPU on as many fake devices as the mesh has"
+    return "by XLA's GPU pipeline (deviceless) where the row's `compiled_by` says so, else XLA:CPU"
+
+
 def markdown(report: Mapping[str, Any], machine_line: str) -> str:
     """The results as Markdown: one row per cell and hardware, one column per strategy."""
     strategies = report["strategies"]
@@ -285,8 +283,8 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
         f"Machine: {machine_line}",
         "",
         f"Run: `{report['command']}`; {len(report['rows'])} rows in {report['wall_s']:.0f} s. "
-        "Each cell's train step (AdamW, bf16 compute) was lowered and compiled by XLA:CPU from "
-        "abstract inputs on as many fake devices as the mesh has, parsed into a StepGraph and "
+        "Each cell's train step (AdamW, bf16 compute) was lowered from abstract inputs and "
+        f"compiled {_compiled_by(report['rows'])}, parsed into a StepGraph and "
         "searched by every strategy under the hardware preset (nodes = mesh size / 8). "
         "Entries: *predicted* step time in ms (speedup over xla-default). "
         "`eff` = overlap bound / lagom step time; `vs autoccl` = autoccl / lagom.",
@@ -390,11 +388,3 @@ def chart(report: Mapping[str, Any], path: pathlib.Path) -> pathlib.Path | None:
     plt.close(fig)
     return path
 
-
-if __name__ == "__main__":
-    # Child mode (see compile_hlo): python -m benchmarks.suite '<cell json>' <out.hlo>
-    _cell = Cell(**json.loads(sys.argv[1]))
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", _cell.num_devices)
-    pathlib.Path(sys.argv[2]).write_text(_compile_here(_cell))

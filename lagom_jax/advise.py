@@ -14,8 +14,9 @@ parallelism is predictable from the configuration alone, so no profiling run is 
    estimates memory per device. Configurations that do not divide the model or batch, or
    do not fit in GPU memory, are rejected with the reason.
 2. **Compiled prediction** of the best ``top_k``: the real train step is built with
-   `lagom_jax.models.build` and compiled for ``num_devices`` fake CPU devices from
-   abstract inputs (nothing is allocated), its HLO becomes a `StepGraph`, and the step time
+   `lagom_jax.models.build` and compiled by XLA's GPU pipeline for ``num_devices``
+   abstract GPUs of the preset (`lagom_jax.gpu_compile`; XLA:CPU on fake CPU devices where
+   the CUDA plugin is missing) from abstract inputs (nothing is allocated), its HLO becomes a `StepGraph`, and the step time
    is predicted on the preset twice: under XLA/NCCL defaults (``xla-default``) and after
    the lagom search (tuned). The ranking uses the tuned prediction.
 
@@ -29,17 +30,15 @@ import functools
 import itertools
 import json
 import math
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from lagom_jax import api
 from lagom_jax import cost as cost_lib
+from lagom_jax import gpu_compile
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
+from lagom_jax.gpu_compile import CompileCrash
 from lagom_jax.models import FAMILIES, ModelConfig
 
 # GPU memory per device, GB (1e9 B). HardwareProfile has no memory field, so it lives here,
@@ -172,6 +171,7 @@ class Candidate:
     compiled_dtype: str | None  # dtype of the compiled step; None when not compiled
     memory_gb: float
     why: str
+    compiled_by: str | None = None  # which compiler made the step; None when not compiled
 
     @property
     def mesh(self) -> str:
@@ -202,6 +202,7 @@ class Candidate:
         return {"recipe": self.recipe, "mesh": self.mesh, "microbatches": self.microbatches,
                 "analytic_ms": self.analytic_ms, "untuned_ms": self.untuned_ms,
                 "tuned_ms": self.tuned_ms, "compiled_dtype": self.compiled_dtype,
+                "compiled_by": self.compiled_by,
                 "memory_gb": self.memory_gb, "why": self.why,
                 "estimate": dataclasses.asdict(self.estimate)}
 
@@ -244,7 +245,7 @@ class Advice:
 
     def table(self) -> str:
         """Markdown table of the candidates (predicted numbers; "(f32)" marks a step that
-        was compiled in float32 because the requested dtype crashed XLA's CPU compiler)."""
+        was compiled in float32 because the requested dtype crashed XLA's compiler)."""
         rows = ["| rank | recipe | mesh | micro-batches | analytic ms | untuned ms | tuned ms "
                 "| memory GB/device |", "|---|---|---|---|---|---|---|---|"]
         for i, c in enumerate(self.candidates, 1):
@@ -258,6 +259,9 @@ class Advice:
                 f"(nodes={self.nodes}), global batch {self.global_batch}, seq {self.seq_len}, "
                 f"{self.dtype} -- all times predicted by the cost model")
         lines = [head, "", self.table(), ""]
+        compilers = sorted({c.compiled_by for c in self.candidates if c.compiled_by})
+        if compilers:
+            lines += [f"Compiled steps: {'; '.join(compilers)}.", ""]
         if self.candidates:
             best = self.recommendation
             lines.append(f"Recommendation: {best.config.label()}: {best.why}")
@@ -492,83 +496,16 @@ def usable_memory_bytes(hw: hardware_lib.HardwareProfile) -> float:
 
 # ------------------------------------------------------------------ the compiled prediction
 
-@dataclasses.dataclass(frozen=True)
-class _Job:
-    model: str
-    config: str
-    recipe: str
-    mesh: str
-    global_batch: int
-    seq_len: int
-    dtype: str
-    microbatches: int | None
-    num_devices: int
-
-
-def _compile_here(job: _Job) -> str:
-    """HLO text of the compiled step, in this process (needs ``num_devices`` devices)."""
-    import jax
-
-    from lagom_jax.models import build
-
-    built = build(job.model, job.config, job.recipe, job.mesh, batch_size=job.global_batch,
-                  seq_len=job.seq_len, dtype=job.dtype, microbatches=job.microbatches,
-                  devices=jax.devices()[:job.num_devices])
-    return built.compiled_text()
-
-
-class CompileCrash(RuntimeError):
-    """XLA's CPU compiler aborted the process that compiled a candidate (not a user error:
-    the configuration is valid, the CPU pipeline cannot compile it)."""
-
-
-def _worker(spec_path: str) -> None:
-    """Subprocess entry: compile the job in ``spec_path`` on enough fake CPU devices and
-    write ``{"text": ..., "error": ...}`` next to it."""
-    with open(spec_path, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", spec["num_devices"])
-    try:
-        out = {"text": _compile_here(_Job(**spec)), "error": None}
-    except ValueError as e:
-        out = {"text": None, "error": str(e)}
-    with open(spec_path + ".out", "w", encoding="utf-8") as fh:
-        json.dump(out, fh)
-
-
 @functools.lru_cache(maxsize=64)
-def _compiled_text(job: _Job) -> str:
-    """HLO text of the job's compiled step, compiled in a fresh process.
-
-    Always a subprocess, for two reasons: the device count of a JAX process is fixed once
-    its backend starts, and XLA's CPU compiler aborts the whole process on some valid
-    steps (jaxlib 0.10.2: a CHECK in AllReducePromotion on a bfloat16 fsdp+pp step), which
-    must cost one candidate, not the caller. Cached by job, so a step predicted on several
-    presets is compiled once. Raises ValueError when `models.build` rejects the job and
-    CompileCrash when the compiler dies.
-    """
-    with tempfile.TemporaryDirectory(prefix="lagom-advise-") as tmp:
-        path = os.path.join(tmp, "job.json")
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(dataclasses.asdict(job), fh)
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-        proc = subprocess.run([sys.executable, "-c",
-                               f"from lagom_jax.advise import _worker; _worker({path!r})"],
-                              env=env, capture_output=True, text=True)
-        if proc.returncode or not os.path.exists(path + ".out"):
-            # glog's fatal line: "F1122 03:20:49.438142 18858 file.cc:1615] message"
-            fatal = next((ln.partition("] ")[2] for ln in proc.stderr.splitlines()
-                          if ln.startswith("F") and "] " in ln), "")
-            raise CompileCrash(f"XLA's CPU compiler aborted on {job.dtype} {job.recipe} "
-                               f"[{job.mesh}] (status {proc.returncode}): "
-                               f"{(fatal or proc.stderr[-300:]).strip()[:300]}")
-        with open(path + ".out", encoding="utf-8") as fh:
-            out = json.load(fh)
-    if out["error"] is not None:
-        raise ValueError(out["error"])
-    return out["text"]
+def _compiled(hw_json: str, model: str, config: str, recipe: str, mesh: str, batch_size: int,
+              seq_len: int, dtype: str, microbatches: int | None
+              ) -> gpu_compile.CompiledStep:
+    """The step compiled in a fresh process (``gpu_compile.compile_builtin_isolated``),
+    cached: a step predicted twice is compiled once."""
+    hw = hardware_lib.HardwareProfile.from_dict(json.loads(hw_json))
+    return gpu_compile.compile_builtin_isolated(hw, model, config, recipe, mesh,
+                                                batch_size=batch_size, seq_len=seq_len,
+                                                dtype=dtype, microbatches=microbatches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -579,6 +516,7 @@ class Prediction:
     untuned_ms: float
     tuned_ms: float
     compiled_dtype: str
+    compiled_by: str  # which compiler made the step, for how many devices
     note: str = ""
 
 
@@ -587,30 +525,37 @@ def predict_compiled(model: str, config: str, pc: ParallelConfig,
                      dtype: str) -> Prediction:
     """xla-default and lagom-tuned predicted step time of the real compiled step.
 
-    When XLA's CPU compiler crashes on the bfloat16 step (it does on every GPipe step in
-    jaxlib 0.10.2), the float32 step is compiled instead and the prediction says so: its
-    activation collectives and memory traffic are twice the bfloat16 ones, so it is an
+    The step is compiled by XLA's GPU pipeline for abstract GPUs of ``hw``
+    (``gpu_compile``); where that is not installed, by XLA:CPU, and the note says what is
+    lost. When the compiler crashes on the bfloat16 step (XLA:CPU does on every GPipe step
+    in jaxlib 0.10.2), the float32 step is compiled instead and the prediction says so:
+    its activation collectives and memory traffic are twice the bfloat16 ones, so it is an
     upper bound. Raises ValueError when `models.build` rejects the configuration and
     CompileCrash when no dtype compiles.
     """
-    def job(dt: str) -> _Job:
-        return _Job(model, config, pc.recipe, pc.mesh, global_batch, seq_len, dt,
-                    pc.microbatches if pc.stage > 1 else None, pc.num_devices)
+    n = pc.num_devices
+    cluster = hw.with_nodes(max(1, math.ceil(n / hw.gpus_per_node)))
 
-    note, used = "", dtype
+    def compiled(dt: str) -> gpu_compile.CompiledStep:
+        return _compiled(cluster.to_json(), model, config, pc.recipe, pc.mesh, global_batch,
+                         seq_len, dt, pc.microbatches if pc.stage > 1 else None)
+
+    notes, used = [], dtype
     try:
-        text = _compiled_text(job(dtype))
+        step = compiled(dtype)
     except CompileCrash as crash:
         if dtype == "float32":
             raise
-        text = _compiled_text(job("float32"))
+        step = compiled("float32")
         used = "float32"
-        note = (f"compiled in float32 because {crash}; float32 activations double the "
-                "activation traffic, so this prediction is an upper bound")
-    graph = graph_lib.from_hlo_text(text)
+        notes.append(f"compiled in float32 because {crash}; float32 activations double the "
+                     "activation traffic, so this prediction is an upper bound")
+    if step.warning:
+        notes.append(step.warning)
+    graph = graph_lib.from_hlo_text(step.text)
     results = api.search_all(graph, hw, strategy="lagom", baselines=("xla-default",))
     return Prediction(results["xla-default"].makespan_us / 1e3, results["lagom"].makespan_us / 1e3,
-                      used, note)
+                      used, step.where, "; ".join(notes))
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -684,7 +629,7 @@ def advise(model: str, config: str, num_devices: int,
     say(f"screened {len(configs)} configurations: {len(feasible)} feasible, {len(rejected)} rejected")
 
     # Compile down the screen's order until top_k steps are predicted; a candidate that
-    # build rejects, or that crashes XLA's CPU compiler, gives its place to the next one
+    # build rejects, or that crashes XLA's compiler, gives its place to the next one
     # (at most 2 x top_k attempts, to bound the time).
     compiled: dict[ParallelConfig, Prediction] = {}
     crashed: dict[ParallelConfig, str] = {}
@@ -727,6 +672,7 @@ def advise(model: str, config: str, num_devices: int,
                    + (f"; {pred.note}" if pred.note else ""))
         candidates.append(Candidate(pc, est, pred and pred.untuned_ms, pred and pred.tuned_ms,
                                     pred.compiled_dtype if pred else None,
-                                    est.memory_bytes / 1e9, why))
+                                    est.memory_bytes / 1e9, why,
+                                    pred.compiled_by if pred else None))
     return Advice(model, config, num_devices, hw.name, hw.nodes, global_batch, seq_len, dtype,
                   tuple(candidates), tuple(rejected))

@@ -5,6 +5,7 @@ The whole flow of tuning one input signature::
     lowered  = jitted.lower(*args)                      # JAX's own lowering
     baseline = lowered.compile()                        # the untuned executable
     graph    = graph.from_hlo_text(baseline.as_text())  # StepGraph of the compiled HLO
+                                 # (off a GPU host: of XLA:GPU's deviceless compile of it)
     plan     = make_plan(graph, hw, strategy)           # search + baselines -> Plan
     flags.validate(options=plan.compiler_options())     # the installed XLA accepts them
     tuned    = lowered.compile(compiler_options=...)    # the tuned executable, kept
@@ -30,6 +31,7 @@ import jax
 
 from lagom_jax import cost as cost_lib
 from lagom_jax import flags as flags_lib
+from lagom_jax import gpu_compile
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
@@ -267,7 +269,10 @@ class Tuned:
                           TuningWarning, stacklevel=3)
             return self._jitted, None
         try:
-            plan = self._plan_for(baseline)
+            hw, note = resolve_hardware(self._hardware)
+            if self._verbose:
+                print(f"lagom-jax: {note}")
+            plan = self._plan_for(self._module_text(baseline, args, kwargs, hw), hw)
             options = plan.compiler_options(with_profile=self._with_profile)
             flags_lib.validate("", options)
             tuned = lowered.compile(compiler_options=options)
@@ -278,12 +283,29 @@ class Tuned:
         apply_nccl_env(plan)
         return tuned, plan
 
-    def _plan_for(self, compiled) -> Plan:
-        text = compiled.as_text()
-        fingerprint = hashlib.sha256(text.encode()).hexdigest()
-        hw, note = resolve_hardware(self._hardware)
+    def _module_text(self, baseline, args, kwargs, hw: hardware_lib.HardwareProfile) -> str:
+        """The module to tune: the one XLA compiled for these GPUs.
+
+        On a GPU host that is the executable the step runs. Elsewhere (a CPU test host),
+        the step is compiled again by XLA's GPU pipeline for abstract GPUs of ``hw``
+        (``gpu_compile.compile_for_cluster``); if that cannot be done, XLA:CPU's module
+        stands in, with a warning of what that costs.
+        """
+        if _platform(baseline) in ("gpu", "cuda", "rocm"):
+            return baseline.as_text()
+        try:
+            text = gpu_compile.compile_for_cluster(self._jitted, args, kwargs, hw)
+        except Exception as err:  # noqa: BLE001 - any failure: the CPU module stands in
+            warnings.warn(f"lagom-jax: could not compile the step for {hw.gpu} GPUs without a "
+                          f"GPU ({type(err).__name__}: {err}); tuning XLA:CPU's module instead: "
+                          f"{gpu_compile.CPU_FALLBACK_LOSS}", TuningWarning, stacklevel=4)
+            return baseline.as_text()
         if self._verbose:
-            print(f"lagom-jax: {note}")
+            print(f"lagom-jax: tuning XLA:GPU's module, compiled deviceless for {hw.gpu}")
+        return text
+
+    def _plan_for(self, text: str, hw: hardware_lib.HardwareProfile) -> Plan:
+        fingerprint = hashlib.sha256(text.encode()).hexdigest()
         key = PlanCache.key(fingerprint, hw.to_json(), self._strategy, VERSION)
         if self._cache is not None:
             try:
@@ -310,6 +332,13 @@ class Tuned:
                 warnings.warn(f"lagom-jax: could not write the plan cache ({err}); "
                               "the plan is used but not cached", TuningWarning, stacklevel=4)
         return plan
+
+
+def _platform(compiled) -> str:
+    """The platform a compiled step runs on (JAX's default when it has no array inputs)."""
+    for sharding in jax.tree_util.tree_leaves(compiled.input_shardings):
+        return next(iter(sharding.device_set)).platform
+    return jax.devices()[0].platform
 
 
 def launch_line(plan: Plan, command: str = "python train.py") -> str:

@@ -230,28 +230,25 @@ def _model_graph(args: argparse.Namespace):
     n = math.prod(shape.values())
     hw = _cluster_for_mesh(args, n)
     try:
-        devices, where = gpu_compile.devices(hw, n), f"XLA:GPU deviceless compile for {n}x {hw.gpu}"
+        target = gpu_compile.step_devices(hw, n)
     except gpu_compile.DevicelessUnavailable as err:
-        devices = None
-        where = f"XLA:CPU compile on {n} fake CPU devices"
-        print(f"lagom-jax: warning: {err}. Falling back to XLA:CPU's module: no async "
-              "collectives, XLA:CPU's combiner and fusion, so the plan tunes a different "
-              "program than the GPUs run and its predicted gains are rough.", file=sys.stderr)
-        _fake_cpu_devices(n)
+        raise _UsageError(str(err)) from None
+    if target.warning:
+        print(f"lagom-jax: warning: {target.warning}.", file=sys.stderr)
     config = args.config or models.DEFAULT_CONFIG[args.model]
     try:
         seq_len = args.seq_len
         if seq_len is None and config in models.FAMILIES[args.model].configs:
             seq_len = min(512, models.FAMILIES[args.model].configs[config].max_len)
         built = models.build(args.model, config, recipe, shape, batch_size=args.batch_size,
-                             seq_len=seq_len, dtype=args.dtype, devices=devices)
+                             seq_len=seq_len, dtype=args.dtype, devices=target.devices)
     except ValueError as err:  # unknown config, infeasible mesh, bad sizes: say which
         raise _UsageError(str(err)) from None
-    print(f"lagom-jax: {where} ({args.model} {config}, {recipe}, mesh {args.mesh}) ...",
+    print(f"lagom-jax: {target.where} ({args.model} {config}, {recipe}, mesh {args.mesh}) ...",
           file=sys.stderr)
     text = built.compiled_text()
-    recompile = built.compiled_text if devices is not None else None
-    return graph.from_hlo_text(text), text, hw, where, recompile
+    recompile = built.compiled_text if target.deviceless else None
+    return graph.from_hlo_text(text), text, hw, target.where, recompile
 
 
 def _cluster_for_mesh(args: argparse.Namespace, n: int) -> hardware.HardwareProfile:
@@ -272,19 +269,6 @@ def _cluster_for_mesh(args: argparse.Namespace, n: int) -> hardware.HardwareProf
             + (f"({n // hw.gpus_per_node})" if n % hw.gpus_per_node == 0
                else f"(a mesh of a multiple of {hw.gpus_per_node} devices)"))
     return hw
-
-
-def _fake_cpu_devices(n: int) -> None:
-    import jax
-
-    if jax.config.jax_platforms in (None, "", "cpu") and not _backend_started():
-        jax.config.update("jax_num_cpu_devices", max(8, n))
-
-
-def _backend_started() -> bool:
-    from jax._src import xla_bridge
-
-    return xla_bridge.backends_are_initialized()
 
 
 def _run_tune(args: argparse.Namespace) -> int:

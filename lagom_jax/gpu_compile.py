@@ -26,19 +26,25 @@ there). Fields the installed jaxlib's proto does not know are dropped at load ti
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.resources
 import importlib.util
+import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lagom_jax import hardware as hardware_lib
 
-__all__ = ["DevicelessUnavailable", "compile_text", "devices", "prepare", "target_config",
-           "topology_string", "unavailable_reason"]
+__all__ = ["CPU_FALLBACK_LOSS", "CompileCrash", "CompiledStep", "DevicelessUnavailable",
+           "StepDevices", "compile_builtin", "compile_builtin_isolated", "compile_for_cluster",
+           "compile_text", "devices",
+           "prepare", "step_devices", "target_config", "topology_string", "unavailable_reason"]
 
 # The CUDA 12 plugin (what lagom-jax installs) or CUDA 13's (newer jax on GPU hosts).
 _PLUGIN_MODULES = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
@@ -229,6 +235,93 @@ def devices(hw: hardware_lib.HardwareProfile, num_devices: int | None = None) ->
         raise DevicelessUnavailable(f"cannot create {topo} {hw.gpu} GPUs: {e}") from e
 
 
+def compile_for_cluster(jitted: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                        hw: hardware_lib.HardwareProfile,
+                        options: Mapping[str, Any] | None = None) -> str:
+    """HLO text of ``jitted(*args, **kwargs)`` compiled by XLA's GPU pipeline for ``hw``.
+
+    For a step whose arguments live on other devices (CPU devices of a test host): it is
+    traced as usual, lowered for the ``cuda`` platform with its own shardings, and the
+    module is compiled for as many abstract GPUs of ``hw`` as the step has devices,
+    GPU i standing for device i. Nothing runs. This reaches into JAX's internals
+    (``Lowered._lowering.compile_args``, ``pxla.create_compile_options``,
+    ``compiler.backend_compile_and_load``; checked with jax 0.10.2): callers treat any
+    exception as "not available" and go on without it.
+    """
+    import numpy as np
+    from jax._src import compiler
+    from jax._src.interpreters import pxla
+    from jax._src.lib import xla_client as xc
+
+    lowered = jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",))
+    compile_args = lowered._lowering.compile_args
+    gpus = devices(hw, compile_args["num_devices"])
+    module = lowered.compiler_ir("stablehlo")
+    client = gpus[0].client
+    # Shardings are fixed by the step as traced: XLA may not propagate new ones to its
+    # inputs or outputs.
+    compile_options = pxla.create_compile_options(
+        module, compile_args["tuple_args"], [False] * len(compile_args["global_in_avals"]),
+        [False] * len(compile_args["global_out_avals"]), client,
+        np.array(gpus, dtype=object), dict(options or {}))
+    executable = compiler.backend_compile_and_load(
+        client, module, xc.DeviceList(tuple(gpus)), compile_options, [])
+    return executable.hlo_modules()[0].to_string()
+
+
+# What a plan loses when XLA:CPU's module stands in for the GPU one.
+CPU_FALLBACK_LOSS = ("XLA:CPU's module has no async collectives and its own combiner and "
+                     "fusion, so the plan tunes a different program than the GPUs run and its "
+                     "predicted gains are rough")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDevices:
+    """The devices a step for a GPU cluster is compiled on, and what that means.
+
+    ``deviceless``: abstract GPUs of the cluster (XLA's GPU pipeline). Otherwise CPU
+    devices stand in and ``warning`` says why and what is lost.
+    """
+
+    devices: tuple[Any, ...]
+    where: str
+    deviceless: bool
+    warning: str | None = None
+
+
+def step_devices(hw: hardware_lib.HardwareProfile, num_devices: int) -> StepDevices:
+    """Where to compile a step of ``num_devices`` devices of ``hw``, with XLA:CPU as fallback.
+
+    Abstract GPUs when this process can make them (call before JAX's backends start, so
+    :func:`prepare` can act); else the first ``num_devices`` CPU devices, whose count is
+    raised to ``num_devices`` here if the backends have not started. Raises ValueError when
+    ``num_devices`` does not fit the cluster and DevicelessUnavailable when neither route
+    has enough devices.
+    """
+    import jax
+
+    topology_string(hw, num_devices)  # the mesh and the cluster agree, or ValueError
+    if not _backends_started() and jax.config.jax_num_cpu_devices < num_devices:
+        jax.config.update("jax_num_cpu_devices", num_devices)
+    prepare()
+    try:
+        return StepDevices(tuple(devices(hw, num_devices)),
+                           f"XLA:GPU deviceless compile for {num_devices}x {hw.gpu}", True)
+    except DevicelessUnavailable as err:
+        reason = str(err)
+    try:
+        cpu = jax.devices("cpu")
+    except RuntimeError:  # the user limited JAX to other platforms
+        cpu = []
+    if len(cpu) < num_devices:
+        raise DevicelessUnavailable(
+            f"{reason}; the XLA:CPU fallback has {len(cpu)} devices, not {num_devices} (set "
+            f"jax_num_cpu_devices={num_devices} before JAX starts)")
+    return StepDevices(tuple(cpu[:num_devices]),
+                       f"XLA:CPU compile on {num_devices} fake CPU devices", False,
+                       f"{reason}. Falling back to XLA:CPU: {CPU_FALLBACK_LOSS}")
+
+
 def compile_text(lowerable: Any, args: Sequence[Any],
                  options: Mapping[str, Any] | None = None) -> str:
     """HLO text of ``lowerable.lower(*args).compile(compiler_options=options)``.
@@ -237,3 +330,96 @@ def compile_text(lowerable: Any, args: Sequence[Any],
     is allocated and nothing runs.
     """
     return lowerable.lower(*args).compile(compiler_options=dict(options or {})).as_text()
+
+
+# ------------------------------------------------------------- a built-in model's step
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+    """The HLO text of a compiled step, which compiler made it, and why, if not the GPU's."""
+
+    text: str
+    where: str
+    warning: str | None = None
+
+
+def compile_builtin(hw: hardware_lib.HardwareProfile, model: str, config: str, recipe: str,
+                    mesh: str, compiler_options: Mapping[str, Any] | None = None,
+                    **build_kwargs: Any) -> CompiledStep:
+    """A built-in model's train step (``lagom_jax.models.build``) compiled for ``hw``.
+
+    XLA's GPU pipeline for abstract GPUs of the cluster, else XLA:CPU on as many CPU
+    devices (:func:`step_devices`); in this process, so for the XLA:CPU fallback JAX's
+    backends must not have started yet. ``build_kwargs`` go to ``build`` (batch_size,
+    seq_len, dtype, microbatches). Raises ValueError when ``build`` rejects the step.
+    """
+    import math
+
+    from lagom_jax.models import build, parse_mesh
+
+    n = math.prod(parse_mesh(mesh).values())
+    target = step_devices(hw, n)
+    built = build(model, config, recipe, mesh, devices=target.devices, **build_kwargs)
+    return CompiledStep(built.compiled_text(compiler_options), target.where, target.warning)
+
+
+class CompileCrash(RuntimeError):
+    """XLA's compiler killed the process that compiled a step (the step is valid; the
+    compiler cannot compile it)."""
+
+
+def compile_builtin_isolated(hw: hardware_lib.HardwareProfile, model: str, config: str,
+                             recipe: str, mesh: str, *, timeout_s: float = 1800.0,
+                             **build_kwargs: Any) -> CompiledStep:
+    """:func:`compile_builtin` in a fresh process.
+
+    For callers that compile many steps: the XLA:CPU fallback needs as many CPU devices as
+    the mesh, and a process's count is fixed once JAX starts; and XLA's compilers abort
+    the whole process on some valid steps (jaxlib 0.10.2's CPU pipeline: a CHECK in
+    AllReducePromotion on bfloat16 GPipe steps), which must cost one step, not the
+    caller. Raises ValueError when ``build`` rejects the step and CompileCrash when the
+    compiler dies (with its fatal line) or runs past ``timeout_s``.
+    """
+    spec = {"hardware": hw.to_dict(), "model": model, "config": config, "recipe": recipe,
+            "mesh": mesh, "build_kwargs": build_kwargs}
+    what = f"{model} {config} {recipe} [{mesh}] {build_kwargs.get('dtype', '')}".rstrip()
+    with tempfile.TemporaryDirectory(prefix="lagom-compile-") as tmp:
+        path = os.path.join(tmp, "spec.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(spec, fh)
+        # The child never needs a real GPU; on a GPU host this also keeps it off the GPUs.
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        try:
+            proc = subprocess.run([sys.executable, "-c", "from lagom_jax.gpu_compile import _child; "
+                                   f"_child({path!r})"],
+                                  env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise CompileCrash(f"compiling {what} took over {timeout_s:.0f} s") from None
+        out_path = path + ".out"
+        if proc.returncode or not os.path.exists(out_path):
+            # glog's fatal line: "F1122 03:20:49.438142 18858 file.cc:1615] message"
+            fatal = next((ln.partition("] ")[2] for ln in proc.stderr.splitlines()
+                          if ln.startswith("F") and "] " in ln), "")
+            raise CompileCrash(f"XLA's compiler aborted on {what} (status {proc.returncode}): "
+                               f"{(fatal or proc.stderr[-300:]).strip()[:300]}")
+        with open(out_path, encoding="utf-8") as fh:
+            out = json.load(fh)
+    if out["error"] is not None:
+        raise ValueError(out["error"])
+    return CompiledStep(**out["compiled"])
+
+
+def _child(spec_path: str) -> None:
+    """compile_builtin_isolated's other side: compile the spec, write the answer beside it."""
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    hw = hardware_lib.HardwareProfile.from_dict(spec["hardware"])
+    try:
+        step = compile_builtin(hw, spec["model"], spec["config"], spec["recipe"], spec["mesh"],
+                               **spec["build_kwargs"])
+        out = {"compiled": dataclasses.asdict(step), "error": None}
+    except (ValueError, DevicelessUnavailable) as e:
+        out = {"compiled": None, "error": str(e)}
+    with open(spec_path + ".out", "w", encoding="utf-8") as fh:
+        json.dump(out, fh)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lagom_jax import advise as adv
-from lagom_jax import hardware
+from lagom_jax import gpu_compile, hardware
 from lagom_jax.models import FAMILIES
 
 GPT2_355M = FAMILIES["gpt2"].configs["355M"]
@@ -158,6 +158,8 @@ def test_pipeline_step_is_predicted_even_where_the_cpu_compiler_aborts():
     pred = adv.predict_compiled("gpt2", "tiny", pc, H100, global_batch=16, seq_len=16,
                                 dtype="bfloat16")
     assert 0 < pred.tuned_ms <= pred.untuned_ms * (1 + 1e-9)
+    if gpu_compile.unavailable_reason() is None:
+        assert pred.compiled_by == "XLA:GPU deviceless compile for 8x H100 SXM5"
     if pred.compiled_dtype == "float32":
         assert "aborted" in pred.note and "upper bound" in pred.note
     else:

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import lagom_jax
-from lagom_jax import api
+from lagom_jax import api, gpu_compile, hardware
 from lagom_jax.hlo import HloParseError
 
 _COMPILES: list[str] = []
@@ -182,12 +182,29 @@ def test_flax_model_step_tuned_matches_untuned(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     state, batch = built.init(jax.random.key(1))
     plan = tuned.plan(state, batch)
-    names = {line.split()[0].lstrip("%") for line in
-             built.train_step.lower(state, batch).compile().as_text().splitlines()
-             if " = " in line}
+    # On this CPU host the plan tunes the module XLA:GPU makes for the A40s (deviceless),
+    # or, without the CUDA plugin, XLA:CPU's.
+    if gpu_compile.unavailable_reason() is None:
+        text = gpu_compile.compile_for_cluster(built.train_step, (state, batch), {},
+                                               hardware.get("a40-pcie-8"))
+        assert "all-reduce-start" in text
+    else:
+        text = built.train_step.lower(state, batch).compile().as_text()
+    names = {line.split()[0].lstrip("%") for line in text.splitlines() if " = " in line}
     profiled = {name for name, _ in plan.costs}
-    # The LHS profile speaks the compiled module's names (combined collectives aside).
+    # The LHS profile speaks the tuned module's names (combined collectives aside).
     assert len(profiled & names) >= 0.9 * len(profiled)
+
+
+def test_without_the_gpu_compile_the_cpu_module_is_tuned_with_a_warning(tmp_path, inputs,
+                                                                       monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise gpu_compile.DevicelessUnavailable("no plugin in this test")
+
+    monkeypatch.setattr(gpu_compile, "compile_for_cluster", refuse)
+    with pytest.warns(api.TuningWarning, match="no plugin in this test.*XLA:CPU's module"):
+        plan = _tuned(tmp_path).plan(*inputs)
+    assert plan is not None and not any("-start" in name for name, _ in plan.costs)
 
 
 def test_shard_map_step(tmp_path, mesh):

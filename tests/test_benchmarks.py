@@ -20,6 +20,7 @@ import pytest
 # checkout also when pytest runs from elsewhere.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks import run, suite  # noqa: E402
+from lagom_jax import gpu_compile, hardware  # noqa: E402
 
 STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom")
 
@@ -47,6 +48,11 @@ def test_outputs_written_with_machine_and_versions(tiny_run):
     assert {"lagom_jax", "jax", "flax"} <= data["versions"].keys()
     assert data["strategies"] == list(STRATEGIES) and data["hardware"] == ["a40-pcie-8"]
     assert (out / "t.png").read_bytes()[:4] == b"\x89PNG"
+    # The predicted rows come from the module XLA's GPU pipeline made for the preset.
+    (row,) = data["rows"]
+    deviceless = gpu_compile.unavailable_reason() is None
+    assert row["compiled_by"].startswith("XLA:GPU deviceless" if deviceless else "XLA:CPU")
+    assert row["compiled_by"].endswith("8x A40") or not deviceless
 
 
 def test_measured_untuned_and_tuned_on_this_backend(tiny_run):
@@ -125,5 +131,5 @@ def test_timing_summary():
 
 def test_a_cell_that_does_not_compile_says_why():
     bad = suite.Cell("gpt2", "tiny", "tp", "model=8", batch_size=8, seq_len=16)
-    with pytest.raises(suite.CompileError, match="gpt2-tiny tp .*cannot be split 8 ways"):
-        suite.compile_hlo(bad)
+    with pytest.raises(suite.CompileError, match="gpt2-tiny tp .*h100-sxm-8 x1.*cannot be split 8 ways"):
+        suite.compile_hlo(bad, hardware.get("h100-sxm-8"))
