@@ -111,7 +111,12 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     args = parse_args(argv)
     import jax
 
-    # Must precede the first backend use; a GPU backend ignores it.
+    from lagom_jax import gpu_compile
+
+    # Both must precede the first backend use: on a host without a CUDA driver, keep JAX
+    # on the CPU (the CUDA plugin would fail its start-up check); a GPU backend ignores
+    # the CPU device count.
+    gpu_compile.prepare()
     jax.config.update("jax_num_cpu_devices", 8)
     if args.distributed:
         jax.distributed.initialize(num_processes=args.num_processes, process_id=args.process_id)

@@ -319,7 +319,7 @@ def step_devices(hw: hardware_lib.HardwareProfile, num_devices: int) -> StepDevi
             f"jax_num_cpu_devices={num_devices} before JAX starts)")
     return StepDevices(tuple(cpu[:num_devices]),
                        f"XLA:CPU compile on {num_devices} fake CPU devices", False,
-                       f"{reason}. Falling back to XLA:CPU: {CPU_FALLBACK_LOSS}")
+                       f"{reason}. Falling back to XLA:CPU's module: {CPU_FALLBACK_LOSS}")
 
 
 def compile_text(lowerable: Any, args: Sequence[Any],
@@ -379,7 +379,7 @@ def compile_builtin_isolated(hw: hardware_lib.HardwareProfile, model: str, confi
     the whole process on some valid steps (jaxlib 0.10.2's CPU pipeline: a CHECK in
     AllReducePromotion on bfloat16 GPipe steps), which must cost one step, not the
     caller. Raises ValueError when ``build`` rejects the step and CompileCrash when the
-    compiler dies (with its fatal line) or runs past ``timeout_s``.
+    compiler fails (with its error or fatal line) or runs past ``timeout_s``.
     """
     spec = {"hardware": hw.to_dict(), "model": model, "config": config, "recipe": recipe,
             "mesh": mesh, "build_kwargs": build_kwargs}
@@ -407,6 +407,8 @@ def compile_builtin_isolated(hw: hardware_lib.HardwareProfile, model: str, confi
             out = json.load(fh)
     if out["error"] is not None:
         raise ValueError(out["error"])
+    if out["crash"] is not None:
+        raise CompileCrash(f"XLA failed to compile {what}: {out['crash'][:500]}")
     return CompiledStep(**out["compiled"])
 
 
@@ -418,8 +420,10 @@ def _child(spec_path: str) -> None:
     try:
         step = compile_builtin(hw, spec["model"], spec["config"], spec["recipe"], spec["mesh"],
                                **spec["build_kwargs"])
-        out = {"compiled": dataclasses.asdict(step), "error": None}
-    except (ValueError, DevicelessUnavailable) as e:
-        out = {"compiled": None, "error": str(e)}
+        out = {"compiled": dataclasses.asdict(step), "error": None, "crash": None}
+    except (ValueError, DevicelessUnavailable) as e:  # the step or the setup is refused
+        out = {"compiled": None, "error": str(e), "crash": None}
+    except Exception as e:  # noqa: BLE001 - XLA refused a valid step: say how
+        out = {"compiled": None, "error": None, "crash": f"{type(e).__name__}: {e}"}
     with open(spec_path + ".out", "w", encoding="utf-8") as fh:
         json.dump(out, fh)

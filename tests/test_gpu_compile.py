@@ -104,12 +104,13 @@ def test_cli_mesh_preset_and_nodes_must_agree(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_cli_two_nodes_from_a_16_device_mesh(capsys):
-    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=8,model=2",
-                     "--hardware", "h100-sxm-8", "--json"]) == 0
+@pytest.mark.parametrize("mesh, n, nodes", [("data=8,model=2", 16, 2), ("data=32,model=2", 64, 8)])
+def test_cli_nodes_from_the_mesh_size(mesh, n, nodes, capsys):
+    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", mesh,
+                     "--batch-size", "64", "--hardware", "h100-sxm-8", "--json"]) == 0
     import json
 
     out = json.loads(capsys.readouterr().out)
-    assert out["compiled_by"].startswith("XLA:GPU deviceless compile for 16x")
-    # The data axis (8 ways, outer) spans both hosts: its gradient all-reduces cross nodes.
-    assert max(c["nodes"] for c in out["collectives"]) == 2
+    assert out["compiled_by"].startswith(f"XLA:GPU deviceless compile for {n}x")
+    # The data axis (outer) spans every host: its gradient all-reduces cross all nodes.
+    assert max(c["nodes"] for c in out["collectives"]) == nodes
