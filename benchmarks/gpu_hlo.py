@@ -7,11 +7,12 @@ Run on a machine with one NVIDIA GPU::
 The flow (issue 9, part 2), one straight line:
 
 1. ``jax_mock_gpu_topology`` is set before the backend starts, so the CUDA client reports
-   8 devices backed by mock NCCL (reference/xla_flags.md, section 6). Nothing is executed;
-   programs are only compiled. JAX's own test uses ``"<slices>x<hosts>x1"`` with one
-   visible GPU (``jax/tests/mock_gpu_topology_test.py``: ``2x4x1`` gives 8 devices): the
-   mock client copies the real local devices once per mock host, so the default here is
-   ``1x8x1``. The script checks the device count and names ``--mock-topology`` if it is off.
+   8 devices backed by mock NCCL (jax ``jax/_src/xla_bridge.py``, ``enable_mock_nccl``).
+   Nothing is executed; programs are only compiled. JAX's own test uses
+   ``"<slices>x<hosts>x1"`` with one visible GPU (``jax/tests/mock_gpu_topology_test.py``:
+   ``2x4x1`` gives 8 devices): the mock client copies the real local devices once per mock
+   host, so the default here is ``1x8x1``. The script checks the device count and names
+   ``--mock-topology`` if it is off.
 2. Small configs of gpt2/bert/t5 under dp, fsdp, tp and dp+tp are built with
    ``lagom_jax.models.build`` and compiled with XLA's default options; each
    ``compiled.as_text()`` is stored as ``gpu_<model>_<recipe>.hlo`` and read back with
@@ -23,10 +24,12 @@ The flow (issue 9, part 2), one straight line:
 4. LHS-profile check: the uncombined compile (latency-hiding scheduler on) is the
    baseline; ``api.make_plan`` on its StepGraph gives ``plan.lhs_profile()``, passed back
    as ``fdo_profile`` with every other option unchanged (so the pre-LHS fingerprint and the
-   instruction names stay valid, reference/xla_flags.md, section 3). The schedules are
-   diffed: which async collectives moved, and how much compute XLA put under each. A third
-   compile multiplies the cost of the collective with the least compute under it by
-   ``--boost`` (0 skips it): if XLA reads the profile, that collective gets more compute under it.
+   instruction names stay valid: openxla/xla ``xla/service/gpu/gpu_hlo_schedule.cc``
+   fingerprints the module just before LHS and matches profile costs by instruction name).
+   The schedules are diffed: which async collectives moved, and how much compute XLA put
+   under each. A third compile multiplies the cost of the collective with the least compute
+   under it by ``--boost`` (0 skips it): if XLA reads the profile, that collective gets more
+   compute under it.
 
 ``--allow-cpu`` runs the same flow on 8 CPU devices (for tests). The CPU pipeline has no
 async collectives, no GPU combiners and no LHS, so its results only show the code runs;

@@ -2,8 +2,9 @@
 
 Given a model, a device count and a hardware preset, `advise` answers "which
 (data x fsdp x tensor x pipeline, micro-batches) should I train with?" in two stages, as
-ConfigTuner does (reference/peers.md section 2: for dense transformers the traffic of every
-parallelism is predictable from the configuration alone, so no profiling run is needed):
+ConfigTuner does ("Analyzing Communication Predictability in LLM Training", arXiv
+2512.24750: for dense transformers the traffic of every parallelism is predictable from the
+configuration alone, so no profiling run is needed):
 
 1. **Analytic screen** (`estimate`), microseconds per configuration. From the model's
    hyper-parameters it derives the per-device FLOPs, the bytes every parallelism moves per
@@ -51,8 +52,9 @@ GPU_MEMORY_GB: dict[str, float] = {
     "v100-25g": 32.0,
 }
 # Share of GPU memory XLA's allocator may use: MaxText's 8xH100 recipe sets
-# XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 (reference/xla_flags.md section 8); the rest holds the
-# CUDA context, NCCL buffers and cuBLAS workspaces.
+# XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 (AI-Hypercomputer/maxtext,
+# MaxText/configs/a3/llama_2_7b/1vm.sh); the rest holds the CUDA context, NCCL buffers and
+# cuBLAS workspaces.
 USABLE_MEMORY_FRACTION = 0.85
 # Micro-batch counts tried for a pipeline of S stages: m = factor x S (GPipe needs m >= S
 # to keep every stage busy after the fill; 8S bounds the bubble below 1/9).

@@ -79,10 +79,25 @@ def resolve_hardware(hardware: str | hardware_lib.HardwareProfile, devices=None)
     return hw, f"hardware: {hw.name}"
 
 
-def _plan_flags(result: search_lib.SearchResult) -> tuple[XlaFlag, ...]:
+def _lhs_flags(latency_hiding: bool, hw: hardware_lib.HardwareProfile) -> list[XlaFlag]:
+    """The flag that gives XLA's latency-hiding scheduler the chosen state on ``hw``.
+
+    Where XLA schedules by default (Hopper) the scheduler flag is already off and the
+    speed-of-light estimator keeps the scheduler on: turning that estimator off is what
+    turns the scheduler off (``IsLHSEnabled``, xla/service/gpu/gpu_hlo_schedule.cc).
+    """
+    if latency_hiding == hw.xla_schedules_by_default:
+        return []
+    if latency_hiding:
+        return [XlaFlag("xla_gpu_enable_latency_hiding_scheduler", True)]
+    return [XlaFlag("xla_gpu_enable_analytical_sol_latency_estimator", False)]
+
+
+def _plan_flags(result: search_lib.SearchResult, hw: hardware_lib.HardwareProfile
+                ) -> tuple[XlaFlag, ...]:
     """The flag-level choices of a search result that differ from XLA's defaults."""
     structure = result.structure
-    out = [XlaFlag("xla_gpu_enable_latency_hiding_scheduler", bool(structure.latency_hiding)),
+    out = [*_lhs_flags(bool(structure.latency_hiding), hw),
            XlaFlag("xla_gpu_experimental_parallel_collective_overlap_limit",
                    int(structure.overlap_limit))]
     out += [XlaFlag(THRESHOLD_FLAGS[kind], int(threshold))
@@ -129,7 +144,7 @@ def plan_from_results(results: Mapping[str, search_lib.SearchResult], strategy: 
     return Plan(
         module=module, fingerprint=fingerprint, hardware=hw.name,
         gpus_per_node=hw.gpus_per_node, nodes=hw.nodes, strategy=strategy, version=VERSION,
-        collectives=tuple(choices), flags=_plan_flags(chosen),
+        collectives=tuple(choices), flags=_plan_flags(chosen, hw),
         predicted_us=tuple((name, r.makespan_us) for name, r in results.items()),
         bound_us=chosen.bound_us, evaluations=chosen.evaluations,
         search_seconds=chosen.search_time_s, costs=costs, timeline_json=timeline.to_json(),

@@ -3,8 +3,8 @@
 Split the way XLA splits its latency-hiding scheduler (``latency_hiding_scheduler.h``):
 
 * ``CostConfig`` — one struct with every constant of the model: NCCL's latency and
-  protocol tables (``src/graph/tuning.cc`` v2.30.7, transcribed in
-  reference/nccl_model.md) and the few contention constants, each with its source.
+  protocol tables (transcribed from NVIDIA/nccl ``src/graph/tuning.cc`` v2.30.7) and the
+  few contention constants, each with its source.
 * the estimator — ``collective_time_us`` and ``compute_time_us``: small documented
   formulas, pure functions of (what, how much, params, hardware);
 * ``ResourceTracker`` — the SMs and HBM bandwidth that running collectives hold, and what
@@ -45,7 +45,7 @@ class CostConfig:
     """Every constant of the cost model, with its source.
 
     Latency tables are NCCL's ``baseLat`` / ``hwLat`` (us), indexed [LL, LL128, Simple]
-    (reference/nccl_model.md, "Latency").
+    (NVIDIA/nccl ``src/graph/tuning.cc`` v2.30.7).
     """
 
     base_lat_ring: tuple[float, float, float] = (6.6, 14.0, 8.4)
@@ -90,7 +90,7 @@ class CostConfig:
     full_rate_threads: tuple[int, int, int] = (512, 640, 512)
     # Part of a step's hop latency paid again for every chunk a channel moves: the
     # flag/FIFO handshake per chunk. NCCL keeps 8 steps in flight (NCCL_STEPS), so one
-    # in 8 handshakes is exposed. No published chunk sweep exists (reference: NOT FOUND).
+    # in 8 handshakes is exposed. No published chunk sweep was found to calibrate it.
     chunk_sync_fraction: float = 1 / 8
     # Local HBM traffic per bus byte of a ring collective: the peer's write into the
     # receive buffer plus the read that forwards or reduces it (assumption; calibrated so
@@ -286,7 +286,9 @@ def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: Coll
     return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (busbw_gbps(params, hw, nodes, cfg) * 1e3)
 
 
-# NCCL's per-protocol defaults (reference/nccl_model.md, "Per-call channels/threads/chunks").
+# NCCL's per-protocol defaults (NVIDIA/nccl v2.30.7: threads in src/graph/tuning.cc and
+# src/include/device.h, bytes per thread in src/include/comm.h, chunks in src/enqueue.cc
+# calcCollChunking from the buffer sizes in src/init.cc).
 _DEFAULT_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 _BYTES_PER_THREAD = {"LL": 8, "LL128": 8, "Simple": 64}  # ring LL: x nRanks
 _LL_CHUNK = 32 << 10

@@ -5,8 +5,9 @@ A Plan speaks about XLA through :class:`XlaFlag` values. They become either per-
 ``XLA_FLAGS`` string for launch scripts. Before anybody is told to use them they are
 validated by the XLA that is installed here: the flag string by XLA's own flag parser and
 the options by a real compile, both in a child process, because XLA aborts the process on
-an unknown flag (reference/xla_flags.md, section 6: "Unknown flag in XLA_FLAGS" exits 1, and
-some bad option values fail a CHECK instead of raising).
+an unknown flag (openxla/xla ``xla/parse_flags_from_env.cc``: "Unknown flag in XLA_FLAGS" is
+fatal, exit code 1) and, as we measured with jaxlib 0.10.2, some bad option values fail a
+CHECK instead of raising.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ class FlagSpec:
     type: type
     default: FlagValue
     help: str
-    # False for flags read once per process (reference/xla_flags.md section 6 lists them):
-    # they go into XLA_FLAGS only, never into compiler_options.
+    # False for flags read once per process (openxla/xla keeps them in a ``static`` taken
+    # from GetDebugOptionsFromFlags(), e.g. xla_gpu_enable_nccl_comm_splitting in the GPU
+    # clique code): they go into XLA_FLAGS only, never into compiler_options.
     per_compile: bool = True
 
 
-# Types and defaults: reference/xla_flags.md, summary table (read from the jaxlib 0.10.2
-# binary's DebugOptions descriptor and default CompileOptions).
+# Types and defaults: openxla/xla xla/xla.proto (DebugOptions) and xla/debug_options_flags.cc,
+# checked by our own measurement against the jaxlib 0.10.2 binary's DebugOptions descriptor
+# and default CompileOptions.
 _COMBINE_DEFAULT = 31457287  # 30 MiB + 7, xla/service/collective_utils.h
 KNOWN_FLAGS: dict[str, FlagSpec] = {
     s.name: s
@@ -58,6 +61,8 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
                  "combine only reduce-scatters of the same dimension"),
         FlagSpec("xla_gpu_enable_latency_hiding_scheduler", bool, False,
                  "schedule async collectives to overlap compute"),
+        FlagSpec("xla_gpu_enable_analytical_sol_latency_estimator", bool, True,
+                 "speed-of-light latency estimator; on Hopper it also turns the LHS on"),
         FlagSpec("xla_gpu_enable_pipelined_all_reduce", bool, False,
                  "move all-reduce across loop iterations"),
         FlagSpec("xla_gpu_enable_pipelined_all_gather", bool, False,

@@ -5,9 +5,10 @@ HBM bandwidth), the link inside a node (NVLink or PCIe) and the network between 
 each expressed the way the cost model uses it (ring bus bandwidth at saturation, bus
 bandwidth one NCCL channel can drive), plus NCCL's default channel count on that box.
 
-Every number in ``PRESETS`` cites its source; the sources are collected in
-``/work/shared/reference/nccl_model.md`` (NCCL's tuning model, published nccl-tests
-results, NVIDIA datasheets) and ``nccl_lagom_autoccl.md`` (Lagom / AutoCCL facts).
+Every number in ``PRESETS`` cites its public source: NCCL's tuning model (NVIDIA/nccl
+``src/graph/tuning.cc``, ``search.cc``, ``connect.cc``), published nccl-tests results
+(issues of NVIDIA/nccl and NVIDIA/nccl-tests, Azure/AI-benchmarking-guide), NVIDIA
+datasheets, and the Lagom (arXiv 2602.20656) and AutoCCL (NSDI'25) papers.
 Where no measurement was published the derivation is stated.
 
 This module is on the ground floor: it imports nothing from the project.
@@ -96,6 +97,19 @@ class HardwareProfile:
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @property
+    def xla_schedules_by_default(self) -> bool:
+        """Whether XLA:GPU runs its latency-hiding scheduler on this GPU unasked.
+
+        ``IsLHSEnabled`` (openxla/xla xla/service/gpu/gpu_hlo_schedule.cc) also turns the
+        scheduler on when the speed-of-light latency estimator supports the module
+        (``xla_gpu_enable_analytical_sol_latency_estimator``, on by default), which it does
+        on Hopper and newer (``SolLatencyEstimator::IsSupportedForModule``) unless the
+        module holds ragged all-to-all, collective-broadcast or host-offloaded ops. Older
+        GPUs get XLA's memory-minimizing schedule unless the scheduler flag is set.
+        """
+        return self.arch == "hopper"
+
     def with_nodes(self, nodes: int) -> HardwareProfile:
         """The same cluster with ``nodes`` nodes."""
         if nodes < 1:
@@ -138,7 +152,7 @@ class HardwareProfile:
         return cls.from_dict(d)
 
 
-# --- Shared derivations (reference/nccl_model.md) ------------------------------------
+# --- Shared derivations (NCCL's tuning model, published nccl-tests) ------------------
 # A100: nccl-tests 8xA100 AR busBw 230.8-231.6 GB/s (nccl #527, Azure ND A100 v4) against
 # NCCL's model of 12 links x 20 GB/s = 240: the ring reaches 0.96 of the nominal link.
 _RING_EFFICIENCY = 231.0 / 240.0
@@ -162,7 +176,7 @@ PRESETS: dict[str, HardwareProfile] = {
         peak_tflops=312.0,  # datasheet, dense BF16
         achieved_tflops=267.9,  # MAMF best-shape BF16 matmul (stas00/ml-engineering)
         hbm_gbps=2039.0,  # datasheet, HBM2e
-        achieved_hbm_gbps=1680.0,  # achieved 1.61-1.75 TB/s (reference, GPU facts), midpoint
+        achieved_hbm_gbps=1680.0,  # achieved 1.61-1.75 TB/s (Azure ND A100 v4), midpoint
         intra_link="nvlink",
         intra_busbw_gbps=231.0,  # nccl-tests AR busBw 230.8 @1 GB (nccl #527), 231.6 @8 GB (Azure)
         # NCCL: 12 search channels x 20 GB/s, 24 CTAs => 10 GB/s busBw per CTA.
@@ -194,7 +208,7 @@ PRESETS: dict[str, HardwareProfile] = {
         # 8x 400 Gb/s NICs; 4x8 H100 with 3.2 Tb/s IB measured AR busBw 330.9 (aigatech).
         net_busbw_gbps=330.9,
         net_channel_gbps=15.0,  # NCCL's Hopper per-channel speed, per CTA, as inside the node
-        nccl_channels=24,  # 6x60 -> 12x30 search channels, 24 CTAs (NCCL init, reference)
+        nccl_channels=24,  # 6x60 -> 12x30 search channels, 24 CTAs (NCCL search.cc/connect.cc)
         ll128_enabled=True,
         launch_us=_LAUNCH_US,
         xla_target="h100_sxm",

@@ -26,8 +26,8 @@ Protocol = Literal["LL", "LL128", "Simple"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree")
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
-# NCCL clamps CTAs per communicator to [1, 64] (reference/nccl_model.md, "Channel count
-# at init") and uses 64..640 threads per CTA (NCCL_NTHREADS, multiples of 64).
+# NCCL clamps CTAs per communicator to [1, 64] (NVIDIA/nccl src/init.cc, minCTAs/maxCTAs
+# capped at MAXCHANNELS) and uses 64..640 threads per CTA (NCCL_NTHREADS, multiples of 64).
 MAX_CHANNELS = 64
 MIN_THREADS, MAX_THREADS = 64, 640
 
@@ -175,7 +175,7 @@ class Plan:
         return render_xla_flags(self.flags)
 
     def lhs_profile(self) -> str:
-        """A ProfiledInstructionsProto in text form (reference/xla_flags.md, section 3)."""
+        """A ProfiledInstructionsProto in text form (PGLE, openxla/xla gpu_hlo_schedule.cc)."""
         return "".join(
             f'costs {{ name: "{name}" cost_us: {cost:.3f} }}\n' for name, cost in self.costs
         )
@@ -220,8 +220,8 @@ class Plan:
         (``lagom-jax build-tuner``); its config is written to ``config_path`` (default: next
         to the plugin, named by the module fingerprint). Threads per CTA cannot be set per
         call, so a common choice becomes ``NCCL_NTHREADS``; chunks above NCCL's 2 MiB cap
-        (Ring/Simple chunk = NCCL_BUFFSIZE / 2, reference/nccl_lagom_autoccl.md 3.1) raise
-        ``NCCL_BUFFSIZE``.
+        (Ring/Simple chunk = NCCL_BUFFSIZE / 2: 8 steps of which 4 make a chunk, NVIDIA/nccl
+        ``src/include/device.h`` and ``src/include/collectives.h``) raise ``NCCL_BUFFSIZE``.
         """
         env: dict[str, str] = {}
         simple = {c.params.nthreads for c in self.collectives if c.params.protocol != "LL128"}

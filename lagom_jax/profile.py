@@ -19,11 +19,12 @@ lowers through Triton, where one program instance is one CTA, so the kernel occu
 exactly ``k`` CTAs; each program walks its own stripe of the buffer in blocks, so the
 work per CTA grows as ``k`` shrinks and the kernel stays bandwidth-bound. It runs on a
 second stream through ``jax.experimental.compute_on.compute_on("gpu_stream:1")`` (XLA's
-``_xla_stream_annotation``, honoured by default, reference/xla_flags.md), in the same
-jitted program as the GEMM. Kernel durations come from the JAX profiler's device plane
-(CUPTI timestamps, i.e. device time, not host time). If Pallas or ``compute_on`` does
-not import on the installed jaxlib, ``pallas_copy_kernel`` raises ``ProfileError``
-saying so; the GEMM and HBM measurements do not need either.
+``_xla_stream_annotation``, honoured by default: ``xla_gpu_experimental_stream_annotation``
+is true in openxla/xla ``xla/debug_options_flags.cc``), in the same jitted program as the
+GEMM. Kernel durations come from the JAX profiler's device plane (CUPTI timestamps, i.e.
+device time, not host time). If Pallas or ``compute_on`` does not import on the installed
+jaxlib, ``pallas_copy_kernel`` raises ``ProfileError`` saying so; the GEMM and HBM
+measurements do not need either.
 
 Fitting (pure numpy, independent of ``cost``). The model fitted is the one
 ``cost.compute_time_us`` / ``cost.comm_resource_use`` use, restated here:

@@ -12,12 +12,12 @@ A strategy picks, for one training step,
 and predicts the step with ``simulate``. Strategies:
 
 * ``xla-default`` - XLA's defaults and NCCL's own per-call choice;
-* ``recipe`` - the published JAX-Toolbox MaxText flag recipe (reference/xla_flags.md,
-  section 8), NCCL's own per-call choice;
+* ``recipe`` - the published JAX-Toolbox MaxText flag recipe (NVIDIA/JAX-Toolbox
+  ``docs/frameworks/maxtext/README.md``), NCCL's own per-call choice;
 * ``autoccl`` - every collective tuned alone for its *own* duration (AutoCCL's objective,
-  reference/nccl_lagom_autoccl.md section 2): compute beside it does not slow a
-  collective in the model, so that is its fastest candidate, whatever it costs the
-  compute it overlaps;
+  NSDI'25; its code, gbxu/autoccl, times each collective's own kernel): compute beside
+  it does not slow a collective in the model, so that is its fastest candidate, whatever
+  it costs the compute it overlaps;
 * ``lagom`` - start from the best of the three above; tune the scheduler, windowed
   einsum and the combine thresholds; rank collectives by priority (their effect on the
   makespan: exposed time plus the compute they slow); tune each in turn over its
@@ -76,8 +76,8 @@ from lagom_jax.simulate import Timeline, collective_shape, makespan_us, simulate
 STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom", "exhaustive")
 
 # NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md, "recommended XLA flags for
-# MaxText" on 8xH100 (reference/xla_flags.md, section 8): every flag is accepted by
-# jaxlib 0.10.2. Flags are data here; rendering them belongs to the Plan.
+# MaxText" on 8xH100: every flag is accepted by jaxlib 0.10.2 (our own check). Flags are
+# data here; rendering them belongs to the Plan.
 RECIPE_FLAGS: Mapping[str, bool | int | str] = {
     "xla_gpu_enable_latency_hiding_scheduler": True,
     "xla_gpu_enable_command_buffer": "",
@@ -128,7 +128,12 @@ class Space:
     split_collectives: bool = False
     # XLA's windowed einsum (collective matmul) as one more structure choice of lagom and
     # exhaustive; only graphs with all-gather/reduce-scatter + matmul pairs are affected.
-    windowed_einsum: bool = True
+    # Off unless asked for, as a what-if: jaxlib 0.10.2's XLA caps windowed-einsum loops
+    # at the fast-interconnect slice size (dot_handler.cc, GetWindowedEinsumConfiguration),
+    # which a deviceless compile leaves at 0 (GpuCompiler::CompileAheadOfTime; fixed by
+    # openxla/xla 75d31665) and a real client sets to its local GPUs, so no compile here
+    # can confirm that the flag applies and a step over more GPUs than one host refuses it.
+    windowed_einsum: bool = False
 
     def __post_init__(self) -> None:
         if self.max_candidates is not None and self.max_candidates < 1:
@@ -159,7 +164,10 @@ def _thresholds(values: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple((k, int(values.get(k, DEFAULT_COMBINE_THRESHOLD_BYTES))) for k in COMBINABLE_KINDS)
 
 
-XLA_DEFAULT_STRUCTURE = Structure(_thresholds({}), latency_hiding=False)
+def xla_default_structure(hw: HardwareProfile) -> Structure:
+    """What XLA does with no flags: default thresholds; the latency-hiding scheduler where
+    XLA runs it unasked (Hopper, ``HardwareProfile.xla_schedules_by_default``)."""
+    return Structure(_thresholds({}), latency_hiding=hw.xla_schedules_by_default)
 RECIPE_STRUCTURE = Structure(
     _thresholds({k: RECIPE_FLAGS[f] for k, f in THRESHOLD_FLAGS.items() if f in RECIPE_FLAGS}),  # type: ignore[misc]
     latency_hiding=bool(RECIPE_FLAGS["xla_gpu_enable_latency_hiding_scheduler"]),
@@ -533,7 +541,7 @@ def _base_structure(space: Space, structure: Structure) -> Structure:
 def _xla_default(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
     started = time.perf_counter()
     ev = _Evaluator(graph, hw, space)
-    s = _base_structure(space, XLA_DEFAULT_STRUCTURE)
+    s = _base_structure(space, xla_default_structure(hw))
     params = _policy_params(ev, s, "nccl")
     return _finish("xla-default", ev, s, params, started, {c: "NCCL's own choice (XLA defaults)" for c in params})
 
@@ -549,7 +557,7 @@ def _recipe(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult
 def _autoccl(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
     started = time.perf_counter()
     ev = _Evaluator(graph, hw, space)
-    s = _base_structure(space, XLA_DEFAULT_STRUCTURE)
+    s = _base_structure(space, xla_default_structure(hw))
     params = _policy_params(ev, s, "fastest")
     tuned = ev.tuned(s)
     # AutoCCL tries candidates on the running job: one measurement per candidate.
@@ -606,9 +614,9 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
     # 1. Seeds: the three baselines; keep the best.
     seeds = []
     for label, s0, policy in (
-        ("xla-default", XLA_DEFAULT_STRUCTURE, "nccl"),
+        ("xla-default", xla_default_structure(hw), "nccl"),
         ("recipe", RECIPE_STRUCTURE, "nccl"),
-        ("autoccl", XLA_DEFAULT_STRUCTURE, "fastest"),
+        ("autoccl", xla_default_structure(hw), "fastest"),
     ):
         s = _base_structure(space, s0)
         params = _policy_params(ev, s, policy)
@@ -715,8 +723,8 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
     # Windows are local; never hand back something the whole step does worse on.
     if _better(seed_ms, timeline.makespan_us):
         notes.append(f"per-window choices lost on the whole step ({timeline.makespan_us:.1f} us); kept {label}")
-        s = _base_structure(space, {"xla-default": XLA_DEFAULT_STRUCTURE, "recipe": RECIPE_STRUCTURE,
-                                     "autoccl": XLA_DEFAULT_STRUCTURE}[label])
+        s = _base_structure(space, {"xla-default": xla_default_structure(hw), "recipe": RECIPE_STRUCTURE,
+                                     "autoccl": xla_default_structure(hw)}[label])
         return _finish("lagom", ev, s, _policy_params(ev, s, policy), started, {}, tuple(notes))
     return _finish("lagom", ev, structure, params, started, reasons, tuple(notes), timeline)
 
@@ -777,7 +785,8 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
         structures = [
             dataclasses.replace(s, overlap_limit=o, windowed_einsum=w)
             for w in windowed
-            for s in (XLA_DEFAULT_STRUCTURE, RECIPE_STRUCTURE, Structure(_thresholds({k: 0 for k in COMBINABLE_KINDS}), True))
+            for s in (xla_default_structure(hw), RECIPE_STRUCTURE,
+                      Structure(_thresholds({k: 0 for k in COMBINABLE_KINDS}), True))
             for o in OVERLAP_CANDIDATES
         ]
     else:

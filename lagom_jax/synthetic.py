@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from .graph import COLLECTIVE_KINDS, StepGraph, Task
 
 # ~400 dense bf16 TFLOP/s of compute against ~200 GB/s of collective bus bandwidth on an
-# 8-GPU NVLink host (reference/nccl_model.md orders of magnitude): one byte of
-# communication takes about as long as 2000 FLOPs.
+# 8-GPU NVLink host (orders of magnitude from NVIDIA's A100/H100 datasheets and published
+# nccl-tests all-reduce busBw): one byte of communication takes about as long as 2000 FLOPs.
 FLOPS_PER_COMM_BYTE = 2000.0
 # Arithmetic intensities (FLOP per HBM byte) of the compute tasks: memory-bound
 # elementwise, attention-like, GEMM-like.

@@ -1,9 +1,10 @@
 """``chunk``: split a large collective into k pieces that pipeline with its neighbours.
 
 This is the software pipelining XLA performs for collectives next to the computation
-that produces or consumes them (collective pipeliner, windowed einsum; reference/
-xla_flags.md sections 2 and 5): piece i of the collective is sent as soon as piece i of
-its producer is computed, and piece i of the consumer starts as soon as piece i arrives.
+that produces or consumes them (collective pipeliner, windowed einsum; openxla/xla
+``xla/service/collective_pipeliner.cc`` and ``xla/service/spmd/dot_handler.cc``): piece i
+of the collective is sent as soon as piece i of its producer is computed, and piece i of
+the consumer starts as soon as piece i arrives.
 Each piece pays the collective's launch and per-step latency again, so chunking helps
 only when the exposed fill/drain it removes is larger than the latency it adds - a
 choice the search evaluates with the cost model.

@@ -4,9 +4,11 @@ An all-gather feeding a matmul, or a matmul feeding a reduce-scatter, can run as
 of ``n - 1`` peer-to-peer steps over the group of ``n`` ranks with the matmul cut into
 ``n`` blocks, so that every step's transfer hides behind one block of compute. XLA does
 this in the SPMD partitioner under ``xla_gpu_threshold_for_windowed_einsum_mib``
-(reference/xla_flags.md, section 5: 0 turns every eligible all-gather+dot and
-dot+reduce-scatter into a loop of collective-permutes and dots). CommFuse (reference/
-peers.md, section 1) adds the order that leaves no communication tail:
+(openxla/xla ``xla/service/spmd/dot_handler.cc``; flag help in ``xla/debug_options_flags.cc``:
+0 turns every eligible all-gather+dot and dot+reduce-scatter into a loop of
+collective-permutes and dots). CommFuse (arXiv 2604.24013, "CommFuse: Hiding Tail Latency
+via Communication Decomposition and Fusion for Distributed LLM Training") adds the order
+that leaves no communication tail:
 
 * all-gather + matmul: compute the block this rank already holds first, then each block
   as it arrives (block ``i`` waits for step ``i - 1``);
@@ -17,7 +19,7 @@ peers.md, section 1) adds the order that leaves no communication tail:
   received sum is an epilogue, not modelled as a task).
 
 ``order="naive"`` is the chunked order of frameworks that slice data without that
-schedule (Megatron-style chunking; reference/peers.md section 1, "tail latency"): the
+schedule (Megatron-style chunking; the "tail latency" of CommFuse, arXiv 2604.24013): the
 all-gather side computes the arrived blocks first and the local one last, so its first
 transfer is exposed; the reduce-scatter side computes the local block first and ends on
 a transfer, the exposed tail.
@@ -43,12 +45,12 @@ from .rewrite import Node, Rewrite, identity_nodes, rebuild
 Order = Literal["commfuse", "naive"]
 ORDERS = ("commfuse", "naive")
 DECOMPOSABLE_KINDS = ("all-gather", "reduce-scatter", "all-reduce")
-# The kinds XLA's windowed einsum rewrites (reference/xla_flags.md, section 5).
+# The kinds XLA's windowed einsum rewrites (openxla/xla xla/service/spmd/dot_handler.cc).
 WINDOWED_EINSUM_KINDS = ("all-gather", "reduce-scatter")
 # What XLA's windowed einsum loops do, as far as the sources say: the all-gather loop
 # starts on the local shard (jax docs/notebooks/shard_map.md, matmul_allgather_overlapped),
 # the reduce-scatter loop ends on a transfer, leaving a tail exposed (NVIDIA/JAX-Toolbox
-# docs/blog/collective-gemms.md; reference/peers.md section 1, "Relevance to us").
+# docs/blog/collective-gemms.md; CommFuse, arXiv 2604.24013).
 XLA_ORDER: Mapping[str, Order] = {
     "all-gather": "commfuse", "reduce-scatter": "naive", "all-reduce": "naive",
 }

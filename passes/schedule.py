@@ -1,7 +1,7 @@
 """``schedule``: when each async collective starts, when it is waited on, who goes first.
 
 XLA:GPU turns every collective into an async start/done pair and then lets a scheduler
-place them (reference/xla_flags.md, section 2):
+place them (openxla/xla ``xla/service/gpu/gpu_hlo_schedule.cc``, ``ScheduleGpuModule``):
 
 * with the latency-hiding scheduler (``xla_gpu_enable_latency_hiding_scheduler``, or
   optimization effort >= 0.2, or a PGLE profile) a collective starts as soon as its
@@ -24,10 +24,10 @@ from collections.abc import Mapping
 
 from lagom_jax.graph import StepGraph
 
-# Kinds XLA's no-LHS post-processor still starts early and finishes late
-# (reference/xla_flags.md, section 2, "Without LHS ...").
+# Kinds XLA's no-LHS post-processor still starts early and finishes late (openxla/xla
+# xla/service/gpu/gpu_hlo_schedule.cc, PostprocessorToScheduleAsEarlyOrLateAsPossible).
 _EARLY_LATE_WITHOUT_LHS = ("all-reduce", "collective-permute")
-# xla_gpu_experimental_parallel_collective_overlap_limit default (reference section 2).
+# xla_gpu_experimental_parallel_collective_overlap_limit default (xla/debug_options_flags.cc).
 DEFAULT_OVERLAP_LIMIT = 1
 
 

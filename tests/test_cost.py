@@ -1,7 +1,8 @@
 """The cost model: calibration against published numbers, and its laws.
 
-Sources are in /work/shared/reference/nccl_model.md (nccl-tests results, NCCL's tuning
-model) and nccl_lagom_autoccl.md (ISPASS'25 contention study, Lagom's motivating case).
+Sources: NCCL's tuning model (NVIDIA/nccl ``src/graph/tuning.cc``), published nccl-tests
+results (issues of NVIDIA/nccl and NVIDIA/nccl-tests, Azure/AI-benchmarking-guide), the
+ISPASS'25 contention study (arXiv 2507.03114) and Lagom's motivating case (arXiv 2602.20656).
 """
 
 from __future__ import annotations

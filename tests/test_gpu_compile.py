@@ -69,6 +69,19 @@ def test_verify_drops_an_option_that_changes_nothing_and_keeps_one_that_does():
     assert result.async_starts == result.compiled["all-reduce"][0]
 
 
+@pytest.mark.parametrize("preset, latency_hiding", [("h100-sxm-8", False), ("a40-pcie-8", True)])
+def test_the_plan_flag_for_the_latency_hiding_scheduler_changes_the_gpu_module(preset, latency_hiding):
+    # Hopper schedules by default (the speed-of-light estimator turns the LHS on): turning
+    # the estimator off turns it off. Older GPUs need the scheduler flag to turn it on.
+    hw = hardware.get(preset)
+    assert hw.xla_schedules_by_default is not latency_hiding
+    assert api._lhs_flags(hw.xla_schedules_by_default, hw) == []
+    (flag,) = api._lhs_flags(latency_hiding, hw)
+    built = models.build("gpt2", "tiny", "dp+tp", "data=2,model=4", devices=gpu_compile.devices(hw),
+                         dtype="bfloat16")
+    assert not verify._same_module(built.compiled_text(), built.compiled_text({flag.name: flag.value}))
+
+
 def test_cli_tunes_the_gpu_module_and_reports_verification(capsys):
     assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4,model=2",
                      "--hardware", "h100-sxm-8", "--json"]) == 0

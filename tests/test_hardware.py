@@ -19,7 +19,7 @@ def test_presets_exist_and_scale_with_nodes(name):
 
 
 def test_datasheet_numbers():
-    # NVIDIA datasheets (reference/nccl_model.md, "GPU facts").
+    # NVIDIA datasheets and architecture whitepapers (A100, H100, A40).
     assert hardware.get("a100-sxm-8").sm_count == 108
     assert hardware.get("h100-sxm-8").sm_count == 132
     assert hardware.get("a40-pcie-8").intra_link == "pcie"

@@ -40,7 +40,10 @@ def test_baselines_pick_what_they_claim():
     for t in autoccl.graph.collectives:
         best = min(ev.time(t, p) for p in ev.candidates(t))
         assert ev.time(t, autoccl.param_map[t.id]) == pytest.approx(best)
-    assert not default.structure.latency_hiding
+    # XLA runs its latency-hiding scheduler unasked on Hopper only.
+    assert default.structure.latency_hiding == (HW.arch == "hopper")
+    assert not search.run_strategy("xla-default", g, A40).structure.latency_hiding
+    assert search.run_strategy("xla-default", g, hardware.get("h100-sxm-8")).structure.latency_hiding
     recipe = search.run_strategy("recipe", g, HW)
     assert recipe.structure.latency_hiding and recipe.thresholds["all-reduce"] == 1 << 30
 
@@ -54,11 +57,15 @@ def test_lagom_never_worse_than_baselines(name):
     assert lagom.makespan_us >= lagom.bound_us * (1 - 1e-9)
 
 
-def test_lagom_strictly_better_where_compute_and_communication_contend():
+@pytest.mark.parametrize("preset", ["h100-sxm-8", "a40-pcie-8"])
+def test_lagom_strictly_better_where_compute_and_communication_contend(preset):
+    # The margin is small (0.2% on H100, where XLA's default already runs the latency-hiding
+    # scheduler; 0.6% on A40): what remains is the contention-aware choice per collective.
+    hw = hardware.get(preset)
     g = benchmark_graphs(8)["contended"]
-    lagom = search.run_strategy("lagom", g, HW)
-    best_baseline = min(search.run_strategy(b, g, HW).makespan_us for b in BASELINES)
-    assert lagom.makespan_us < best_baseline * 0.99
+    lagom = search.run_strategy("lagom", g, hw)
+    best_baseline = min(search.run_strategy(b, g, hw).makespan_us for b in BASELINES)
+    assert lagom.makespan_us < best_baseline * (1 - 1e-3)
 
 
 def test_lagom_explains_every_collective():
@@ -141,9 +148,18 @@ def tp_graph(layers=4, flops=1e12, nbytes=64 * MiB):
     return StepGraph(f"tp-{flops:g}-{nbytes}", tuple(tasks), num_devices=8)
 
 
+WEX = search.Space(windowed_einsum=True)
+
+
+def test_windowed_einsum_is_a_what_if_off_by_default():
+    # jaxlib 0.10.2's XLA cannot be shown to apply it (see search.Space): not chosen unasked.
+    assert not search.Space().windowed_einsum
+    assert not search.run_strategy("lagom", tp_graph(), A40).structure.windowed_einsum
+
+
 def test_lagom_chooses_windowed_einsum_on_tensor_parallel_layers():
     g = tp_graph()
-    on = search.run_strategy("lagom", g, A40)
+    on = search.run_strategy("lagom", g, A40, WEX)
     off = search.run_strategy("lagom", g, A40, search.Space(windowed_einsum=False))
     base = search.run_strategy("xla-default", g, A40)
     assert on.structure.windowed_einsum and not off.structure.windowed_einsum
@@ -160,25 +176,25 @@ def test_lagom_chooses_windowed_einsum_on_tensor_parallel_layers():
         ring = {on.param_map[t.id] for t in on.graph.collectives[7 * i: 7 * i + 7]}
         assert len(ring) == 1
     data = json.loads(search.tune_report(g, A40, as_json=True))
-    assert data["structure"]["windowed_einsum"] is True
+    assert data["structure"]["windowed_einsum"] is False
 
 
 def test_windowed_einsum_not_chosen_where_it_cannot_pay():
     # Small collectives beside large matmuls: 7 ring steps cost more latency than they hide.
     g = tp_graph(flops=4e12, nbytes=64 * 1024)
-    r = search.run_strategy("lagom", g, A40)
+    r = search.run_strategy("lagom", g, A40, WEX)
     assert not r.structure.windowed_einsum
     assert any(n.startswith("windowed einsum kept off") for n in r.notes)
     # Compute-bound step whose collectives already overlap independent compute.
     g = benchmark_graphs(8)["compute-bound"]
-    on = search.run_strategy("lagom", g, A40)
+    on = search.run_strategy("lagom", g, A40, WEX)
     off = search.run_strategy("lagom", g, A40, search.Space(windowed_einsum=False))
     assert on.makespan_us == pytest.approx(off.makespan_us, rel=1e-3)
 
 
 def test_exhaustive_enumerates_windowed_einsum():
     g = tp_graph(layers=1)
-    space = search.Space(max_candidates=2)
+    space = search.Space(max_candidates=2, windowed_einsum=True)
     opt = search.run_strategy("exhaustive", g, A40, space)
     lagom = search.run_strategy("lagom", g, A40, space)
     assert opt.structure.windowed_einsum
@@ -190,7 +206,9 @@ def test_exhaustive_enumerates_windowed_einsum():
 def test_a_plan_that_chooses_windowed_einsum_sets_its_flag():
     from lagom_jax import api, flags
 
-    plan = api.make_plan(tp_graph(), A40)
+    g = tp_graph()
+    results = {"lagom": search.run_strategy("lagom", g, A40, WEX)}
+    plan = api.plan_from_results(results, "lagom", A40, module=g.name)
     assert ("xla_gpu_threshold_for_windowed_einsum_mib", 0) in [(f.name, f.value) for f in plan.flags]
     assert plan.compiler_options()["xla_gpu_threshold_for_windowed_einsum_mib"] == 0
     flags.validate(plan.xla_flags(), plan.compiler_options())

@@ -3,7 +3,7 @@
 NCCL's tuner plugin interface is the only per-collective knob stock NCCL offers: for every
 collective call it lets a plugin steer the algorithm and protocol (through the cost table),
 the channel count and, from interface v6 (NCCL 2.30+), the chunk size
-(shared/reference/nccl_lagom_autoccl.md, section 3.4). The plugin (``lagom_tuner.c``) reads
+(NVIDIA/nccl ``src/include/plugin/tuner/tuner_v6.h``). The plugin (``lagom_tuner.c``) reads
 its rules from a text file; this module renders and parses that file so that Python and C
 agree on every rule and every error.
 
@@ -62,7 +62,7 @@ TUNER_KINDS: dict[str, int] = {
 # "ring"/"tree" and "LL"/"LL128"/"Simple" are the same spellings.
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("LL", "LL128", "Simple")
-# MAXCHANNELS in NCCL (reference section 3.1).
+# MAXCHANNELS in NCCL (NVIDIA/nccl src/include/device.h).
 MAX_CHANNELS = 64
 _U64_MAX = 2**64 - 1
 # Tokens longer than this are shortened in messages, exactly as the C parser does.
@@ -156,7 +156,8 @@ class TunerRule:
         """The rule that applies ``params`` to matching calls.
 
         nthreads is not carried: NCCL lets no plugin set threads per call, only the global
-        NCCL_NTHREADS / NCCL_LL128_NTHREADS (reference section 3.4).
+        NCCL_NTHREADS / NCCL_LL128_NTHREADS (NVIDIA/nccl ``src/graph/tuning.cc``; the
+        plugin's ``getCollInfo`` in ``tuner_v6.h`` has no thread output).
         """
         return cls(
             kind=kind,

@@ -36,7 +36,7 @@
 #define CONFIG_HEADER "# lagom-tuner-config v1"
 #define NFIELDS 9
 #define ANY (-1)
-/* MAXCHANNELS in NCCL (shared/reference/nccl_lagom_autoccl.md, section 3.1). */
+/* MAXCHANNELS in NCCL (NVIDIA/nccl src/include/device.h). */
 #define MAX_CHANNELS 64
 /* Tokens longer than this are shortened in messages; config.py does the same. */
 #define SHOWN_CHARS 40

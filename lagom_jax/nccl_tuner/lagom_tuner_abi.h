@@ -2,7 +2,7 @@
  * Our own declarations of the NCCL tuner plugin interface, versions 3 to 6, so that the
  * plugin builds with a plain C compiler on machines without NCCL headers.
  *
- * Written from the documented ABI (shared/reference/nccl_lagom_autoccl.md, section 3.4,
+ * Written from the documented ABI (NVIDIA/nccl plugins/tuner/README.md, src/plugin/tuner.cc,
  * checked against NCCL's src/include/plugin/tuner/tuner_v{3,4,5,6}.h and
  * src/include/plugin/nccl_tuner.h). Names carry an lgm_ prefix so that this header never
  * clashes with NCCL's own when both are on an include path; the layouts are NCCL's.
