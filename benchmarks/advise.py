@@ -70,9 +70,11 @@ def main(argv: list[str] | None = None) -> None:
         "because the compiler aborted on the bfloat16 one.\n\n"
         "Known gap: the compiled predictions stay far above the analytic ones (GPT-2 355M dp "
         "on 8 H100s: 93.6 ms against 13.0 ms; on XLA:CPU modules it was 150 ms), most for "
-        "pipelined steps. A roofline check (6 x 355M x 32 x 1024 FLOPs over 8 GPUs is about "
-        "15 ms) sides with the analytic screen: the cost of the compiled module's compute is "
-        "overestimated (issue: fidelity of the cost model).\n\n"
+        "pipelined steps. The FLOPs agree (8.7e12 per GPU per step in both); the difference "
+        "is memory traffic: the compiled step writes and reads the attention scores of every "
+        "layer (no fused attention in these models; 4 x 16 x 1024 x 1024 per layer and GPU), "
+        "about 184 GB per GPU per step by the graph's byte counts, which the FLOP-only screen "
+        "leaves out. Which is closer to a real step awaits a measurement.\n\n"
         + "\n".join(sections)
     )
     (RESULTS_DIR / "advise.json").write_text(json.dumps(dump, indent=2) + "\n")
