@@ -117,7 +117,7 @@ def run(out: str | pathlib.Path, *, allow_cpu: bool = False, model: str = "gpt2"
     progress(f"{model} {config} on {device.device_kind}: {len(graph.compute_tasks)} compute tasks, "
              f"{graph.total_flops / 1e9:.2f} GFLOP per step")
 
-    # Fresh batches for every step (METHOD.md); one state, carried from step to step
+    # Fresh batches for every step (a reused batch stays in cache); one state, carried from step to step
     # (the step donates it).
     state, _ = built.init(jax.random.key(0))
     batches = [built.init(jax.random.key(i + 1))[1] for i in range(warmup + repeats)]

@@ -499,12 +499,11 @@ def usable_memory_bytes(hw: hardware_lib.HardwareProfile) -> float:
 # ------------------------------------------------------------------ the compiled prediction
 
 @functools.lru_cache(maxsize=64)
-def _compiled(hw_json: str, model: str, config: str, recipe: str, mesh: str, batch_size: int,
-              seq_len: int, dtype: str, microbatches: int | None
+def _compiled(hw: hardware_lib.HardwareProfile, model: str, config: str, recipe: str, mesh: str,
+              batch_size: int, seq_len: int, dtype: str, microbatches: int | None
               ) -> gpu_compile.CompiledStep:
     """The step compiled in a fresh process (``gpu_compile.compile_builtin_isolated``),
     cached: a step predicted twice is compiled once."""
-    hw = hardware_lib.HardwareProfile.from_dict(json.loads(hw_json))
     return gpu_compile.compile_builtin_isolated(hw, model, config, recipe, mesh,
                                                 batch_size=batch_size, seq_len=seq_len,
                                                 dtype=dtype, microbatches=microbatches)
@@ -539,7 +538,7 @@ def predict_compiled(model: str, config: str, pc: ParallelConfig,
     cluster = hw.with_nodes(max(1, math.ceil(n / hw.gpus_per_node)))
 
     def compiled(dt: str) -> gpu_compile.CompiledStep:
-        return _compiled(cluster.to_json(), model, config, pc.recipe, pc.mesh, global_batch,
+        return _compiled(cluster, model, config, pc.recipe, pc.mesh, global_batch,
                          seq_len, dt, pc.microbatches if pc.stage > 1 else None)
 
     notes, used = [], dtype

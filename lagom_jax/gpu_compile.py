@@ -43,7 +43,7 @@ from lagom_jax import hardware as hardware_lib
 
 __all__ = ["CPU_FALLBACK_LOSS", "CompileCrash", "CompiledStep", "DevicelessUnavailable",
            "StepDevices", "compile_builtin", "compile_builtin_isolated", "compile_for_cluster",
-           "compile_text", "devices",
+           "devices",
            "prepare", "step_devices", "target_config", "topology_string", "unavailable_reason"]
 
 # The CUDA 12 plugin (what lagom-jax installs) or CUDA 13's (newer jax on GPU hosts).
@@ -285,8 +285,11 @@ class StepDevices:
 
     devices: tuple[Any, ...]
     where: str
-    deviceless: bool
     warning: str | None = None
+
+    @property
+    def deviceless(self) -> bool:
+        return self.warning is None
 
 
 def step_devices(hw: hardware_lib.HardwareProfile, num_devices: int) -> StepDevices:
@@ -306,7 +309,7 @@ def step_devices(hw: hardware_lib.HardwareProfile, num_devices: int) -> StepDevi
     prepare()
     try:
         return StepDevices(tuple(devices(hw, num_devices)),
-                           f"XLA:GPU deviceless compile for {num_devices}x {hw.gpu}", True)
+                           f"XLA:GPU deviceless compile for {num_devices}x {hw.gpu}")
     except DevicelessUnavailable as err:
         reason = str(err)
     try:
@@ -318,18 +321,8 @@ def step_devices(hw: hardware_lib.HardwareProfile, num_devices: int) -> StepDevi
             f"{reason}; the XLA:CPU fallback has {len(cpu)} devices, not {num_devices} (set "
             f"jax_num_cpu_devices={num_devices} before JAX starts)")
     return StepDevices(tuple(cpu[:num_devices]),
-                       f"XLA:CPU compile on {num_devices} fake CPU devices", False,
+                       f"XLA:CPU compile on {num_devices} fake CPU devices",
                        f"{reason}. Falling back to XLA:CPU's module: {CPU_FALLBACK_LOSS}")
-
-
-def compile_text(lowerable: Any, args: Sequence[Any],
-                 options: Mapping[str, Any] | None = None) -> str:
-    """HLO text of ``lowerable.lower(*args).compile(compiler_options=options)``.
-
-    ``args`` are ``jax.ShapeDtypeStruct``s sharded on a mesh of :func:`devices`; nothing
-    is allocated and nothing runs.
-    """
-    return lowerable.lower(*args).compile(compiler_options=dict(options or {})).as_text()
 
 
 # ------------------------------------------------------------- a built-in model's step

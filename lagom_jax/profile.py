@@ -108,7 +108,7 @@ def time_fn(fn: Callable[..., Any], input_sets: Sequence[tuple[Any, ...]], *, wa
     """Time ``fn(*inputs)`` end to end: warm up, then ``repeats`` synchronised runs.
 
     Inputs rotate over ``input_sets`` so that repeated runs do not measure one buffer
-    held in cache (METHOD.md). Device work is asynchronous, so the clock is read only
+    held in cache. Device work is asynchronous, so the clock is read only
     after the inputs are ready and after the outputs are (``block_until_ready``).
     """
     import jax
@@ -131,7 +131,7 @@ def time_fn(fn: Callable[..., Any], input_sets: Sequence[tuple[Any, ...]], *, wa
 
 def random_inputs(shapes: Sequence[tuple[int, ...]], dtype: Any, *, sets: int, seed: int) -> list[tuple[Any, ...]]:
     """``sets`` fresh input tuples of normal values shifted off zero (never zeros:
-    they hide bad indexing and can run faster than real data, METHOD.md)."""
+    they hide bad indexing and can run faster than real data)."""
     import jax
     import jax.numpy as jnp
 
