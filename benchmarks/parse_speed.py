@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -30,7 +30,7 @@ def linearity(hw: hardware.HardwareProfile, sizes: tuple[int, ...]) -> list[str]
     ]
     for n in sizes:
         g = random_graph(n, seed=n, name=f"linear-n{n}")
-        ev = search._Evaluator(g, hw, search.Space())
+        ev = search.Evaluator(g, hw, search.Space())
         k = statistics.mean(len(ev.candidates(t)) for t in g.collectives)
         search.clear_cache()
         r = search.run_strategy("lagom", g, hw)

@@ -153,9 +153,9 @@ def compile_hlo(cell: Cell, hw: Any, timeout_s: float = 1800.0) -> Any:
 # -- predictions -----------------------------------------------------------------------------
 def predict(graph: Any, hw: Any, strategies: Sequence[str]) -> dict[str, dict[str, float]]:
     """Every strategy on one StepGraph and preset: step time, speedups, efficiency, search cost."""
-    from lagom_jax import api
+    from lagom_jax import planning
 
-    results = api.search_all(graph, hw, strategy=strategies[0], baselines=tuple(strategies[1:]))
+    results = planning.plan(graph, hw, strategy=strategies[0], baselines=tuple(strategies[1:])).results
     out: dict[str, dict[str, float]] = {}
     for name in strategies:
         r = results[name]

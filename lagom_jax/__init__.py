@@ -3,12 +3,9 @@
 The public surface; everything else is reached through these modules.
 """
 
-from lagom_jax.api import BASELINES as BASELINES
 from lagom_jax.api import Tuned as Tuned
 from lagom_jax.api import TuningWarning as TuningWarning
-from lagom_jax.api import VERSION as __version__
 from lagom_jax.api import auto_hardware as auto_hardware
-from lagom_jax.api import make_plan as make_plan
 from lagom_jax.api import tune as tune
 from lagom_jax.flags import FlagError as FlagError
 from lagom_jax.flags import XlaFlag as XlaFlag
@@ -19,10 +16,14 @@ from lagom_jax.graph import from_module as from_module
 from lagom_jax.hardware import HardwareProfile as HardwareProfile
 from lagom_jax.hlo import HloParseError as HloParseError
 from lagom_jax.hlo import parse as parse_hlo
+from lagom_jax.params import CollectiveParams as CollectiveParams
 from lagom_jax.plan import CollectiveChoice as CollectiveChoice
-from lagom_jax.plan import CollectiveParams as CollectiveParams
 from lagom_jax.plan import Plan as Plan
 from lagom_jax.plan import PlanCache as PlanCache
+from lagom_jax.planning import BASELINES as BASELINES
+from lagom_jax.planning import VERSION as __version__
+from lagom_jax.planning import Planned as Planned
+from lagom_jax.planning import make_plan as make_plan
 from lagom_jax.search import STRATEGIES as STRATEGIES
 from lagom_jax.search import SearchResult as SearchResult
 from lagom_jax.search import run_strategy as run_strategy
@@ -30,7 +31,7 @@ from lagom_jax.simulate import Timeline as Timeline
 
 __all__ = [
     "BASELINES", "CollectiveChoice", "CollectiveParams", "FlagError", "HardwareProfile",
-    "HloParseError", "Plan", "PlanCache", "STRATEGIES", "SearchResult", "StepGraph", "Task",
+    "HloParseError", "Plan", "PlanCache", "Planned", "STRATEGIES", "SearchResult", "StepGraph", "Task",
     "Timeline", "Tuned", "TuningWarning", "XlaFlag", "__version__", "auto_hardware",
     "from_hlo_text", "from_module", "make_plan", "parse_hlo", "run_strategy", "tune",
 ]

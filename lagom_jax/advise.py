@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from lagom_jax import api
+from lagom_jax import planning
 from lagom_jax import cost as cost_lib
 from lagom_jax import gpu_compile
 from lagom_jax import graph as graph_lib
@@ -554,21 +554,15 @@ def predict_compiled(model: str, config: str, pc: ParallelConfig,
     if step.warning:
         notes.append(step.warning)
     graph = graph_lib.from_hlo_text(step.text)
-    results = api.search_all(graph, hw, strategy="lagom", baselines=("xla-default",))
-    return Prediction(results["xla-default"].makespan_us / 1e3, results["lagom"].makespan_us / 1e3,
-                      used, step.where, "; ".join(notes))
+    predicted = dict(planning.plan(graph, hw, strategy="lagom", baselines=("xla-default",)).plan.predicted_us)
+    return Prediction(predicted["xla-default"] / 1e3, predicted["lagom"] / 1e3, used, step.where, "; ".join(notes))
 
 
 # ---------------------------------------------------------------------------- the driver
 
 def _resolve(hardware: str | hardware_lib.HardwareProfile, num_devices: int
              ) -> hardware_lib.HardwareProfile:
-    if isinstance(hardware, hardware_lib.HardwareProfile):
-        hw = hardware
-    else:
-        hw = hardware_lib.resolve(hardware)
-        if hw.num_gpus < num_devices and ":" not in hardware:
-            hw = hw.with_nodes(math.ceil(num_devices / hw.gpus_per_node))
+    hw = hardware_lib.resolve_cluster(hardware, num_devices=num_devices).hardware
     if hw.num_gpus < num_devices:
         raise ValueError(f"hardware {hw.name!r} has {hw.num_gpus} GPUs ({hw.nodes} node(s)), fewer "
                          f"than num_devices {num_devices}; pass more nodes, e.g. "

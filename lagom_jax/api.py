@@ -1,4 +1,4 @@
-"""``lagom_jax.tune``: capture a jitted step, search, apply the Plan, and never break the step.
+"""``lagom_jax.tune``: capture a jitted step, plan, apply the Plan, and never break the step.
 
 The whole flow of tuning one input signature::
 
@@ -6,7 +6,7 @@ The whole flow of tuning one input signature::
     baseline = lowered.compile()                        # the untuned executable
     graph    = graph.from_hlo_text(baseline.as_text())  # StepGraph of the compiled HLO
                                  # (off a GPU host: of XLA:GPU's deviceless compile of it)
-    plan     = make_plan(graph, hw, strategy)           # search + baselines -> Plan
+    plan     = planning.plan(graph, hw, strategy).plan  # search + baselines -> Plan
     flags.validate(options=plan.compiler_options())     # the installed XLA accepts them
     tuned    = lowered.compile(compiler_options=...)    # the tuned executable, kept
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import math
 import os
 import shlex
 import time
@@ -29,22 +28,16 @@ from typing import Any
 
 import jax
 
-from lagom_jax import cost as cost_lib
 from lagom_jax import flags as flags_lib
-from lagom_jax import gpu_compile
+from lagom_jax import gpu_compile, jax_internals, planning
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
-from lagom_jax.flags import XlaFlag
-from lagom_jax.passes import THRESHOLD_FLAGS
-from lagom_jax.plan import MAX_CHANNELS, CollectiveChoice, Plan, PlanCache
+from lagom_jax.plan import Plan, PlanCache, atomic_write_text
+from lagom_jax.planning import BASELINES, VERSION, make_plan
 
 __all__ = ["BASELINES", "Tuned", "TuningWarning", "apply_nccl_env", "auto_hardware",
-           "launch_line", "make_plan", "plan_from_results", "search_all", "tune"]
-
-VERSION = "0.1.0"
-BASELINES = ("xla-default", "recipe", "autoccl")
-DEFAULT_PREDICTED_CLUSTER = "h100-sxm-8"
+           "launch_line", "make_plan", "nccl_env", "plan_from_results", "search_all", "tune"]
 
 
 class TuningWarning(UserWarning):
@@ -53,110 +46,25 @@ class TuningWarning(UserWarning):
 
 def auto_hardware(devices: list[Any] | None = None) -> tuple[hardware_lib.HardwareProfile, str]:
     """A preset for the devices this process sees, and a sentence saying what was chosen."""
-    devices = devices if devices is not None else jax.devices()
-    d0 = devices[0]
-    n = len(devices)
-    if d0.platform in ("gpu", "cuda", "rocm"):
-        preset = hardware_lib.preset_for_device(d0.device_kind)
-        if preset is not None:
-            nodes = max(1, math.ceil(n / hardware_lib.get(preset).gpus_per_node))
-            return (hardware_lib.get(preset, nodes=nodes),
-                    f"hardware=auto: {n}x {d0.device_kind} -> preset {preset}, {nodes} node(s)")
-        note = f"hardware=auto: no preset for {d0.device_kind!r}; predicting for {DEFAULT_PREDICTED_CLUSTER}"
-    else:
-        note = (f"hardware=auto: {n} {d0.platform.upper()} device(s), no GPU here; "
-                f"predicting for the {DEFAULT_PREDICTED_CLUSTER} cluster")
-    per_node = hardware_lib.get(DEFAULT_PREDICTED_CLUSTER).gpus_per_node
-    return hardware_lib.get(DEFAULT_PREDICTED_CLUSTER, nodes=max(1, math.ceil(n / per_node))), note
-
-
-def resolve_hardware(hardware: str | hardware_lib.HardwareProfile, devices=None):
-    if isinstance(hardware, hardware_lib.HardwareProfile):
-        return hardware, f"hardware: {hardware.name}"
-    if hardware == "auto":
-        return auto_hardware(devices)
-    hw = hardware_lib.resolve(hardware)
-    return hw, f"hardware: {hw.name}"
-
-
-def _lhs_flags(latency_hiding: bool, hw: hardware_lib.HardwareProfile) -> list[XlaFlag]:
-    """The flag that gives XLA's latency-hiding scheduler the chosen state on ``hw``.
-
-    Where XLA schedules by default (Hopper) the scheduler flag is already off and the
-    speed-of-light estimator keeps the scheduler on: turning that estimator off is what
-    turns the scheduler off (``IsLHSEnabled``, xla/service/gpu/gpu_hlo_schedule.cc).
-    """
-    if latency_hiding == hw.xla_schedules_by_default:
-        return []
-    if latency_hiding:
-        return [XlaFlag("xla_gpu_enable_latency_hiding_scheduler", True)]
-    return [XlaFlag("xla_gpu_enable_analytical_sol_latency_estimator", False)]
-
-
-def _plan_flags(result: search_lib.SearchResult, hw: hardware_lib.HardwareProfile
-                ) -> tuple[XlaFlag, ...]:
-    """The flag-level choices of a search result that differ from XLA's defaults."""
-    structure = result.structure
-    out = [*_lhs_flags(bool(structure.latency_hiding), hw),
-           XlaFlag("xla_gpu_experimental_parallel_collective_overlap_limit",
-                   int(structure.overlap_limit))]
-    out += [XlaFlag(THRESHOLD_FLAGS[kind], int(threshold))
-            for kind, threshold in structure.thresholds if kind in THRESHOLD_FLAGS]
-    if structure.windowed_einsum:  # every eligible einsum becomes a collective matmul
-        out.append(XlaFlag("xla_gpu_threshold_for_windowed_einsum_mib", 0))
-    channels = [p.nchannels for _, p in result.params]
-    if channels and max(channels) < MAX_CHANNELS:
-        out.append(XlaFlag("xla_gpu_nccl_collective_max_nchannels", max(channels)))
-    return tuple(f for f in out if not f.is_default)
+    resolved = hardware_lib.resolve_cluster("auto", devices=devices)
+    return resolved.hardware, resolved.note
 
 
 def search_all(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
                strategy: str = "lagom", baselines: tuple[str, ...] = BASELINES
                ) -> dict[str, search_lib.SearchResult]:
-    """``strategy`` and every baseline on one step, by name (chosen strategy first)."""
-    return {name: search_lib.run_strategy(name, graph, hw)
-            for name in dict.fromkeys((strategy, *baselines))}
+    """Deprecated: ``planning.plan(graph, hw, strategy=...).results``."""
+    warnings.warn("lagom_jax.api.search_all is deprecated; use lagom_jax.planning.plan(...).results",
+                  DeprecationWarning, stacklevel=2)
+    return dict(planning.plan(graph, hw, strategy=strategy, baselines=baselines).results)
 
 
 def plan_from_results(results: Mapping[str, search_lib.SearchResult], strategy: str,
-                      hw: hardware_lib.HardwareProfile, *, module: str,
-                      fingerprint: str = "") -> Plan:
-    """The Plan of ``results[strategy]``, with every other result as a baseline prediction."""
-    chosen = results[strategy]
-    tuned_graph, timeline, params = chosen.graph, chosen.timeline, chosen.param_map
-    why = {e.name: e.reason for e in chosen.explanations}
-    spans = {iv.task_id: (iv.start, iv.end) for iv in timeline.intervals}
-    exposed = timeline.exposed
-    choices = []
-    for task in tuned_graph.collectives:
-        nodes = task.nodes_spanned(hw.gpus_per_node)
-        start, end = spans.get(task.id, (0.0, 0.0))
-        choices.append(CollectiveChoice(
-            name=task.name, kind=task.kind, bytes=int(task.bytes), group_size=task.group_size,
-            nodes=nodes, params=params[task.id],
-            default_params=cost_lib.nccl_default_params(
-                task.kind, task.bytes, task.group_size, nodes, hw),
-            predicted_us=end - start, exposed_us=exposed.get(task.id, 0.0),
-            why=why.get(task.name, ""),
-        ))
-    costs = tuple((tuned_graph.tasks[i].name, end - start)
-                  for i, (start, end) in sorted(spans.items()) if end > start)
-    return Plan(
-        module=module, fingerprint=fingerprint, hardware=hw.name,
-        gpus_per_node=hw.gpus_per_node, nodes=hw.nodes, strategy=strategy, version=VERSION,
-        collectives=tuple(choices), flags=_plan_flags(chosen, hw),
-        predicted_us=tuple((name, r.makespan_us) for name, r in results.items()),
-        bound_us=chosen.bound_us, evaluations=chosen.evaluations,
-        search_seconds=chosen.search_time_s, costs=costs, timeline_json=timeline.to_json(),
-    )
-
-
-def make_plan(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
-              strategy: str = "lagom", fingerprint: str = "",
-              baselines: tuple[str, ...] = BASELINES) -> Plan:
-    """Search ``graph`` with ``strategy`` and every baseline; the chosen result as a Plan."""
-    results = search_all(graph, hw, strategy=strategy, baselines=baselines)
-    return plan_from_results(results, strategy, hw, module=graph.name, fingerprint=fingerprint)
+                      hw: hardware_lib.HardwareProfile, *, module: str, fingerprint: str = "") -> Plan:
+    """Deprecated: ``planning.plan(graph, hw, strategy=...).plan`` makes the Plan in one call."""
+    warnings.warn("lagom_jax.api.plan_from_results is deprecated; use lagom_jax.planning.plan(...).plan",
+                  DeprecationWarning, stacklevel=2)
+    return planning.plan_of(results, strategy, hw, module=module, fingerprint=fingerprint)
 
 
 def _leaf_key(x: Any) -> Any:
@@ -190,10 +98,8 @@ class _Statics:
 
     @classmethod
     def of(cls, jitted: Any) -> _Statics:
-        info = getattr(jitted, "_jit_info", None)  # jax's PjitInfo; absent on non-jit wrappers
-        if info is None:
-            return cls()
-        return cls(frozenset(info.static_argnums or ()), frozenset(info.static_argnames or ()))
+        argnums, argnames = jax_internals.jit_statics(jitted)
+        return cls(frozenset(argnums), frozenset(argnames))
 
     def split(self, args: tuple, kwargs: Mapping[str, Any]):
         """(dynamic args, dynamic kwargs, static part) of one call."""
@@ -284,7 +190,8 @@ class Tuned:
                           TuningWarning, stacklevel=3)
             return self._jitted, None
         try:
-            hw, note = resolve_hardware(self._hardware)
+            resolved = hardware_lib.resolve_cluster(self._hardware)
+            hw, note = resolved.hardware, resolved.note
             if self._verbose:
                 print(f"lagom-jax: {note}")
             plan = self._plan_for(self._module_text(baseline, args, kwargs, hw), hw)
@@ -336,8 +243,8 @@ class Tuned:
                 return cached
         start = time.perf_counter()
         plan = _one_plan_for_all_processes(
-            key, lambda: make_plan(graph_lib.from_hlo_text(text), hw, strategy=self._strategy,
-                                   fingerprint=fingerprint))
+            key, lambda: planning.plan(graph_lib.from_hlo_text(text), hw, strategy=self._strategy,
+                                       fingerprint=fingerprint).plan)
         if self._verbose:
             print(f"lagom-jax: tuned {plan.module} in {time.perf_counter() - start:.2f}s")
         if self._cache is not None:
@@ -356,19 +263,24 @@ def _platform(compiled) -> str:
     return jax.devices()[0].platform
 
 
-def launch_line(plan: Plan, command: str = "python train.py") -> str:
+def nccl_env(plan: Plan, config_path: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The plan's NCCL environment, writing its tuner config where the env points.
+
+    The config goes to ``config_path`` (default ``plan.tuner_config_path()``) only when the
+    tuner plugin is built, since only then does the environment load it.
+    """
+    env = plan.nccl_env(config_path=config_path)
+    if "NCCL_TUNER_PLUGIN" in env:
+        atomic_write_text(config_path or plan.tuner_config_path(), plan.nccl_tuner_config())
+    return env
+
+
+def launch_line(plan: Plan, command: str = "python train.py", *,
+                config_path: str | os.PathLike[str] | None = None) -> str:
     """The shell line that starts a job with this plan's NCCL environment and XLA flags."""
-    env = dict(plan.nccl_env())
+    env = nccl_env(plan, config_path)
     env["XLA_FLAGS"] = plan.xla_flags()
     return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + f" {command}"
-
-
-def _gpu_backend_started() -> bool:
-    from jax._src import xla_bridge
-
-    if not xla_bridge.backends_are_initialized():
-        return False
-    return any(p in ("gpu", "cuda", "rocm") for p in xla_bridge.backends())
 
 
 def apply_nccl_env(plan: Plan, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -381,10 +293,10 @@ def apply_nccl_env(plan: Plan, environ: dict[str, str] | None = None) -> dict[st
     warning gives the exact launch line. Returns what was set.
     """
     environ = os.environ if environ is None else environ
-    missing = {k: v for k, v in plan.nccl_env().items() if environ.get(k) != v}
+    missing = {k: v for k, v in nccl_env(plan).items() if environ.get(k) != v}
     if not missing:
         return {}
-    if _gpu_backend_started():
+    if jax_internals.gpu_backend_started():
         warnings.warn("lagom-jax: NCCL settings must be in place before the first NCCL "
                       f"communicator exists; relaunch with: {launch_line(plan)}",
                       TuningWarning, stacklevel=2)
@@ -403,23 +315,21 @@ def _one_plan_for_all_processes(key: str, search: Callable[[], Plan]) -> Plan:
     it makes that a guarantee (one search, one answer) even if hosts differ in speed or
     library versions. A failure on process 0 is published too, so nobody waits forever.
     """
-    from jax._src import distributed
-
-    state = distributed.global_state
-    if state.client is None or (state.num_processes or 1) <= 1:
+    client, process_id, num_processes = jax_internals.distributed_state()
+    if client is None or num_processes <= 1:
         return search()
     store_key = f"lagom_jax/plan/{key}"
-    if state.process_id != 0:
-        text = state.client.blocking_key_value_get(store_key, _SHARE_TIMEOUT_MS)
+    if process_id != 0:
+        text = client.blocking_key_value_get(store_key, _SHARE_TIMEOUT_MS)
         if text.startswith("error:"):
             raise RuntimeError(f"process 0 could not tune this step: {text[6:]}")
         return Plan.from_json(text)
     try:
         plan = search()
     except Exception as err:
-        _publish(state.client, store_key, f"error:{type(err).__name__}: {err}")
+        _publish(client, store_key, f"error:{type(err).__name__}: {err}")
         raise
-    _publish(state.client, store_key, plan.to_json())
+    _publish(client, store_key, plan.to_json())
     return plan
 
 

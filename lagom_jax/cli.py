@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from lagom_jax import graph, hardware, hlo
+from lagom_jax import graph, hardware, hlo, report
 
 STRATEGY_CHOICES = ("lagom", "autoccl", "recipe", "xla-default", "exhaustive")
 
@@ -90,19 +90,17 @@ def _add_hardware_args(p: argparse.ArgumentParser, *, default: str) -> None:
                    help="number of nodes of the cluster (default: the preset's)")
 
 
-def _hardware(args: argparse.Namespace) -> hardware.HardwareProfile:
+def _hardware(args: argparse.Namespace, num_devices: int | None = None) -> hardware.HardwareProfile:
+    """The cluster of --hardware/--nodes, grown to ``num_devices`` unless they fix its size."""
     if args.nodes is not None and args.nodes <= 0:
         raise _UsageError(f"--nodes must be positive, got {args.nodes}")
     try:
-        if args.hardware == "auto":
-            from lagom_jax import api
-
-            hw, note = api.auto_hardware()
-            print(f"lagom-jax: {note}", file=sys.stderr)
-            return hw if args.nodes is None else hw.with_nodes(args.nodes)
-        return hardware.resolve(args.hardware, nodes=args.nodes)
+        resolved = hardware.resolve_cluster(args.hardware, nodes=args.nodes, num_devices=num_devices)
     except (ValueError, OSError) as e:
         raise _UsageError(str(e)) from None
+    if args.hardware == "auto":
+        print(f"lagom-jax: {resolved.note}", file=sys.stderr)
+    return resolved.hardware
 
 
 # ----------------------------------------------------------------------------- analyze
@@ -130,13 +128,13 @@ def _run_analyze(args: argparse.Namespace) -> int:
         nodes_of = None
         if args.gpus_per_node is not None:
             step = graph.from_module(module, unroll_loops=False)
-            nodes_of = {t.name: t.nodes_spanned(args.gpus_per_node) for t in step.collectives}
+            nodes_of = {t.name: step.shape(t, args.gpus_per_node).nodes for t in step.collectives}
     except hlo.HloParseError as e:
         raise _UsageError(f"{_where(args)}: {e}") from None
     if args.json:
         print(json.dumps(result))
     else:
-        print(graph.format_analysis(result, nodes_of=nodes_of))
+        print(report.format_analysis(result, nodes_of=nodes_of))
     return 0
 
 
@@ -163,9 +161,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     step = _read_graph(args)
     hw = _hardware(args)
-    print(simulate.simulate_report(step, hw, as_json=args.json))
+    timeline = simulate.simulate(step, hw)
+    print(report.simulate_report(step, hw, as_json=args.json, timeline=timeline))
     if args.trace or args.png:
-        timeline = simulate.simulate(step, hw)
         if args.trace:
             trace.write_perfetto(timeline, step, args.trace)
         if args.png:
@@ -256,10 +254,7 @@ def _cluster_for_mesh(args: argparse.Namespace, n: int) -> hardware.HardwareProf
 
     Without --nodes, a mesh larger than one node fills ``n / gpus_per_node`` nodes.
     """
-    hw = _hardware(args)
-    if args.nodes is None and n > hw.gpus_per_node and n % hw.gpus_per_node == 0 \
-            and hw.nodes == 1:
-        hw = hw.with_nodes(n // hw.gpus_per_node)
+    hw = _hardware(args, n)
     fits = n == hw.num_gpus or (hw.nodes == 1 and n < hw.gpus_per_node)
     if not fits:
         raise _UsageError(
@@ -274,7 +269,7 @@ def _cluster_for_mesh(args: argparse.Namespace, n: int) -> hardware.HardwareProf
 def _run_tune(args: argparse.Namespace) -> int:
     import hashlib
 
-    from lagom_jax import api, flags
+    from lagom_jax import api, flags, planning
 
     if args.model is not None:
         if args.path is not None or args.example is not None:
@@ -287,11 +282,11 @@ def _run_tune(args: argparse.Namespace) -> int:
     print(f"lagom-jax: hardware: {hw.name}; {len(step.collectives)} collectives, "
           f"{len(step.tasks)} tasks; searching ...", file=sys.stderr)
     try:
-        results = api.search_all(step, hw, strategy=args.strategy)
+        planned = planning.plan(step, hw, strategy=args.strategy,
+                                fingerprint=hashlib.sha256(text.encode()).hexdigest())
     except ValueError as err:  # e.g. exhaustive refusing a step too large to enumerate
         raise _UsageError(str(err)) from None
-    plan = api.plan_from_results(results, args.strategy, hw, module=step.name,
-                                 fingerprint=hashlib.sha256(text.encode()).hexdigest())
+    plan, results = planned.plan, planned.results
     flags.validate(plan.xla_flags(), plan.compiler_options())
     if recompile is not None:
         from lagom_jax import verify
@@ -299,12 +294,12 @@ def _run_tune(args: argparse.Namespace) -> int:
         if plan.compiler_options():
             print(f"lagom-jax: verifying: recompiling with the plan's "
                   f"{len(plan.compiler_options())} option(s), each left out once ...", file=sys.stderr)
-        plan, _ = verify.verify_plan(plan, results[args.strategy].graph, text, recompile)
+        plan, _ = verify.verify_plan(plan, planned.chosen.graph, text, recompile)
     else:
         plan = dataclasses.replace(plan, verification=(("plan", f"not recompiled: {where} cannot "
                                    "be compiled again here; its options passed the installed XLA's "
                                    "flag parser"),))
-    env = plan.nccl_env()
+    env = api.nccl_env(plan)
     if args.json:
         print(json.dumps({
             "module": plan.module, "hardware": plan.hardware, "strategy": plan.strategy,
@@ -315,7 +310,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                            for name, r in results.items()},
             "xla_flags": plan.xla_flags(), "nccl_env": env, "compiled_by": where,
             "verification": [list(v) for v in plan.verification],
-            "collectives": json.loads(plan.to_json())["collectives"],
+            "collectives": plan.to_dict()["collectives"],
         }))
     else:
         print(f"module: {where}")
@@ -333,7 +328,7 @@ def _run_tune(args: argparse.Namespace) -> int:
             f"{plan.speedup_over(n):.3f}x over {n}" for n in results if n != plan.strategy)
             + "  (predicted by the cost model, not measured)")
     if args.out:
-        _write_artifacts(pathlib.Path(args.out), plan, results[args.strategy])
+        _write_artifacts(pathlib.Path(args.out), plan, planned.chosen)
     return 0
 
 
@@ -348,7 +343,8 @@ def _write_artifacts(out: pathlib.Path, plan, result) -> None:
     (out / "nccl_env.sh").write_text("".join(f"export {k}={v}\n" for k, v in sorted(env.items())))
     (out / "nccl_tuner.conf").write_text(plan.nccl_tuner_config())
     (out / "lhs_profile.pbtxt").write_text(plan.lhs_profile())
-    (out / "launch.sh").write_text("#!/usr/bin/env bash\n" + api.launch_line(plan, '"$@"') + "\n")
+    (out / "launch.sh").write_text("#!/usr/bin/env bash\n"
+                                   + api.launch_line(plan, '"$@"', config_path=out / "nccl_tuner.conf") + "\n")
     trace.write_perfetto(result.timeline, result.graph, out / "trace.json")
     try:
         trace.to_png(result.timeline, result.graph, out / "timeline.png")

@@ -35,7 +35,7 @@ import functools
 import math
 
 from lagom_jax.hardware import HardwareProfile
-from lagom_jax.plan import MAX_CHANNELS, CollectiveParams
+from lagom_jax.params import MAX_CHANNELS, CollectiveParams
 
 PROTOCOL_INDEX = {"LL": 0, "LL128": 1, "Simple": 2}
 
@@ -107,7 +107,7 @@ class CostConfig:
         raise KeyError(f"no entry {key!r} in cost table (known: {[k for k, _ in table]})")
 
 
-DEFAULT_CONFIG = CostConfig()
+DEFAULT_COSTS = CostConfig()
 
 
 def _link_kind(hw: HardwareProfile, nodes: int) -> str:
@@ -154,7 +154,7 @@ def ring_steps(kind: str, n: int) -> int:
 
 
 def latency_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
-               hw: HardwareProfile, cfg: CostConfig = DEFAULT_CONFIG) -> float:
+               hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS) -> float:
     """NCCL's latency composition (``ncclTopoGetAlgoTime``), without launch overhead."""
     lat, factor = _latency_parts(kind, n, nodes, params, hw, cfg)
     if factor is not None and nbytes / (params.nchannels * n) >= 64:
@@ -196,7 +196,7 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
 
 
 def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
-               cfg: CostConfig = DEFAULT_CONFIG) -> float:
+               cfg: CostConfig = DEFAULT_COSTS) -> float:
     """Bus bandwidth of one collective with ``params`` on the link its group spans.
 
     Grows by one channel's rate per channel (scaled by threads per CTA) until the link
@@ -236,7 +236,7 @@ def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwarePr
 @functools.lru_cache(maxsize=1 << 16)
 def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
                        params: CollectiveParams, hw: HardwareProfile,
-                       cfg: CostConfig = DEFAULT_CONFIG) -> float:
+                       cfg: CostConfig = DEFAULT_COSTS) -> float:
     """Time of one collective running alone (us). ``nodes`` = nodes the group spans."""
     _check_args(kind, nbytes, group_size, nodes, params)
     if group_size <= 1:
@@ -319,7 +319,7 @@ def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile
 
 @functools.lru_cache(maxsize=1 << 14)
 def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
-                        hw: HardwareProfile, cfg: CostConfig = DEFAULT_CONFIG) -> CollectiveParams:
+                        hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS) -> CollectiveParams:
     """What NCCL itself would run: algorithm/protocol by its minimum predicted time
     (scan order Tree, Ring x LL, LL128, Simple; strict <, so ties keep the earlier), then
     its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
@@ -350,13 +350,13 @@ _CHANNEL_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
 def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
-                     hw: HardwareProfile) -> tuple[CollectiveParams, ...]:
+                     hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS) -> tuple[CollectiveParams, ...]:
     """The search space for one collective, sorted: every (algorithm, protocol) NCCL
     allows here x a channel ladder (plus NCCL's count) up to the SMs available; for
     Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
     """
     fixed = _size_free_candidates(kind, group_size, hw)
-    default = nccl_default_params(kind, nbytes, group_size, nodes, hw)
+    default = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
     i = bisect.bisect_left(fixed, default)
     if i < len(fixed) and fixed[i] == default:
         return fixed
@@ -383,42 +383,43 @@ def _size_free_candidates(kind: str, group_size: int, hw: HardwareProfile) -> tu
 
 
 @functools.lru_cache(maxsize=1 << 12)
-def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int,
-                    hw: HardwareProfile) -> tuple[tuple[CollectiveParams, float], ...]:
+def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                    cfg: CostConfig = DEFAULT_COSTS) -> tuple[tuple[CollectiveParams, float], ...]:
     """Every ``candidate_params`` entry with its ``collective_time_us``, in the same order:
     the one tabulation per collective size that the overlap bound and the search share."""
-    cands = candidate_params(kind, nbytes, group_size, nodes, hw)
+    cands = candidate_params(kind, nbytes, group_size, nodes, hw, cfg)
     if group_size <= 1:
-        return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw)) for p in cands)
-    # Time the size-free candidates from their tabulated terms, without a cache lookup
-    # per candidate; NCCL's pick, when it is not one of them, the ordinary way.
+        return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw, cfg)) for p in cands)
+    # The size-free candidates are timed from their tabulated terms (no cache lookup per
+    # candidate); NCCL's pick, when it is not one of them, through collective_time_us.
     out = []
-    for p, terms in _size_free_table(kind, group_size, nodes, hw):
+    for p, terms in _size_free_table(kind, group_size, nodes, hw, cfg):
         _check_args(kind, nbytes, group_size, nodes, p)
-        out.append((p, _time_from_terms(nbytes, group_size, p, terms, hw, DEFAULT_CONFIG)))
+        out.append((p, _time_from_terms(nbytes, group_size, p, terms, hw, cfg)))
     if len(out) < len(cands):
         i = next((i for i, (p, _) in enumerate(out) if p != cands[i]), len(out))
-        out.insert(i, (cands[i], collective_time_us(kind, nbytes, group_size, nodes, cands[i], hw)))
+        out.insert(i, (cands[i], collective_time_us(kind, nbytes, group_size, nodes, cands[i], hw, cfg)))
     return tuple(out)
 
 
 @functools.lru_cache(maxsize=1 << 10)
-def _size_free_table(kind: str, group_size: int, nodes: int, hw: HardwareProfile
+def _size_free_table(kind: str, group_size: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
                      ) -> tuple[tuple[CollectiveParams, _Terms], ...]:
     """The size-free candidates of one (kind, group) with their size-free terms."""
-    return tuple((p, _size_free_terms(kind, group_size, nodes, p, hw, DEFAULT_CONFIG))
+    return tuple((p, _size_free_terms(kind, group_size, nodes, p, hw, cfg))
                  for p in _size_free_candidates(kind, group_size, hw))
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def fastest_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile) -> float:
+def fastest_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                    cfg: CostConfig = DEFAULT_COSTS) -> float:
     """The collective's time alone at its fastest candidate (for the overlap bound)."""
-    return min(t for _, t in candidate_times(kind, nbytes, group_size, nodes, hw))
+    return min(t for _, t in candidate_times(kind, nbytes, group_size, nodes, hw, cfg))
 
 
 def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
                     sms_taken: float = 0.0, hbm_gbps_taken: float = 0.0,
-                    cfg: CostConfig = DEFAULT_CONFIG) -> float:
+                    cfg: CostConfig = DEFAULT_COSTS) -> float:
     """Roofline time of one compute kernel on the SMs and HBM bandwidth left over.
 
     Matmul throughput scales with the SMs left (a channel's CTA holds its SM for the
@@ -434,7 +435,7 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
 
 @functools.lru_cache(maxsize=1 << 12)
 def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,
-                      cfg: CostConfig = DEFAULT_CONFIG) -> tuple[float, float]:
+                      cfg: CostConfig = DEFAULT_COSTS) -> tuple[float, float]:
     """(SMs, HBM GB/s) a running collective takes from compute.
 
     SMs: the hardware's ``sm_share_per_channel`` per channel. HBM: ``hbm_bytes_per_bus_byte``

@@ -123,10 +123,6 @@ class XlaFlag:
             value = "true" if value else "false"
         return f"--{self.name}={value}"
 
-    def option_value(self) -> FlagValue:
-        """The value for ``compiler_options``: Python bools, ints, enum names as strings."""
-        return self.value
-
 
 def render_xla_flags(flags: Iterable[XlaFlag]) -> str:
     """One ``XLA_FLAGS`` string, sorted by name so that equal plans print equal strings."""
@@ -135,7 +131,7 @@ def render_xla_flags(flags: Iterable[XlaFlag]) -> str:
 
 def compiler_options(flags: Iterable[XlaFlag]) -> dict[str, FlagValue]:
     """The per-compile subset, as ``lowered.compile(compiler_options=...)`` takes it."""
-    return {f.name: f.option_value() for f in sorted(flags) if KNOWN_FLAGS[f.name].per_compile}
+    return {f.name: f.value for f in sorted(flags) if KNOWN_FLAGS[f.name].per_compile}
 
 
 _UNKNOWN_FLAG = re.compile(r"Unknown flag in XLA_FLAGS: --([A-Za-z0-9_]+)")

@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lagom_jax import hardware as hardware_lib
+from lagom_jax import jax_internals
 
 __all__ = ["CPU_FALLBACK_LOSS", "CompileCrash", "CompiledStep", "DevicelessUnavailable",
            "StepDevices", "compile_builtin", "compile_builtin_isolated", "compile_for_cluster",
@@ -68,12 +69,6 @@ def _has_cuda_driver() -> bool:
     return True
 
 
-def _backends_started() -> bool:
-    from jax._src import xla_bridge
-
-    return xla_bridge.backends_are_initialized()
-
-
 def prepare() -> None:
     """Make the deviceless route possible in this process, if JAX has not started yet.
 
@@ -83,7 +78,7 @@ def prepare() -> None:
     """
     import jax
 
-    if (_backends_started() or jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS")
+    if (jax_internals.backends_started() or jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS")
             or not _plugin_installed() or _has_cuda_driver()):
         return
     jax.config.update("jax_platforms", "cpu")
@@ -97,11 +92,8 @@ def unavailable_reason() -> str | None:
     if not _plugin_installed():
         return ("the CUDA PJRT plugin is not installed (pip install jax-cuda12-plugin==<jaxlib "
                 "version> jax-cuda12-pjrt==<jaxlib version>; needs Python >= 3.11)")
-    from jax._src import xla_bridge
-
     prepare()
-    xla_bridge.backends()
-    if "cuda" not in xla_bridge._backend_factories:
+    if "cuda" not in jax_internals.registered_platforms():
         return ("the CUDA plugin did not register: JAX started with CUDA enabled on a machine "
                 "without a CUDA driver (set JAX_PLATFORMS=cpu before JAX starts)")
     return None
@@ -244,29 +236,11 @@ def compile_for_cluster(jitted: Any, args: Sequence[Any], kwargs: Mapping[str, A
     traced as usual, lowered for the ``cuda`` platform with its own shardings, and the
     module is compiled for as many abstract GPUs of ``hw`` as the step has devices,
     GPU i standing for device i. Nothing runs. This reaches into JAX's internals
-    (``Lowered._lowering.compile_args``, ``pxla.create_compile_options``,
-    ``compiler.backend_compile_and_load``; checked with jax 0.10.2): callers treat any
-    exception as "not available" and go on without it.
+    (``jax_internals.compile_for_devices``): callers treat any exception as "not
+    available" and go on without it.
     """
-    import numpy as np
-    from jax._src import compiler
-    from jax._src.interpreters import pxla
-    from jax._src.lib import xla_client as xc
-
     lowered = jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",))
-    compile_args = lowered._lowering.compile_args
-    gpus = devices(hw, compile_args["num_devices"])
-    module = lowered.compiler_ir("stablehlo")
-    client = gpus[0].client
-    # Shardings are fixed by the step as traced: XLA may not propagate new ones to its
-    # inputs or outputs.
-    compile_options = pxla.create_compile_options(
-        module, compile_args["tuple_args"], [False] * len(compile_args["global_in_avals"]),
-        [False] * len(compile_args["global_out_avals"]), client,
-        np.array(gpus, dtype=object), dict(options or {}))
-    executable = compiler.backend_compile_and_load(
-        client, module, xc.DeviceList(tuple(gpus)), compile_options, [])
-    return executable.hlo_modules()[0].to_string()
+    return jax_internals.compile_for_devices(lowered, lambda n: devices(hw, n), options)
 
 
 # What a plan loses when XLA:CPU's module stands in for the GPU one.
@@ -304,7 +278,7 @@ def step_devices(hw: hardware_lib.HardwareProfile, num_devices: int) -> StepDevi
     import jax
 
     topology_string(hw, num_devices)  # the mesh and the cluster agree, or ValueError
-    if not _backends_started() and jax.config.jax_num_cpu_devices < num_devices:
+    if not jax_internals.backends_started() and jax.config.jax_num_cpu_devices < num_devices:
         jax.config.update("jax_num_cpu_devices", num_devices)
     prepare()
     try:

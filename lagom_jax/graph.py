@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from typing import Literal, NamedTuple
 
 from lagom_jax import hlo
-from collections.abc import Mapping
-from typing import Literal
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -23,9 +23,6 @@ COLLECTIVE_KINDS = (
     "all-to-all",
     "collective-permute",
 )
-CollectiveKind = Literal[
-    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"
-]
 TaskKind = Literal[
     "compute", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"
 ]
@@ -79,13 +76,17 @@ class Task:
     def is_collective(self) -> bool:
         return self.kind != "compute"
 
-    @property
-    def group_size(self) -> int:
+    def ranks(self, num_devices: int) -> int:
+        """Ranks in one of the collective's groups: the one rule for a group's size.
+
+        HLO's empty ``replica_groups`` mean every one of ``num_devices`` devices takes part;
+        a collective-permute moves between two ranks.
+        """
         if self.groups:
             return len(self.groups[0])
         if self.pairs:
             return 2
-        return 1
+        return max(num_devices, 1)
 
     def crosses_nodes(self, gpus_per_node: int) -> bool:
         """Whether any group (or permute pair) spans devices on different nodes."""
@@ -100,6 +101,32 @@ class Task:
             raise ValueError(f"gpus_per_node must be positive, got {gpus_per_node}")
         sets = list(self.groups) + [tuple(p) for p in self.pairs]
         return max((len({d // gpus_per_node for d in g}) for g in sets), default=1)
+
+
+class CollectiveShape(NamedTuple):
+    """A collective as the cost model sizes it."""
+
+    kind: str
+    bytes: float
+    ranks: int
+    nodes: int
+
+
+def collective_shape(task: Task, num_devices: int, gpus_per_node: int) -> CollectiveShape:
+    """(kind, bytes, ranks, nodes spanned) of ``task`` in a step over ``num_devices``."""
+    return _shape(task.kind, float(task.bytes), task.groups, task.pairs, num_devices, gpus_per_node)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _shape(kind: str, nbytes: float, groups: tuple[tuple[int, ...], ...], pairs: tuple[tuple[int, int], ...],
+           num_devices: int, gpus_per_node: int) -> CollectiveShape:
+    t = Task(0, "", kind, bytes=nbytes, groups=groups, pairs=pairs)  # type: ignore[arg-type]
+    n = t.ranks(num_devices)
+    if groups or pairs:
+        nodes = t.nodes_spanned(gpus_per_node)
+    else:  # every device takes part
+        nodes = math.ceil(n / gpus_per_node)
+    return CollectiveShape(kind, nbytes, n, min(nodes, n))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +152,14 @@ class StepGraph:
     @property
     def compute_tasks(self) -> tuple[Task, ...]:
         return tuple(t for t in self.tasks if not t.is_collective)
+
+    def shape(self, task: Task, gpus_per_node: int) -> CollectiveShape:
+        """(kind, bytes, ranks, nodes spanned) of a collective of this step.
+
+        Cached by the fields that matter: the search asks again for every copy of a task
+        it makes.
+        """
+        return collective_shape(task, self.num_devices, gpus_per_node)
 
     @property
     def total_flops(self) -> float:
@@ -600,7 +635,7 @@ def analyze(module: hlo.Module) -> dict:
                 "name": t.name,
                 "kind": t.kind,
                 "bytes": int(t.bytes),
-                "group_size": t.group_size,
+                "group_size": t.ranks(graph.num_devices),
                 "trip_count": t.trip_count,
                 "async": t.is_async,
             }
@@ -611,48 +646,3 @@ def analyze(module: hlo.Module) -> dict:
             "bytes": float(sum(t.bytes * t.trip_count for t in compute)),
         },
     }
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def format_analysis(result: dict, *, nodes_of: Mapping[str, int] | None = None) -> str:
-    """A readable table of :func:`analyze`'s result.
-
-    ``nodes_of`` (collective name -> nodes its group spans) adds a "nodes" column.
-    """
-    rows = [("collective", "kind", "bytes", "group", "trips", "async")]
-    if nodes_of is not None:
-        rows[0] += ("nodes",)
-    for c in result["collectives"]:
-        row = (
-            c["name"], c["kind"], _human_bytes(c["bytes"]), str(c["group_size"]),
-            str(c["trip_count"]), "yes" if c["async"] else "no",
-        )
-        if nodes_of is not None:
-            row += (str(nodes_of.get(c["name"], 1)),)
-        rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"module {result['module']}: {len(result['collectives'])} collectives"]
-    for k, r in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    per_kind: dict[str, list[float]] = {}
-    for c in result["collectives"]:
-        acc = per_kind.setdefault(c["kind"], [0, 0.0])
-        acc[0] += c["trip_count"]
-        acc[1] += c["bytes"] * c["trip_count"]
-    lines.append("")
-    for kind, (count, nbytes) in sorted(per_kind.items()):
-        lines.append(f"{kind}: {count} per step, {_human_bytes(nbytes)} per step")
-    comp = result["compute"]
-    lines.append(
-        f"compute: {comp['flops'] / 1e12:.3f} TFLOP, {_human_bytes(comp['bytes'])} moved per step"
-    )
-    return "\n".join(lines)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Literal
 
@@ -232,7 +233,7 @@ PRESETS: dict[str, HardwareProfile] = {
         intra_channel_gbps=6.0,
         net_busbw_gbps=round(100 / 8 * _RING_EFFICIENCY, 2),  # one 100 Gb/s IB NIC per node
         net_channel_gbps=6.0,  # as above (nccl #689)
-        nccl_channels=8,  # NCCL's NC on the A40 cluster of Lagom, raised 8 -> 61 by AutoCCL [2nd]
+        nccl_channels=8,  # NCCL's NC on Lagom's A40 cluster (arXiv 2602.20656); AutoCCL raised it to 61
         ll128_enabled=False,  # PCIe-only boxes get LL + Simple
         launch_us=_LAUNCH_US,
         # XLA ships no A40 description; the RTX A6000 is the same GA102 chip (84 SMs, 48 GB
@@ -313,3 +314,67 @@ def resolve(name_or_path: str, nodes: int | None = None) -> HardwareProfile:
         f"unknown hardware {name_or_path!r}: not a preset (known: {', '.join(PRESETS)}) "
         f"and not a JSON file"
     )
+
+
+# The cluster predicted for when the devices in sight are not GPUs of a known kind.
+DEFAULT_PREDICTED_CLUSTER = "h100-sxm-8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A cluster chosen from what the user gave, and a sentence saying how."""
+
+    hardware: HardwareProfile
+    note: str
+
+
+def resolve_cluster(spec: str | HardwareProfile, *, nodes: int | None = None, num_devices: int | None = None,
+                    devices: list | None = None) -> Resolved:
+    """The one hardware resolver of the CLI, the decorator and ``advise``.
+
+    ``spec`` is a HardwareProfile, a preset name, ``name:nodes=N``, a JSON file written by
+    ``HardwareProfile.save``, or ``"auto"``: the preset of the GPUs this process sees
+    (``devices``, default ``jax.devices()``), or the ``DEFAULT_PREDICTED_CLUSTER`` where they
+    are not GPUs of a known kind. ``nodes`` overrides the node count. Otherwise a job of
+    ``num_devices`` (for "auto": the devices seen) larger than the cluster grows it to as
+    many whole nodes as it needs, unless ``spec`` named its node count (``name:nodes=N``) or
+    is a HardwareProfile.
+    """
+    if nodes is not None and nodes <= 0:
+        raise ValueError(f"nodes must be positive, got {nodes}")
+    auto = isinstance(spec, str) and spec.strip() == "auto"
+    if isinstance(spec, HardwareProfile):
+        hw, note, explicit = spec, f"hardware: {spec.name}", True
+    elif auto:
+        hw, note = _auto(devices)
+        num_devices, explicit = _device_count(devices), False
+    else:
+        hw = resolve(spec, nodes)
+        note, explicit = f"hardware: {hw.name}", ":" in spec
+    if nodes is not None:
+        hw = hw.with_nodes(nodes)
+    elif not explicit and num_devices is not None and num_devices > hw.num_gpus:
+        hw = hw.with_nodes(math.ceil(num_devices / hw.gpus_per_node))
+    return Resolved(hw, f"{note}, {hw.nodes} node(s)" if auto else note)
+
+
+def _device_count(devices: list | None) -> int:
+    import jax
+
+    return len(devices if devices is not None else jax.devices())
+
+
+def _auto(devices: list | None) -> tuple[HardwareProfile, str]:
+    import jax
+
+    devices = devices if devices is not None else jax.devices()
+    d0, n = devices[0], len(devices)
+    if d0.platform in ("gpu", "cuda", "rocm"):
+        preset = preset_for_device(d0.device_kind)
+        if preset is not None:
+            return get(preset), f"hardware=auto: {n}x {d0.device_kind} -> preset {preset}"
+        return (get(DEFAULT_PREDICTED_CLUSTER),
+                f"hardware=auto: no preset for {d0.device_kind!r}; predicting for {DEFAULT_PREDICTED_CLUSTER}")
+    return (get(DEFAULT_PREDICTED_CLUSTER),
+            f"hardware=auto: {n} {d0.platform.upper()} device(s), no GPU here; "
+            f"predicting for the {DEFAULT_PREDICTED_CLUSTER} cluster")

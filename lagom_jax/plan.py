@@ -1,9 +1,8 @@
-"""Plans and the values they are made of.
+"""The Plan: what the search decided for one compiled step, as data, and its renderings.
 
-``CollectiveParams`` is the per-collective NCCL choice that Lagom co-tunes: algorithm,
-protocol, number of channels (one CTA on one SM each), chunk size and threads per CTA.
-It lives on this floor so that the cost model, the passes and the search all share one
-definition.
+A Plan renders compiler options, an ``XLA_FLAGS`` string, the NCCL environment, the NCCL
+tuner-plugin config and an LHS profile; it never writes files (that is the caller's job,
+``PlanCache`` aside, which stores Plans).
 """
 
 from __future__ import annotations
@@ -16,52 +15,10 @@ import math
 import os
 import pathlib
 import tempfile
-from typing import Literal
-
 from lagom_jax import nccl_tuner
 from lagom_jax.flags import XlaFlag, compiler_options, render_xla_flags
-
-Algorithm = Literal["ring", "tree"]
-Protocol = Literal["LL", "LL128", "Simple"]
-ALGORITHMS: tuple[str, ...] = ("ring", "tree")
-PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
-
-# NCCL clamps CTAs per communicator to [1, 64] (NVIDIA/nccl src/init.cc, minCTAs/maxCTAs
-# capped at MAXCHANNELS) and uses 64..640 threads per CTA (NCCL_NTHREADS, multiples of 64).
-MAX_CHANNELS = 64
-MIN_THREADS, MAX_THREADS = 64, 640
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class CollectiveParams:
-    """One NCCL configuration for one collective call."""
-
-    algorithm: Algorithm = "ring"
-    protocol: Protocol = "Simple"
-    nchannels: int = 1
-    chunk_bytes: int = 2 << 20
-    nthreads: int = 512
-
-    def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r} (known: {', '.join(ALGORITHMS)})")
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {self.protocol!r} (known: {', '.join(PROTOCOLS)})")
-        if not 1 <= self.nchannels <= MAX_CHANNELS:
-            raise ValueError(f"nchannels must be in [1, {MAX_CHANNELS}], got {self.nchannels}")
-        if self.chunk_bytes <= 0:
-            raise ValueError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
-        if not (MIN_THREADS <= self.nthreads <= MAX_THREADS and self.nthreads % 64 == 0):
-            raise ValueError(
-                f"nthreads must be a multiple of 64 in [{MIN_THREADS}, {MAX_THREADS}], got {self.nthreads}"
-            )
-
-    def describe(self) -> str:
-        return (
-            f"{self.algorithm}/{self.protocol} nc={self.nchannels} "
-            f"chunk={self.chunk_bytes // 1024}KiB nt={self.nthreads}"
-        )
-
+from lagom_jax.params import CollectiveParams
+from lagom_jax.units import human_bytes
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveChoice:
@@ -104,8 +61,6 @@ class Plan:
     search_seconds: float = 0.0
     # Cost of each instruction (us) under this plan: the LHS profile.
     costs: tuple[tuple[str, float], ...] = ()
-    # The predicted timeline of this plan, as Timeline.to_json() wrote it.
-    timeline_json: str = "{}"
     # (subject, outcome) lines from recompiling with the plan's options (lagom_jax.verify);
     # empty when the plan was not verified.
     verification: tuple[tuple[str, str], ...] = ()
@@ -120,10 +75,6 @@ class Plan:
         if baseline not in times:
             raise KeyError(f"no prediction for {baseline!r} (have: {', '.join(times)})")
         return times[baseline] / self.makespan_us
-
-    def timeline(self) -> dict:
-        """The predicted timeline of this plan (``Timeline.to_dict()`` of the simulator)."""
-        return json.loads(self.timeline_json)
 
     def report(self, *, top: int = 20) -> str:
         """The table a person reads: predictions, speedups and each collective's choice."""
@@ -150,7 +101,7 @@ class Plan:
         ranked = sorted(self.collectives, key=lambda c: -c.predicted_us)
         for c in ranked[:top]:
             lines.append(
-                f"{c.name[:28]:<28} {c.kind:<18} {_human_bytes(c.bytes):>10} {c.group_size:>5} "
+                f"{c.name[:28]:<28} {c.kind:<18} {human_bytes(c.bytes):>10} {c.group_size:>5} "
                 f"{c.nodes:>5}  {c.default_params.describe():<36} {c.params.describe():<36} "
                 f"{c.predicted_us:>9.1f} {c.exposed_us:>9.1f}  {c.why}")
         if len(ranked) > top:
@@ -212,16 +163,22 @@ class Plan:
         """The tuner-plugin config file (format: lagom_jax/nccl_tuner/README.md)."""
         return nccl_tuner.render_config(self.nccl_tuner_rules())
 
+    def tuner_config_path(self, plugin_path: str | os.PathLike[str] | None = None) -> pathlib.Path:
+        """Where this plan's tuner config goes by default: beside the plugin, by fingerprint."""
+        plugin = pathlib.Path(plugin_path) if plugin_path else nccl_tuner.default_out_dir() / nccl_tuner.PLUGIN_FILE
+        return plugin.parent / "configs" / f"{self.fingerprint[:16] or 'plan'}.conf"
+
     def nccl_env(self, *, config_path: str | os.PathLike[str] | None = None,
                  plugin_path: str | os.PathLike[str] | None = None) -> dict[str, str]:
         """NCCL environment for every rank, set before the first communicator exists.
 
         Per-call settings travel through the tuner plugin when one is built
-        (``lagom-jax build-tuner``); its config is written to ``config_path`` (default: next
-        to the plugin, named by the module fingerprint). Threads per CTA cannot be set per
-        call, so a common choice becomes ``NCCL_NTHREADS``; chunks above NCCL's 2 MiB cap
-        (Ring/Simple chunk = NCCL_BUFFSIZE / 2: 8 steps of which 4 make a chunk, NVIDIA/nccl
-        ``src/include/device.h`` and ``src/include/collectives.h``) raise ``NCCL_BUFFSIZE``.
+        (``lagom-jax build-tuner``), reading ``nccl_tuner_config()`` from ``config_path``
+        (default ``tuner_config_path()``); writing that file is the caller's job. Threads
+        per CTA cannot be set per call, so a common choice becomes ``NCCL_NTHREADS``; chunks
+        above NCCL's 2 MiB cap (Ring/Simple chunk = NCCL_BUFFSIZE / 2: 8 steps of which 4
+        make a chunk, NVIDIA/nccl ``src/include/device.h`` and
+        ``src/include/collectives.h``) raise ``NCCL_BUFFSIZE``.
         """
         env: dict[str, str] = {}
         simple = {c.params.nthreads for c in self.collectives if c.params.protocol != "LL128"}
@@ -233,15 +190,16 @@ class Plan:
         plugin = pathlib.Path(plugin_path) if plugin_path else (
             nccl_tuner.default_out_dir() / nccl_tuner.PLUGIN_FILE)
         if plugin.exists():
-            if config_path is None:
-                config_path = plugin.parent / "configs" / f"{self.fingerprint[:16] or 'plan'}.conf"
-            atomic_write_text(config_path, self.nccl_tuner_config())
-            env.update(nccl_tuner.tuner_env(plugin, config_path))
+            env.update(nccl_tuner.tuner_env(plugin, config_path or self.tuner_config_path(plugin)))
         return env
 
     # -- serialisation ---------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """The Plan as plain JSON data (what ``to_json`` writes)."""
+        return _to_jsonable(self)  # type: ignore[return-value]
+
     def to_json(self) -> str:
-        return json.dumps(_to_jsonable(self), indent=1, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -275,14 +233,6 @@ class Plan:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         return cls.from_json(pathlib.Path(path).read_text())
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _to_jsonable(value: object) -> object:

@@ -27,7 +27,6 @@ without building a Timeline (the search scores candidates by the makespan alone)
 from __future__ import annotations
 
 import dataclasses
-import functools
 import heapq
 import json
 import math
@@ -36,9 +35,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from lagom_jax import cost
-from lagom_jax.graph import StepGraph, Task
+from lagom_jax.graph import StepGraph
 from lagom_jax.hardware import HardwareProfile
-from lagom_jax.plan import CollectiveParams
+from lagom_jax.params import CollectiveParams
 
 COMPUTE_STREAM = "compute"
 
@@ -106,28 +105,6 @@ class Timeline:
         return json.dumps(self.to_dict(), indent=1)
 
 
-def collective_shape(task: Task, num_devices: int, hw: HardwareProfile) -> tuple[str, float, int, int]:
-    """(kind, bytes, ranks, nodes spanned) of a collective as the cost model sizes it.
-
-    HLO's empty ``replica_groups`` mean every one of ``num_devices`` devices takes part.
-    The simulator and the search both size collectives this way; it is cached by the
-    fields that matter, because the search asks again for every copy of a task it makes.
-    """
-    return _shape(task.kind, float(task.bytes), task.groups, task.pairs, num_devices, hw.gpus_per_node)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _shape(kind: str, nbytes: float, groups: tuple[tuple[int, ...], ...], pairs: tuple[tuple[int, int], ...],
-           num_devices: int, gpus_per_node: int) -> tuple[str, float, int, int]:
-    if groups or pairs:
-        t = Task(0, "", kind, bytes=nbytes, groups=groups, pairs=pairs)  # type: ignore[arg-type]
-        n, nodes = t.group_size, t.nodes_spanned(gpus_per_node)
-    else:  # HLO's empty replica_groups: every device takes part
-        n = max(num_devices, 1)
-        nodes = math.ceil(n / gpus_per_node)
-    return kind, nbytes, n, min(nodes, n)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
     """Everything about (graph, hardware) that does not depend on params or priorities.
@@ -180,7 +157,7 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
     unrolled = any(t.iteration > 0 for t in tasks)
     repeat = tuple(1 if unrolled else max(t.trip_count, 1) for t in tasks)
     is_coll = tuple(t.is_collective for t in tasks)
-    coll_key = tuple(collective_shape(t, graph.num_devices, hw) if c else None for t, c in zip(tasks, is_coll))
+    coll_key = tuple(graph.shape(t, hw.gpus_per_node) if c else None for t, c in zip(tasks, is_coll))
     pending = [len(t.deps) for t in tasks]
     succ: list[list[int]] = [list(c) for c in graph.consumers]
     for t in tasks:
@@ -384,70 +361,3 @@ def simulate(graph: StepGraph, hw: HardwareProfile,
         comm_us=sum(run.coll_time.values()), exposed_comm_us=run.exposed_total,
         intervals=intervals, per_collective=records, overlap_limit=overlap_limit,
     )
-
-
-def _fmt_us(us: float) -> str:
-    if us >= 1e6:
-        return f"{us / 1e6:.3f} s"
-    if us >= 1e3:
-        return f"{us / 1e3:.3f} ms"
-    return f"{us:.1f} us"
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= size:
-            return f"{b / size:.1f} {unit}"
-    return f"{b:.0f} B"
-
-
-def format_timeline(timeline: Timeline, graph: StepGraph, top: int = 10) -> str:
-    """A readable summary: makespan against the bound, exposed communication, and the
-    collectives that expose the most time (with the params they ran with)."""
-    tl = timeline
-    ratio = tl.makespan_us / tl.bound_us if tl.bound_us > 0 else 1.0
-    share = tl.exposed_comm_us / tl.comm_us if tl.comm_us > 0 else 0.0
-    lines = [
-        f"step {graph.name!r}: {len(graph.tasks)} tasks, {len(tl.per_collective)} collectives, "
-        f"overlap limit {tl.overlap_limit}",
-        f"  makespan      {_fmt_us(tl.makespan_us):>12}   ({ratio:.3f}x the overlap bound)",
-        f"  overlap bound {_fmt_us(tl.bound_us):>12}   max(compute alone, comm at its fastest)",
-        f"  compute alone {_fmt_us(tl.compute_us):>12}",
-        f"  comm alone    {_fmt_us(tl.comm_us):>12}",
-        f"  exposed comm  {_fmt_us(tl.exposed_comm_us):>12}   ({share:.1%} of comm)",
-    ]
-    worst = sorted(tl.per_collective, key=lambda r: (-r.exposed_us, r.task_id))[:top]
-    if worst:
-        lines.append(f"  top {len(worst)} collectives by exposed time:")
-        lines.append(f"    {'id':>5} {'name':<28} {'kind':<18} {'bytes':>10} {'time':>11} {'exposed':>11}  params")
-        for r in worst:
-            t = graph.tasks[r.task_id]
-            lines.append(
-                f"    {r.task_id:>5} {t.name[:28]:<28} {t.kind:<18} {_fmt_bytes(t.bytes):>10} "
-                f"{_fmt_us(r.end - r.start):>11} {_fmt_us(r.exposed_us):>11}  {r.params.describe()}")
-    return "\n".join(lines)
-
-
-def simulate_report(graph: StepGraph, hw: HardwareProfile, *, as_json: bool,
-                    overlap_limit: int = 1) -> str:
-    """What ``lagom-jax simulate`` prints: the summary text, or one JSON object."""
-    tl = simulate(graph, hw, overlap_limit=overlap_limit)
-    if as_json:
-        return json.dumps({
-            "graph": graph.name,
-            "hardware": hw.name,
-            "nodes": hw.nodes,
-            "num_tasks": len(graph.tasks),
-            "num_collectives": len(tl.per_collective),
-            "makespan_us": tl.makespan_us,
-            "bound_us": tl.bound_us,
-            "compute_us": tl.compute_us,
-            "comm_us": tl.comm_us,
-            "exposed_comm_us": tl.exposed_comm_us,
-            "per_collective": [
-                {"task_id": r.task_id, "name": r.name, "params": r.params.describe(),
-                 "start_us": r.start, "end_us": r.end, "exposed_us": r.exposed_us}
-                for r in tl.per_collective
-            ],
-        })
-    return f"hardware {hw.name} x{hw.nodes} node(s)\n" + format_timeline(tl, graph)

@@ -1,4 +1,4 @@
-"""Pictures of a Timeline: a Perfetto / Chrome trace, a PNG Gantt chart, a text summary.
+"""Pictures of a Timeline: a Perfetto / Chrome trace and a PNG Gantt chart.
 
 ``to_perfetto`` writes the Chrome Trace Event format (JSON object with ``traceEvents``),
 which ui.perfetto.dev and chrome://tracing open directly: one process for the step, one
@@ -15,9 +15,8 @@ from typing import Any
 
 from lagom_jax.graph import StepGraph
 from lagom_jax.simulate import COMPUTE_STREAM, Timeline
-from lagom_jax.simulate import format_timeline as format_timeline
 
-__all__ = ["to_perfetto", "write_perfetto", "to_png", "format_timeline"]
+__all__ = ["to_perfetto", "write_perfetto", "to_png"]
 
 
 def _streams(timeline: Timeline) -> list[str]:
@@ -43,7 +42,7 @@ def to_perfetto(timeline: Timeline, graph: StepGraph) -> dict[str, Any]:
         if task.is_collective:
             rec = records[task.id]
             args |= {"params": rec.params.describe(), "exposed_us": rec.exposed_us,
-                     "group_size": task.group_size}
+                     "group_size": task.ranks(graph.num_devices)}
         else:
             args["flops"] = task.flops
         events.append({

@@ -55,15 +55,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from lagom_jax.flags import KNOWN_FLAGS
 from lagom_jax.graph import StepGraph, Task
 
 from .rewrite import Node, Rewrite, identity_nodes, rebuild
 
-# xla/service/collective_utils.h: kDefault<Kind>CombineThreshold = 30 * 1024 * 1024 + 7.
-DEFAULT_COMBINE_THRESHOLD_BYTES = 30 * 1024 * 1024 + 7
-# xla_gpu_collective_combine_threshold_count default (lagom_jax/flags.py); a deviceless
-# compile of 300 independent all-reduces merged them into one call, so it is above 256.
-DEFAULT_COMBINE_MAX_COUNT = 2048
+# XLA's defaults, defined once in lagom_jax.flags (xla/service/collective_utils.h:
+# kDefault<Kind>CombineThreshold = 30 MiB + 7; the combine count cap 2048: a deviceless
+# compile of 300 independent all-reduces merged them into one call).
+DEFAULT_COMBINE_THRESHOLD_BYTES = int(KNOWN_FLAGS["xla_gpu_all_reduce_combine_threshold_bytes"].default)
+DEFAULT_COMBINE_MAX_COUNT = int(KNOWN_FLAGS["xla_gpu_collective_combine_threshold_count"].default)
 COMBINABLE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 DEFAULT_COMBINE_THRESHOLDS: Mapping[str, int] = {
     k: DEFAULT_COMBINE_THRESHOLD_BYTES for k in COMBINABLE_KINDS
@@ -114,7 +115,7 @@ def _key(t: Task) -> tuple:
     return (*base, t.groups, t.dtype, t.reduction)
 
 
-def _result_bytes(t: Task) -> float:
+def _result_bytes(t: Task, num_devices: int) -> float:
     """The size the combiners compare with the threshold: the collective's *result*.
 
     ``CombineInstructionsByKey`` sizes an instruction by its output shape. That is the
@@ -122,7 +123,7 @@ def _result_bytes(t: Task) -> float:
     divided among the group.
     """
     if t.kind == "reduce-scatter":
-        return t.bytes / max(t.group_size, 1)
+        return t.bytes / t.ranks(num_devices)
     return t.bytes
 
 
@@ -136,6 +137,7 @@ class _Scope:
     """
 
     def __init__(self, graph: StepGraph, path: str, members: list[int]) -> None:
+        self.num_devices = graph.num_devices
         self.succ: dict[object, set[object]] = {}
         node_of: dict[int, object] = {}
         for i in members:
@@ -201,7 +203,7 @@ def combine_groups(
     candidates: dict[tuple[str, int], list[Task]] = {}
     for t in graph.collectives:
         limit = limits.get(t.kind, 0)
-        if limit > 0 and _result_bytes(t) <= limit:
+        if limit > 0 and _result_bytes(t, graph.num_devices) <= limit:
             candidates.setdefault(_instance(t), []).append(t)
     done: list[tuple[int, ...]] = []
     scopes = None
@@ -271,12 +273,12 @@ def _combine_scope(scope: _Scope, cands: list[Task], limits: Mapping[str, int],
                 break
             first = left[start]
             key = _key(first)
-            group, size, below = [first], _result_bytes(first), reach[first.id]
+            group, size, below = [first], _result_bytes(first, scope.num_devices), reach[first.id]
             members = bit[first.id]
             for t in left[start + 1:]:
                 if t.id in taken or _key(t) != key:
                     continue
-                nbytes = _result_bytes(t)
+                nbytes = _result_bytes(t, scope.num_devices)
                 # (In post order a later collective never reaches an earlier one; the
                 # second test only guards graphs whose order is not topological.)
                 if size + nbytes > limit or below & bit[t.id] or reach[t.id] & members:

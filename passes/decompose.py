@@ -93,10 +93,6 @@ def _partner(graph: StepGraph, t: Task) -> int | None:
     return None
 
 
-def _group_size(graph: StepGraph, t: Task) -> int:
-    return len(t.groups[0]) if t.groups else graph.num_devices
-
-
 def eligible_pairs(
     graph: StepGraph, ids_or_min_bytes: Iterable[int] | int = 0
 ) -> tuple[Pair, ...]:
@@ -126,7 +122,7 @@ def eligible_pairs(
     pairs: list[Pair] = []
     claimed: set[int] = set()
     for t in wanted:
-        partner = _partner(graph, t) if _group_size(graph, t) > 1 else None
+        partner = _partner(graph, t) if t.ranks(graph.num_devices) > 1 else None
         if partner is None:
             if strict:
                 raise ValueError(
@@ -188,7 +184,7 @@ def decompose_rewrite(
     built: list[tuple[Pair, list[tuple[Hashable, Task, tuple, Hashable | None, tuple[float, int]]]]] = []
     for pair in pairs:
         coll, comp = graph.tasks[pair.collective], graph.tasks[pair.compute]
-        n = _group_size(graph, coll)
+        n = coll.ranks(graph.num_devices)
         ring = _ring(graph, coll)
         order_here = orders[coll.kind]
         step = [("step", pair.collective, i) for i in range(n - 1)]

@@ -160,7 +160,7 @@ def test_nccl_env_is_set_only_before_a_gpu_backend(tmp_path, inputs, monkeypatch
     environ: dict[str, str] = {}
     assert api.apply_nccl_env(plan, environ) == {"NCCL_NTHREADS": "256"} == environ
     assert api.apply_nccl_env(plan, environ) == {}
-    with mock.patch.object(api, "_gpu_backend_started", return_value=True), \
+    with mock.patch.object(api.jax_internals, "gpu_backend_started", return_value=True), \
             pytest.warns(api.TuningWarning, match="relaunch with: NCCL_NTHREADS=256 XLA_FLAGS="):
         assert api.apply_nccl_env(plan, {}) == {}
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lagom_jax import cost, hardware
 from lagom_jax.graph import COLLECTIVE_KINDS
-from lagom_jax.plan import CollectiveParams
+from lagom_jax.params import CollectiveParams
 
 GiB = 1 << 30
 PRESET_NAMES = tuple(hardware.PRESETS)
@@ -96,7 +96,7 @@ def test_overlap_slows_compute_like_published_study():
 
 
 def test_lagom_motivating_case_more_channels_slow_the_step():
-    # Lagom [2nd]: on the A40 cluster AutoCCL raised NC 8 -> 61 for a collective that
+    # Lagom (arXiv 2602.20656): on the A40 cluster AutoCCL raised NC 8 -> 61 for a collective that
     # overlaps a compute-bound phase; end to end that ran at 0.87x of NCCL's default.
     # One overlap window takes max(compute under contention, communication).
     hw = hardware.get("a40-pcie-8", nodes=2)

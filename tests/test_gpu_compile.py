@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from lagom_jax import api, cli, gpu_compile, graph, hardware, models, verify
+from lagom_jax import cli, gpu_compile, graph, hardware, models, planning, verify
 from lagom_jax.flags import XlaFlag
 
 pytestmark = pytest.mark.skipif(gpu_compile.unavailable_reason() is not None,
@@ -57,7 +57,7 @@ def test_verify_drops_an_option_that_changes_nothing_and_keeps_one_that_does():
     text = built.compiled_text()
     step = graph.from_hlo_text(text)
     plan = dataclasses.replace(
-        api.make_plan(step, hw, strategy="xla-default"),
+        planning.make_plan(step, hw, strategy="xla-default"),
         flags=(XlaFlag("xla_gpu_all_reduce_combine_threshold_bytes", 0),
                XlaFlag("xla_gpu_enable_latency_hiding_scheduler", False)))
     tuned, result = verify.verify_plan(plan, step, text, built.compiled_text)
@@ -75,8 +75,8 @@ def test_the_plan_flag_for_the_latency_hiding_scheduler_changes_the_gpu_module(p
     # the estimator off turns it off. Older GPUs need the scheduler flag to turn it on.
     hw = hardware.get(preset)
     assert hw.xla_schedules_by_default is not latency_hiding
-    assert api._lhs_flags(hw.xla_schedules_by_default, hw) == []
-    (flag,) = api._lhs_flags(latency_hiding, hw)
+    assert planning.lhs_flags(hw.xla_schedules_by_default, hw) == []
+    (flag,) = planning.lhs_flags(latency_hiding, hw)
     built = models.build("gpt2", "tiny", "dp+tp", "data=2,model=4", devices=gpu_compile.devices(hw),
                          dtype="bfloat16")
     assert not verify._same_module(built.compiled_text(), built.compiled_text({flag.name: flag.value}))

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_hlo import STRATEGIES, compiled_steps  # noqa: F401  (module-scoped fixture)
 
-from lagom_jax import graph, hlo
+from lagom_jax import graph, hlo, report
 from lagom_jax.cli import example_text
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
@@ -96,7 +96,7 @@ def _xla_inventory(compiled) -> list[tuple[str, str, int]]:
 def test_collective_inventory_agrees_with_jaxlib(compiled_steps, compiled_scan):  # noqa: F811
     for compiled in [*compiled_steps.values(), compiled_scan]:
         g = graph.from_hlo_text(compiled.as_text(), unroll_loops=False)
-        ours = sorted((t.name, t.kind, t.group_size) for t in g.collectives)
+        ours = sorted((t.name, t.kind, t.ranks(g.num_devices)) for t in g.collectives)
         assert ours == _xla_inventory(compiled)
 
 
@@ -128,9 +128,9 @@ def test_async_collectives_of_gpu_fixture():
     assert all(t.is_async and t.done_before == by_name["scaled"].id for t in colls.values())
     assert colls["all-gather"].bytes == 16 * 128 * 4  # the gathered total
     assert colls["all-reduce"].bytes == 8 * 128 * 4
-    assert colls["all-to-all"].bytes == 2 * 8 * 8 * 16 * 2 and colls["all-to-all"].group_size == 4
+    assert colls["all-to-all"].bytes == 2 * 8 * 8 * 16 * 2 and colls["all-to-all"].ranks(g.num_devices) == 4
     cp = colls["collective-permute"]
-    assert cp.pairs[0] == (0, 1) and cp.group_size == 2 and cp.groups == ()
+    assert cp.pairs[0] == (0, 1) and cp.ranks(g.num_devices) == 2 and cp.groups == ()
     # Dependencies flow through get-tuple-element to the gemm; -done feeds the consumer;
     # control-predecessors count as dependencies.
     assert colls["all-reduce"].deps == (gemm.id,)
@@ -202,7 +202,7 @@ def test_analyze_json_contract():
 
 def test_format_analysis_lists_every_collective():
     result = graph.analyze(hlo.parse((FIXTURES / "gpu_collectives.hlo").read_text()))
-    table = graph.format_analysis(result, nodes_of={"all-reduce-start": 2})
+    table = report.format_analysis(result, nodes_of={"all-reduce-start": 2})
     for c in result["collectives"]:
         assert c["name"] in table
     assert "nodes" in table.splitlines()[1]

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lagom_jax import plan
+from lagom_jax import params as params_lib
 from lagom_jax.nccl_tuner import (
     ALGORITHMS,
     CONFIG_ENV,
@@ -544,8 +544,8 @@ def test_concurrent_calls_from_eight_threads(lib, use_config):
 
 
 def test_rule_from_collective_params_uses_plan_spellings():
-    assert set(plan.ALGORITHMS) <= set(ALGORITHMS) and set(plan.PROTOCOLS) == set(PROTOCOLS)
-    params = plan.CollectiveParams("tree", "LL128", nchannels=6, chunk_bytes=1 << 18)
+    assert set(params_lib.ALGORITHMS) <= set(ALGORITHMS) and set(params_lib.PROTOCOLS) == set(PROTOCOLS)
+    params = params_lib.CollectiveParams("tree", "LL128", nchannels=6, chunk_bytes=1 << 18)
     rule = TunerRule.from_params("all-gather", params, min_bytes=1024, max_bytes=1 << 20, nranks=8)
     assert rule == TunerRule("all-gather", 1024, 1 << 20, 8, None, "tree", "LL128", 6, 1 << 18)
     assert parse_config(render_config([rule])) == ([rule], [])

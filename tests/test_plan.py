@@ -6,7 +6,8 @@ import multiprocessing as mp
 import pytest
 
 from lagom_jax.flags import XlaFlag
-from lagom_jax.plan import CollectiveChoice, CollectiveParams, Plan, PlanCache
+from lagom_jax.params import CollectiveParams
+from lagom_jax.plan import CollectiveChoice, Plan, PlanCache
 
 
 def _plan(tag: str = "x", n: int = 3) -> Plan:
@@ -117,7 +118,8 @@ def test_nccl_env_includes_the_plugin_only_when_built(tmp_path):
     so.write_bytes(b"")
     env = plan.nccl_env(plugin_path=so, config_path=tmp_path / "plan.conf")
     assert env["NCCL_TUNER_PLUGIN"] == str(so.resolve())
-    assert (tmp_path / "plan.conf").read_text() == plan.nccl_tuner_config()
+    assert not (tmp_path / "plan.conf").exists()  # a Plan writes nothing
+    assert plan.tuner_config_path(so) == tmp_path / "configs" / f"{plan.fingerprint[:16] or 'plan'}.conf"
 
 
 def test_report_names_every_prediction_and_choice():

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from lagom_jax import hardware, search
+from lagom_jax import hardware, report, search
 from lagom_jax.synthetic import benchmark_graphs, random_graph
 
 HW = hardware.get("h100-sxm-8")
@@ -34,7 +34,7 @@ def test_baselines_pick_what_they_claim():
     g = random_graph(4, seed=3)
     default = search.run_strategy("xla-default", g, HW)
     autoccl = search.run_strategy("autoccl", g, HW)
-    ev = search._Evaluator(g, HW, search.Space())
+    ev = search.Evaluator(g, HW, search.Space())
     for t in default.graph.collectives:
         assert default.param_map[t.id] == ev.default(t)
     for t in autoccl.graph.collectives:
@@ -81,7 +81,7 @@ def test_lagom_evaluations_grow_linearly():
     for n in (5, 10, 20, 40):
         g = random_graph(n, seed=n)
         r = search.run_strategy("lagom", g, HW)
-        ev = search._Evaluator(g, HW, search.Space())
+        ev = search.Evaluator(g, HW, search.Space())
         k = max(len(ev.candidates(t)) for t in g.collectives)
         ratios.append(r.evaluations / (n * k))
     assert max(ratios) <= 2.0
@@ -106,18 +106,18 @@ def test_gap_to_exhaustive_on_small_graphs():
 
 def test_tune_report_text_and_json():
     g = random_graph(3, seed=11)
-    text = search.tune_report(g, HW)
+    text = report.tune_report(g, HW)
     for name in search.STRATEGIES:
         assert name in text
     assert "bound" in text and "why" in text
-    data = json.loads(search.tune_report(g, HW, strategy="autoccl", as_json=True))
+    data = json.loads(report.tune_report(g, HW, strategy="autoccl", as_json=True))
     assert set(data["strategies"]) == set(search.STRATEGIES)
     for name in BASELINES + ("lagom",):
         entry = data["strategies"][name]
         assert entry["makespan_us"] > 0 and entry["evaluations"] >= 1
     assert data["bound_us"] > 0 and len(data["collectives"]) >= 1
     with pytest.raises(ValueError, match="unknown strategy"):
-        search.tune_report(g, HW, strategy="nope")
+        report.tune_report(g, HW, strategy="nope")
 
 
 # --- windowed einsum (collective matmul) ------------------------------------------------
@@ -175,7 +175,7 @@ def test_lagom_chooses_windowed_einsum_on_tensor_parallel_layers():
     for i in range(8):
         ring = {on.param_map[t.id] for t in on.graph.collectives[7 * i: 7 * i + 7]}
         assert len(ring) == 1
-    data = json.loads(search.tune_report(g, A40, as_json=True))
+    data = json.loads(report.tune_report(g, A40, as_json=True))
     assert data["structure"]["windowed_einsum"] is False
 
 
@@ -204,11 +204,10 @@ def test_exhaustive_enumerates_windowed_einsum():
 
 
 def test_a_plan_that_chooses_windowed_einsum_sets_its_flag():
-    from lagom_jax import api, flags
+    from lagom_jax import flags, planning
 
     g = tp_graph()
-    results = {"lagom": search.run_strategy("lagom", g, A40, WEX)}
-    plan = api.plan_from_results(results, "lagom", A40, module=g.name)
+    plan = planning.plan(g, A40, baselines=(), space=WEX).plan
     assert ("xla_gpu_threshold_for_windowed_einsum_mib", 0) in [(f.name, f.value) for f in plan.flags]
     assert plan.compiler_options()["xla_gpu_threshold_for_windowed_einsum_mib"] == 0
     flags.validate(plan.xla_flags(), plan.compiler_options())

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lagom_jax import cost, hardware, simulate
+from lagom_jax import cost, hardware, report, simulate
 from lagom_jax.graph import COLLECTIVE_KINDS, StepGraph, Task
 
 A100 = hardware.get("a100-sxm-8")
@@ -136,7 +136,7 @@ def test_trip_count_repeats_unless_unrolled():
 
 
 def test_lagom_motivating_case_in_the_simulator():
-    # Lagom [2nd]: on A40 (8-16 GPUs) AutoCCL's 8 -> 61 channels made a compute-bound step
+    # Lagom (arXiv 2602.20656): on A40 (8-16 GPUs) AutoCCL's 8 -> 61 channels made a compute-bound step
     # slower than NCCL's default (0.87x). Two nodes of 8 A40, one gradient all-reduce
     # overlapping a compute-bound backward GEMM.
     hw = hardware.get("a40-pcie-8", nodes=2)
@@ -169,10 +169,10 @@ def test_timeline_json_and_report():
     d = json.loads(tl.to_json())
     assert d["makespan_us"] == tl.makespan_us and len(d["intervals"]) == 3
     assert d["per_collective"][0]["params"]["protocol"] == tl.per_collective[0].params.protocol
-    rep = json.loads(simulate.simulate_report(g, A100, as_json=True))
+    rep = json.loads(report.simulate_report(g, A100, as_json=True))
     for key in ("makespan_us", "bound_us", "compute_us", "comm_us", "exposed_comm_us"):
         assert rep[key] == getattr(tl, key)
-    text = simulate.simulate_report(g, A100, as_json=False)
+    text = report.simulate_report(g, A100, as_json=False)
     assert "makespan" in text and "x1" in text and "a100-sxm-8" in text
 
 
@@ -184,7 +184,7 @@ def test_makespan_us_is_the_timelines_makespan(g, hw, limit, data):
     colls = [t for t in g.tasks if t.is_collective]
     params = {}
     for t in colls:
-        cands = cost.candidate_params(*simulate.collective_shape(t, g.num_devices, hw), hw)
+        cands = cost.candidate_params(*g.shape(t, hw.gpus_per_node), hw)
         if data.draw(st.booleans()):
             params[t.id] = data.draw(st.sampled_from(cands))
     priority = {t.id: data.draw(st.floats(-1, 1)) for t in colls if data.draw(st.booleans())}
@@ -196,13 +196,17 @@ def test_makespan_us_is_the_timelines_makespan(g, hw, limit, data):
 
 def test_collective_shape_sizes_groups_and_all_device_collectives():
     two_nodes = hardware.get("a100-sxm-8", nodes=2)
-    assert simulate.collective_shape(coll(0, 1024), 16, two_nodes) == ("all-reduce", 1024.0, 8, 1)
+
+    def shape(t):
+        return StepGraph("g", (dataclasses.replace(t, id=0),), 16).shape(t, two_nodes.gpus_per_node)
+
+    assert shape(coll(0, 1024)) == ("all-reduce", 1024.0, 8, 1)
     spread = coll(0, 1024, groups=((0, 8), (1, 9)))
-    assert simulate.collective_shape(spread, 16, two_nodes) == ("all-reduce", 1024.0, 2, 2)
+    assert shape(spread) == ("all-reduce", 1024.0, 2, 2)
     # HLO's empty replica_groups: all 16 devices, over both nodes.
-    assert simulate.collective_shape(coll(0, 1024, groups=()), 16, two_nodes) == ("all-reduce", 1024.0, 16, 2)
+    assert shape(coll(0, 1024, groups=())).ranks == 16 and shape(coll(0, 1024, groups=())).nodes == 2
     permute = Task(id=0, name="p", kind="collective-permute", bytes=64, pairs=((0, 1), (1, 0)))
-    assert simulate.collective_shape(permute, 16, two_nodes) == ("collective-permute", 64.0, 2, 1)
+    assert shape(permute) == ("collective-permute", 64.0, 2, 1)
 
 
 def test_per_graph_cache_forgets_collected_graphs():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lagom_jax import hardware, simulate, trace
+from lagom_jax import hardware, report, simulate, trace
 from lagom_jax.graph import StepGraph, Task
 
 A100 = hardware.get("a100-sxm-8")
@@ -62,7 +62,7 @@ def test_png_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
 def test_format_timeline_lists_worst_collective_first():
     g = graph()
     tl = simulate.simulate(g, A100)
-    text = trace.format_timeline(tl, g)
+    text = report.format_timeline(tl, g)
     worst = max(tl.per_collective, key=lambda r: r.exposed_us)
     lines = text.splitlines()
     assert lines[0].startswith("step 'trace': 5 tasks, 2 collectives")

@@ -35,6 +35,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from lagom_jax.params import MAX_CHANNELS
+
 CONFIG_ENV = "LAGOM_TUNER_CONFIG"
 CONFIG_HEADER = "# lagom-tuner-config v1"
 FIELDS = (
@@ -58,12 +60,10 @@ TUNER_KINDS: dict[str, int] = {
     "broadcast": 0,
     "reduce": 1,
 }
-# Position = NCCL_ALGO_* / NCCL_PROTO_* index (src/include/plugin/nccl_tuner.h); plan.py's
+# Position = NCCL_ALGO_* / NCCL_PROTO_* index (src/include/plugin/nccl_tuner.h); lagom_jax.params'
 # "ring"/"tree" and "LL"/"LL128"/"Simple" are the same spellings.
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("LL", "LL128", "Simple")
-# MAXCHANNELS in NCCL (NVIDIA/nccl src/include/device.h).
-MAX_CHANNELS = 64
 _U64_MAX = 2**64 - 1
 # Tokens longer than this are shortened in messages, exactly as the C parser does.
 _SHOWN_CHARS = 40
@@ -72,7 +72,7 @@ _DIGITS = re.compile(r"[0-9]+")
 
 
 class ParamsLike(Protocol):
-    """What ``TunerRule.from_params`` reads: the tunable fields of ``plan.CollectiveParams``."""
+    """What ``TunerRule.from_params`` reads: the tunable fields of ``params.CollectiveParams``."""
 
     algorithm: str
     protocol: str

@@ -1,0 +1,424 @@
+"""The strategies, from a StepGraph and a HardwareProfile to a SearchResult.
+
+See the package docstring for what each one does. Results are cached in memory by (graph
+fingerprint, hardware, strategy, space).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Callable, Mapping
+
+from lagom_jax.graph import StepGraph, Task
+from lagom_jax.hardware import HardwareProfile
+from lagom_jax.params import CollectiveParams
+from lagom_jax.passes import COMBINABLE_KINDS, eligible_pairs
+from lagom_jax.simulate import Timeline
+
+from . import evaluator as evaluator_lib
+from .evaluator import Evaluator
+from .results import Explanation, SearchResult, fingerprint
+from .space import (
+    CHUNK_CANDIDATES,
+    MIN_CHUNK_PIECE_BYTES,
+    OVERLAP_CANDIDATES,
+    RECIPE_STRUCTURE,
+    THRESHOLD_CANDIDATES,
+    Space,
+    Structure,
+    thresholds_of,
+    xla_default_structure,
+)
+
+STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom", "exhaustive")
+# A long step's structure is judged on its first SEGMENT_TASKS tasks.
+SEGMENT_TASKS = 160
+# Candidates per collective evaluated in the coarse pass of lagom's scan.
+SCAN_COARSE = 8
+EXHAUSTIVE_LIMIT = 200_000
+
+
+def _finish(
+    name: str,
+    ev: Evaluator,
+    structure: Structure,
+    params: Mapping[int, CollectiveParams],
+    started: float,
+    reasons: Mapping[int, str],
+    notes: tuple[str, ...] = (),
+    timeline: Timeline | None = None,
+) -> SearchResult:
+    built = ev.build(structure)
+    if timeline is None:
+        timeline = ev.full(structure, params)
+    exposed = timeline.exposed
+    chunks = dict(structure.chunks)
+    final = built.params(params)
+    explanations = []
+    tuned_as = dict(built.parent)
+    for t in built.schedule.graph.collectives:
+        origin = built.origins[t.id][0]
+        p = final[t.id]
+        shape = ev.shape(t)
+        explanations.append(
+            Explanation(
+                task_id=t.id,
+                name=t.name,
+                kind=t.kind,
+                nbytes=t.bytes,
+                ranks=shape.ranks,
+                nodes=shape.nodes,
+                params=p,
+                default_params=ev.default(t),
+                chunks=chunks.get(origin, 1),
+                time_us=ev.time(t, p),
+                exposed_us=exposed.get(t.id, 0.0),
+                reason=reasons.get(tuned_as[t.id], ""),
+            )
+        )
+    return SearchResult(
+        strategy=name,
+        hardware=ev.hw.name,
+        graph_fingerprint=fingerprint(ev.graph),
+        graph=built.schedule.graph,
+        timeline=timeline,
+        params=tuple(sorted(final.items())),
+        structure=structure,
+        evaluations=ev.evaluations,
+        search_time_s=time.perf_counter() - started,
+        explanations=tuple(explanations),
+        notes=notes,
+    )
+
+
+def _policy_params(ev: Evaluator, structure: Structure, policy: str) -> dict[int, CollectiveParams]:
+    """Per-collective params of the combined graph under a simple policy."""
+    out = {}
+    for t in ev.tuned(structure):
+        if policy == "nccl":
+            out[t.id] = ev.default(t)
+        else:  # "fastest": AutoCCL's objective, the collective's own duration
+            out[t.id] = min(ev.candidates(t), key=lambda p, t=t: ev.time(t, p))
+    return out
+
+
+def _base_structure(space: Space, structure: Structure) -> Structure:
+    return structure if space.tune_structure else RECIPE_STRUCTURE
+
+
+def _xla_default(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = Evaluator(graph, hw, space)
+    s = _base_structure(space, xla_default_structure(hw))
+    params = _policy_params(ev, s, "nccl")
+    return _finish("xla-default", ev, s, params, started, {c: "NCCL's own choice (XLA defaults)" for c in params})
+
+
+def _recipe(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = Evaluator(graph, hw, space)
+    params = _policy_params(ev, RECIPE_STRUCTURE, "nccl")
+    return _finish("recipe", ev, RECIPE_STRUCTURE, params, started,
+                   {c: "NCCL's own choice (MaxText recipe flags)" for c in params})
+
+
+def _autoccl(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = Evaluator(graph, hw, space)
+    s = _base_structure(space, xla_default_structure(hw))
+    params = _policy_params(ev, s, "fastest")
+    tuned = ev.tuned(s)
+    # AutoCCL tries candidates on the running job: one measurement per candidate.
+    ev.evaluations += sum(len(ev.candidates(t)) for t in tuned)
+    reasons = {
+        t.id: f"fastest alone ({ev.time(t, params[t.id]):.1f} us; NCCL's pick "
+        f"{ev.time(t, ev.default(t)):.1f} us), blind to the compute it slows"
+        for t in tuned
+    }
+    return _finish("autoccl", ev, s, params, started, reasons)
+
+
+def _priority(ev: Evaluator, structure: Structure, params: Mapping[int, CollectiveParams],
+              timeline: Timeline) -> tuple[list[int], dict[int, float]]:
+    """Collectives of the combined graph, highest effect on the makespan first, and
+    the exposed time of each.
+
+    Effect = exposed time + the compute time it takes away while running (its duration x
+    the share of SMs it holds): the two ways a collective lengthens the step.
+    """
+    built = ev.build(structure)
+    exposed = timeline.exposed
+    score: dict[int, float] = {}
+    exposed_by: dict[int, float] = {}
+    final = built.params(params)
+    tuned_as = dict(built.parent)
+    for t in built.schedule.graph.collectives:
+        origin = tuned_as[t.id]
+        p = final[t.id]
+        sms, _ = ev.resources(t, p)
+        exposed_by[origin] = exposed_by.get(origin, 0.0) + exposed.get(t.id, 0.0)
+        score[origin] = score.get(origin, 0.0) + exposed.get(t.id, 0.0) + ev.time(t, p) * sms / ev.hw.sm_count
+    return sorted(score, key=lambda c: (-score[c], c)), exposed_by
+
+
+def _prefix(graph: StepGraph, n: int) -> StepGraph:
+    """The first ``n`` tasks: deps point backwards, so a prefix is a step of its own."""
+    tasks = tuple(
+        dataclasses.replace(t, done_before=t.done_before if t.done_before is not None and t.done_before < n else None)
+        for t in graph.tasks[:n]
+    )
+    return StepGraph(f"{graph.name}[:{n}]", tasks, graph.num_devices)
+
+
+def _better(a: float, b: float) -> bool:
+    """Strictly better by more than float noise."""
+    return a < b - 1e-9 * max(abs(b), 1.0)
+
+
+def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = Evaluator(graph, hw, space)
+    notes: list[str] = []
+    # 1. Seeds: the three baselines; keep the best.
+    seeds = []
+    for label, s0, policy in (
+        ("xla-default", xla_default_structure(hw), "nccl"),
+        ("recipe", RECIPE_STRUCTURE, "nccl"),
+        ("autoccl", xla_default_structure(hw), "fastest"),
+    ):
+        s = _base_structure(space, s0)
+        params = _policy_params(ev, s, policy)
+        seeds.append((ev.full(s, params).makespan_us, label, s, policy, params))
+    best_ms, label, structure, policy, params = min(seeds, key=lambda x: x[0])
+    seed_ms, seed_structure = best_ms, structure
+    notes.append(f"started from {label} ({best_ms:.1f} us)")
+
+    # 2. Structure: scheduler and per-kind combine thresholds (params follow the policy).
+    # A long step is judged on its first SEGMENT_TASKS tasks (a few layers of a step
+    # that repeats its layers); the whole-step check at the end guards the choice.
+    sev = ev if len(graph.tasks) <= SEGMENT_TASKS else Evaluator(_prefix(graph, SEGMENT_TASKS), hw, space)
+    if space.tune_structure:
+        best_ms = sev.full(structure, _policy_params(sev, structure, policy)).makespan_us
+        kinds = {t.kind for t in graph.collectives}
+        # Windowed einsum is tried only where XLA would apply it: pairs with a matmul.
+        windowed = [("windowed-einsum", 0)] if space.windowed_einsum and eligible_pairs(sev.graph) else []
+        moves: list[tuple[str, int]] = [("latency-hiding", 0)] + windowed + [
+            (kind, v) for kind in COMBINABLE_KINDS if kind in kinds for v in THRESHOLD_CANDIDATES
+        ]
+        for what, value in moves:
+            # Each move is applied to the best structure so far.
+            if what == "latency-hiding":
+                trial = dataclasses.replace(structure, latency_hiding=not structure.latency_hiding)
+            elif what == "windowed-einsum":
+                trial = dataclasses.replace(structure, windowed_einsum=True)
+                ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
+                pairs = len(eligible_pairs(sev.graph))
+                if _better(ms, best_ms):
+                    notes.append(
+                        f"windowed einsum (collective matmul) on: {pairs} all-gather/reduce-scatter + matmul "
+                        f"pairs as ring steps beside partial matmuls, {best_ms:.1f} -> {ms:.1f} us"
+                        + (f" on the first {SEGMENT_TASKS} tasks" if sev is not ev else "")
+                    )
+                    best_ms, structure = ms, trial
+                else:
+                    notes.append(
+                        f"windowed einsum kept off: decomposing {pairs} pairs gives {ms:.1f} us, not better "
+                        f"than {best_ms:.1f} us"
+                    )
+                continue
+            elif value == structure.threshold_map[what]:
+                continue
+            else:
+                trial = dataclasses.replace(
+                    structure, thresholds=thresholds_of({**structure.threshold_map, what: value})
+                )
+                if sev.combined(trial).origins == sev.combined(structure).origins:
+                    continue  # the same combine groups: nothing new to evaluate
+            ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
+            if _better(ms, best_ms):
+                best_ms, structure = ms, trial
+        params = _policy_params(ev, structure, policy)
+        if sev is not ev:
+            ev.evaluations += sev.evaluations
+        seed_thresholds = seed_structure.threshold_map
+        changed = [k for k, v in structure.thresholds if k in kinds and v != seed_thresholds[k]]
+        if changed:
+            notes.append(
+                "combine thresholds: "
+                + ", ".join(f"{k}={v}" for k, v in structure.thresholds if k in changed)
+            )
+
+    # 3. Per collective, in priority order: params, then pipelining.
+    g1 = ev.combined(structure).graph
+    order, exposed = _priority(ev, structure, params, ev.full(structure, params))
+    params = dict(params)
+    reasons: dict[int, str] = {}
+    for cid in order:
+        t = g1.tasks[cid]
+        current = params[cid]
+        base = ev.window(structure, params, cid)
+        scores: dict[CollectiveParams, float] = {current: base}
+        _scan(ev.candidates(t), scores, lambda p, cid=cid: ev.window(structure, params, cid, p))
+        winner = min(scores, key=lambda p: (scores[p], p != current))
+        if _better(scores[winner], base):
+            params[cid] = winner
+        reasons[cid] = _why(ev, t, params[cid], current, scores)
+        # Pipelining only removes exposed fill and drain; with nothing exposed it could
+        # only add launches.
+        if (space.tune_structure and space.split_collectives and exposed[cid] > 0
+                and not (structure.windowed_einsum and t.kind == "collective-permute")
+                and t.bytes / max(CHUNK_CANDIDATES) >= MIN_CHUNK_PIECE_BYTES):
+            now = scores[params[cid]]
+            for k in CHUNK_CANDIDATES:
+                trial = dataclasses.replace(structure, chunks=tuple(sorted({**dict(structure.chunks), cid: k}.items())))
+                ms = ev.window(trial, params, cid)
+                if _better(ms, now):
+                    structure, now = trial, ms
+                    reasons[cid] += f"; pipelined in {k} pieces: window {ms:.1f} us"
+
+    # 4. How many collectives in flight.
+    timeline = ev.full(structure, params)
+    if space.tune_structure:
+        for limit in OVERLAP_CANDIDATES:
+            if limit == structure.overlap_limit:
+                continue
+            trial = dataclasses.replace(structure, overlap_limit=limit)
+            tl = ev.full(trial, params)
+            if _better(tl.makespan_us, timeline.makespan_us):
+                structure, timeline = trial, tl
+                notes.append(f"overlap limit {limit}")
+
+    # Windows are local; never hand back something the whole step does worse on.
+    if _better(seed_ms, timeline.makespan_us):
+        notes.append(f"per-window choices lost on the whole step ({timeline.makespan_us:.1f} us); kept {label}")
+        s = seed_structure
+        return _finish("lagom", ev, s, _policy_params(ev, s, policy), started, {}, tuple(notes))
+    return _finish("lagom", ev, structure, params, started, reasons, tuple(notes), timeline)
+
+
+def _scan(cands: tuple[CollectiveParams, ...], scores: dict[CollectiveParams, float],
+          evaluate: Callable[[CollectiveParams], float]) -> None:
+    """Score candidates into ``scores``: all of them when there are few, else coarse to fine.
+
+    ``cands`` after NCCL's pick runs along the Pareto front from the fewest resources to
+    the most; the step time along it falls while the collective is exposed and rises once
+    the compute it slows dominates. So: every SCAN_COARSE-th point, then walk from the best
+    one to its neighbours while they improve.
+    """
+    def score(i: int) -> float:
+        p = front[i]
+        if p not in scores:
+            scores[p] = evaluate(p)
+        return scores[p]
+
+    if cands[0] not in scores:
+        scores[cands[0]] = evaluate(cands[0])
+    front = cands[1:]
+    if len(front) <= SCAN_COARSE:
+        for i in range(len(front)):
+            score(i)
+        return
+    step = (len(front) - 1) / (SCAN_COARSE - 1)
+    coarse = sorted({round(i * step) for i in range(SCAN_COARSE)})
+    best = min(coarse, key=score)
+    for direction in (-1, 1):
+        i = best
+        while 0 <= i + direction < len(front) and score(i + direction) < score(i):
+            i += direction
+
+
+def _why(ev: Evaluator, t: Task, chosen: CollectiveParams, previous: CollectiveParams,
+         scores: Mapping[CollectiveParams, float]) -> str:
+    """Name the winner's makespan against the previous choice and the fastest-alone one."""
+    fastest = min(scores, key=lambda p: (ev.time(t, p), p))
+    text = f"{chosen.describe()}: step {scores[chosen]:.1f} us, alone {ev.time(t, chosen):.1f} us"
+    if chosen == previous:
+        text += " (kept: no candidate shortened the step)"
+    else:
+        text += f"; was {previous.describe()} at {scores[previous]:.1f} us"
+    if fastest != chosen:
+        text += (
+            f"; fastest alone {fastest.describe()} ({ev.time(t, fastest):.1f} us) gives "
+            f"{scores[fastest]:.1f} us: its extra SMs/HBM slow the overlapped compute more than it saves"
+        )
+    return text
+
+
+def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int = EXHAUSTIVE_LIMIT) -> SearchResult:
+    started = time.perf_counter()
+    ev = Evaluator(graph, hw, space)
+    if space.tune_structure:
+        windowed = (False, True) if space.windowed_einsum and eligible_pairs(graph) else (False,)
+        structures = [
+            dataclasses.replace(s, overlap_limit=o, windowed_einsum=w)
+            for w in windowed
+            for s in (xla_default_structure(hw), RECIPE_STRUCTURE,
+                      Structure(thresholds_of({k: 0 for k in COMBINABLE_KINDS}), True))
+            for o in OVERLAP_CANDIDATES
+        ]
+    else:
+        structures = [RECIPE_STRUCTURE]
+    sizes = []
+    for s in structures:
+        sizes.append(math.prod(len(ev.candidates(t)) for t in ev.tuned(s)))
+    total = sum(sizes)
+    if total > limit:
+        raise ValueError(
+            f"exhaustive search of {graph.name!r} needs {total} evaluations (limit {limit}): use "
+            f"strategy 'lagom', or a smaller Space(max_candidates=...) / fewer collectives"
+        )
+    best: tuple[float, Structure, dict[int, CollectiveParams], Timeline] | None = None
+    for s in structures:
+        tuned = ev.tuned(s)
+        ids = [t.id for t in tuned]
+        for combo in itertools.product(*(ev.candidates(t) for t in tuned)):
+            params = dict(zip(ids, combo))
+            tl = ev.full(s, params)
+            if best is None or _better(tl.makespan_us, best[0]):
+                best = (tl.makespan_us, s, params, tl)
+    assert best is not None
+    ms, s, params, tl = best
+    reasons = {c: f"optimum of {total} combinations: step {ms:.1f} us" for c in params}
+    return _finish("exhaustive", ev, s, params, started, reasons, (), tl)
+
+
+_STRATEGY_FNS: dict[str, Callable[[StepGraph, HardwareProfile, Space], SearchResult]] = {
+    "xla-default": _xla_default,
+    "recipe": _recipe,
+    "autoccl": _autoccl,
+    "lagom": _lagom,
+    "exhaustive": _exhaustive,
+}
+_CACHE: dict[tuple[str, HardwareProfile, str, Space], SearchResult] = {}
+
+
+def run_strategy(name: str, graph: StepGraph, hw: HardwareProfile, space: Space = Space()) -> SearchResult:
+    """Run one strategy; results are cached by (graph content, hardware, strategy, space)."""
+    if name not in _STRATEGY_FNS:
+        raise ValueError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})")
+    key = (fingerprint(graph), hw, name, space)
+    if key not in _CACHE:
+        _CACHE[key] = _STRATEGY_FNS[name](graph, hw, space)
+    return _CACHE[key]
+
+
+def clear_cache() -> None:
+    """Forget cached results (after the cost model changed in-process)."""
+    _CACHE.clear()
+    evaluator_lib.clear_caches()
+
+
+def compare(graph: StepGraph, hw: HardwareProfile, space: Space = Space()) -> dict[str, SearchResult | str]:
+    """Every strategy on one step; a strategy that refuses (exhaustive) maps to its reason."""
+    out: dict[str, SearchResult | str] = {}
+    for name in STRATEGIES:
+        try:
+            out[name] = run_strategy(name, graph, hw, space)
+        except ValueError as e:
+            if name != "exhaustive":
+                raise
+            out[name] = str(e)
+    return out
