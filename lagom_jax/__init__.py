@@ -19,7 +19,7 @@ from lagom_jax.hlo import parse as parse_hlo
 from lagom_jax.params import CollectiveParams as CollectiveParams
 from lagom_jax.plan import CollectiveChoice as CollectiveChoice
 from lagom_jax.plan import Plan as Plan
-from lagom_jax.plan import PlanCache as PlanCache
+from lagom_jax.cache import PlanCache as PlanCache
 from lagom_jax.planning import BASELINES as BASELINES
 from lagom_jax.planning import VERSION as __version__
 from lagom_jax.planning import Planned as Planned

@@ -29,11 +29,13 @@ from typing import Any
 import jax
 
 from lagom_jax import flags as flags_lib
-from lagom_jax import gpu_compile, jax_internals, planning
+from lagom_jax import gpu_compile, jax_internals, planning, sharing
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
-from lagom_jax.plan import Plan, PlanCache, atomic_write_text
+from lagom_jax.cache import PlanCache
+from lagom_jax.files import atomic_write_text
+from lagom_jax.plan import Plan
 from lagom_jax.planning import BASELINES, VERSION, make_plan
 
 __all__ = ["BASELINES", "Tuned", "TuningWarning", "apply_nccl_env", "auto_hardware",
@@ -242,7 +244,7 @@ class Tuned:
             if cached is not None:
                 return cached
         start = time.perf_counter()
-        plan = _one_plan_for_all_processes(
+        plan = sharing.one_plan_for_all_processes(
             key, lambda: planning.plan(graph_lib.from_hlo_text(text), hw, strategy=self._strategy,
                                        fingerprint=fingerprint).plan)
         if self._verbose:
@@ -303,42 +305,6 @@ def apply_nccl_env(plan: Plan, environ: dict[str, str] | None = None) -> dict[st
         return {}
     environ.update(missing)
     return missing
-
-
-_SHARE_TIMEOUT_MS = 10 * 60 * 1000
-
-
-def _one_plan_for_all_processes(key: str, search: Callable[[], Plan]) -> Plan:
-    """Process 0 searches; the others read its Plan from ``jax.distributed``'s key-value store.
-
-    The search is deterministic, so every process would reach the same Plan anyway; sharing
-    it makes that a guarantee (one search, one answer) even if hosts differ in speed or
-    library versions. A failure on process 0 is published too, so nobody waits forever.
-    """
-    client, process_id, num_processes = jax_internals.distributed_state()
-    if client is None or num_processes <= 1:
-        return search()
-    store_key = f"lagom_jax/plan/{key}"
-    if process_id != 0:
-        text = client.blocking_key_value_get(store_key, _SHARE_TIMEOUT_MS)
-        if text.startswith("error:"):
-            raise RuntimeError(f"process 0 could not tune this step: {text[6:]}")
-        return Plan.from_json(text)
-    try:
-        plan = search()
-    except Exception as err:
-        _publish(client, store_key, f"error:{type(err).__name__}: {err}")
-        raise
-    _publish(client, store_key, plan.to_json())
-    return plan
-
-
-def _publish(client, key: str, value: str) -> None:
-    try:
-        client.key_value_set(key, value)
-    except Exception as err:  # already published by an earlier tune of the same step
-        if "ALREADY_EXISTS" not in str(err).upper().replace(" ", "_"):
-            raise
 
 
 def tune(fn: Callable | None = None, **options) -> Tuned | Callable[[Callable], Tuned]:

@@ -7,15 +7,13 @@ tuner-plugin config and an LHS profile; it never writes files (that is the calle
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
 import pathlib
-import tempfile
 from lagom_jax import nccl_tuner
+from lagom_jax.files import atomic_write_text
 from lagom_jax.flags import XlaFlag, compiler_options, render_xla_flags
 from lagom_jax.params import CollectiveParams
 from lagom_jax.units import human_bytes
@@ -241,63 +239,3 @@ def _to_jsonable(value: object) -> object:
     if isinstance(value, (tuple, list)):
         return [_to_jsonable(v) for v in value]
     return value
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` so that readers see the old file or the new one, never a torn one."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-class PlanCache:
-    """Plans on disk, keyed by content: (HLO fingerprint, hardware, strategy, version).
-
-    Writes are atomic (write to a temporary file, then rename), so any number of processes
-    may read and write the same key at once and never see a torn file.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
-        if directory is None:
-            directory = os.environ.get("LAGOM_JAX_CACHE") or (
-                pathlib.Path.home() / ".cache" / "lagom-jax" / "plans"
-            )
-        self.directory = pathlib.Path(directory)
-
-    @staticmethod
-    def key(fingerprint: str, hardware_json: str, strategy: str, version: str) -> str:
-        h = hashlib.sha256()
-        for part in (fingerprint, hardware_json, strategy, version):
-            h.update(part.encode())
-            h.update(b"\0")
-        return h.hexdigest()[:32]
-
-    def path(self, key: str) -> pathlib.Path:
-        return self.directory / f"{key}.json"
-
-    def get(self, key: str) -> Plan | None:
-        """The cached Plan, None when absent; ValueError naming the file when corrupt."""
-        path = self.path(key)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return None
-        try:
-            return Plan.from_json(text)
-        except ValueError as err:
-            raise ValueError(f"corrupt plan cache file {path}: {err}") from err
-
-    def put(self, key: str, plan: Plan) -> pathlib.Path:
-        path = self.path(key)
-        plan.save(path)
-        return path

@@ -76,3 +76,27 @@ def test_profiles_without_the_contention_share_still_load(tmp_path):
     path.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="sm_share_per_channel"):
         hardware.HardwareProfile.load(path)
+
+
+def test_resolve_cluster_grows_to_the_job_unless_the_size_was_named(tmp_path):
+    grown = hardware.resolve_cluster("a100-sxm-8", num_devices=32)
+    assert grown.hardware.nodes == 4 and grown.note == "hardware: a100-sxm-8"
+    assert hardware.resolve_cluster("a100-sxm-8", num_devices=8).hardware.nodes == 1
+    assert hardware.resolve_cluster("a100-sxm-8:nodes=2", num_devices=32).hardware.nodes == 2
+    assert hardware.resolve_cluster("a100-sxm-8", nodes=3, num_devices=32).hardware.nodes == 3
+    profile = hardware.get("h100-sxm-8")
+    assert hardware.resolve_cluster(profile, num_devices=64).hardware == profile
+    path = tmp_path / "hw.json"
+    profile.save(path)
+    assert hardware.resolve_cluster(str(path), num_devices=16).hardware.nodes == 2
+    with pytest.raises(ValueError, match="nodes must be positive"):
+        hardware.resolve_cluster("a100-sxm-8", nodes=0)
+
+
+def test_resolve_cluster_auto_names_what_it_chose():
+    import types
+
+    gpus = [types.SimpleNamespace(platform="gpu", device_kind="NVIDIA A100-SXM4-80GB")] * 12
+    resolved = hardware.resolve_cluster("auto", devices=gpus)
+    assert resolved.hardware.name == "a100-sxm-8" and resolved.hardware.nodes == 2
+    assert resolved.note.endswith("2 node(s)") and "A100" in resolved.note

@@ -7,7 +7,8 @@ import pytest
 
 from lagom_jax.flags import XlaFlag
 from lagom_jax.params import CollectiveParams
-from lagom_jax.plan import CollectiveChoice, Plan, PlanCache
+from lagom_jax.cache import PlanCache
+from lagom_jax.plan import CollectiveChoice, Plan
 
 
 def _plan(tag: str = "x", n: int = 3) -> Plan:

@@ -178,80 +178,110 @@ def _better(a: float, b: float) -> bool:
     return a < b - 1e-9 * max(abs(b), 1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Seed:
+    """A baseline lagom may start from, with its step time and params."""
+
+    label: str
+    structure: Structure
+    policy: str  # "nccl" (NCCL's own pick) or "fastest" (AutoCCL's objective)
+    makespan_us: float
+    params: Mapping[int, CollectiveParams]
+
+
 def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    """Lagom's priority-based search, in four phases; see the package docstring."""
     started = time.perf_counter()
     ev = Evaluator(graph, hw, space)
-    notes: list[str] = []
-    # 1. Seeds: the three baselines; keep the best.
+    seed = _best_seed(ev)
+    notes = [f"started from {seed.label} ({seed.makespan_us:.1f} us)"]
+    structure, params = seed.structure, dict(seed.params)
+    if space.tune_structure:
+        structure = _tune_structure(ev, seed, notes)
+        params = _policy_params(ev, structure, seed.policy)
+    structure, params, reasons = _tune_collectives(ev, structure, params)
+    structure, timeline = _tune_overlap(ev, structure, params, notes)
+    # Windows are local; never hand back something the whole step does worse on.
+    if _better(seed.makespan_us, timeline.makespan_us):
+        notes.append(f"per-window choices lost on the whole step ({timeline.makespan_us:.1f} us); kept {seed.label}")
+        s = seed.structure
+        return _finish("lagom", ev, s, _policy_params(ev, s, seed.policy), started, {}, tuple(notes))
+    return _finish("lagom", ev, structure, params, started, reasons, tuple(notes), timeline)
+
+
+def _best_seed(ev: Evaluator) -> _Seed:
+    """Phase 1: the three baselines, the fastest first (ties: in this order)."""
     seeds = []
     for label, s0, policy in (
-        ("xla-default", xla_default_structure(hw), "nccl"),
+        ("xla-default", xla_default_structure(ev.hw), "nccl"),
         ("recipe", RECIPE_STRUCTURE, "nccl"),
-        ("autoccl", xla_default_structure(hw), "fastest"),
+        ("autoccl", xla_default_structure(ev.hw), "fastest"),
     ):
-        s = _base_structure(space, s0)
+        s = _base_structure(ev.space, s0)
         params = _policy_params(ev, s, policy)
-        seeds.append((ev.full(s, params).makespan_us, label, s, policy, params))
-    best_ms, label, structure, policy, params = min(seeds, key=lambda x: x[0])
-    seed_ms, seed_structure = best_ms, structure
-    notes.append(f"started from {label} ({best_ms:.1f} us)")
+        seeds.append(_Seed(label, s, policy, ev.full(s, params).makespan_us, params))
+    return min(seeds, key=lambda x: x.makespan_us)
 
-    # 2. Structure: scheduler and per-kind combine thresholds (params follow the policy).
-    # A long step is judged on its first SEGMENT_TASKS tasks (a few layers of a step
-    # that repeats its layers); the whole-step check at the end guards the choice.
-    sev = ev if len(graph.tasks) <= SEGMENT_TASKS else Evaluator(_prefix(graph, SEGMENT_TASKS), hw, space)
-    if space.tune_structure:
-        best_ms = sev.full(structure, _policy_params(sev, structure, policy)).makespan_us
-        kinds = {t.kind for t in graph.collectives}
-        # Windowed einsum is tried only where XLA would apply it: pairs with a matmul.
-        windowed = [("windowed-einsum", 0)] if space.windowed_einsum and eligible_pairs(sev.graph) else []
-        moves: list[tuple[str, int]] = [("latency-hiding", 0)] + windowed + [
-            (kind, v) for kind in COMBINABLE_KINDS if kind in kinds for v in THRESHOLD_CANDIDATES
-        ]
-        for what, value in moves:
-            # Each move is applied to the best structure so far.
-            if what == "latency-hiding":
-                trial = dataclasses.replace(structure, latency_hiding=not structure.latency_hiding)
-            elif what == "windowed-einsum":
-                trial = dataclasses.replace(structure, windowed_einsum=True)
-                ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
-                pairs = len(eligible_pairs(sev.graph))
-                if _better(ms, best_ms):
-                    notes.append(
-                        f"windowed einsum (collective matmul) on: {pairs} all-gather/reduce-scatter + matmul "
-                        f"pairs as ring steps beside partial matmuls, {best_ms:.1f} -> {ms:.1f} us"
-                        + (f" on the first {SEGMENT_TASKS} tasks" if sev is not ev else "")
-                    )
-                    best_ms, structure = ms, trial
-                else:
-                    notes.append(
-                        f"windowed einsum kept off: decomposing {pairs} pairs gives {ms:.1f} us, not better "
-                        f"than {best_ms:.1f} us"
-                    )
-                continue
-            elif value == structure.threshold_map[what]:
-                continue
-            else:
-                trial = dataclasses.replace(
-                    structure, thresholds=thresholds_of({**structure.threshold_map, what: value})
-                )
-                if sev.combined(trial).origins == sev.combined(structure).origins:
-                    continue  # the same combine groups: nothing new to evaluate
+
+def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
+    """Phase 2: the scheduler, windowed einsum and per-kind combine thresholds, one move
+    at a time on the best structure so far (params follow the seed's policy).
+
+    A long step is judged on its first SEGMENT_TASKS tasks (a few layers of a step that
+    repeats its layers); the whole-step check at the end of the search guards the choice.
+    """
+    graph, policy, structure = ev.graph, seed.policy, seed.structure
+    sev = ev if len(graph.tasks) <= SEGMENT_TASKS else Evaluator(_prefix(graph, SEGMENT_TASKS), ev.hw, ev.space)
+    best_ms = sev.full(structure, _policy_params(sev, structure, policy)).makespan_us
+    kinds = {t.kind for t in graph.collectives}
+    # Windowed einsum is tried only where XLA would apply it: pairs with a matmul.
+    windowed = [("windowed-einsum", 0)] if ev.space.windowed_einsum and eligible_pairs(sev.graph) else []
+    moves: list[tuple[str, int]] = [("latency-hiding", 0)] + windowed + [
+        (kind, v) for kind in COMBINABLE_KINDS if kind in kinds for v in THRESHOLD_CANDIDATES
+    ]
+    for what, value in moves:
+        if what == "latency-hiding":
+            trial = dataclasses.replace(structure, latency_hiding=not structure.latency_hiding)
+        elif what == "windowed-einsum":
+            trial = dataclasses.replace(structure, windowed_einsum=True)
             ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
+            pairs = len(eligible_pairs(sev.graph))
             if _better(ms, best_ms):
+                notes.append(
+                    f"windowed einsum (collective matmul) on: {pairs} all-gather/reduce-scatter + matmul "
+                    f"pairs as ring steps beside partial matmuls, {best_ms:.1f} -> {ms:.1f} us"
+                    + (f" on the first {SEGMENT_TASKS} tasks" if sev is not ev else "")
+                )
                 best_ms, structure = ms, trial
-        params = _policy_params(ev, structure, policy)
-        if sev is not ev:
-            ev.evaluations += sev.evaluations
-        seed_thresholds = seed_structure.threshold_map
-        changed = [k for k, v in structure.thresholds if k in kinds and v != seed_thresholds[k]]
-        if changed:
-            notes.append(
-                "combine thresholds: "
-                + ", ".join(f"{k}={v}" for k, v in structure.thresholds if k in changed)
-            )
+            else:
+                notes.append(
+                    f"windowed einsum kept off: decomposing {pairs} pairs gives {ms:.1f} us, not better "
+                    f"than {best_ms:.1f} us"
+                )
+            continue
+        elif value == structure.threshold_map[what]:
+            continue
+        else:
+            trial = dataclasses.replace(structure, thresholds=thresholds_of({**structure.threshold_map, what: value}))
+            if sev.combined(trial).origins == sev.combined(structure).origins:
+                continue  # the same combine groups: nothing new to evaluate
+        ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
+        if _better(ms, best_ms):
+            best_ms, structure = ms, trial
+    if sev is not ev:
+        ev.evaluations += sev.evaluations
+    seed_thresholds = seed.structure.threshold_map
+    changed = [k for k, v in structure.thresholds if k in kinds and v != seed_thresholds[k]]
+    if changed:
+        notes.append("combine thresholds: " + ", ".join(f"{k}={v}" for k, v in structure.thresholds if k in changed))
+    return structure
 
-    # 3. Per collective, in priority order: params, then pipelining.
+
+def _tune_collectives(ev: Evaluator, structure: Structure, params: dict[int, CollectiveParams]
+                      ) -> tuple[Structure, dict[int, CollectiveParams], dict[int, str]]:
+    """Phase 3: per collective, in priority order, its params (then its pipelining), each
+    over its candidates with the others fixed, scored on the window it can affect."""
+    space = ev.space
     g1 = ev.combined(structure).graph
     order, exposed = _priority(ev, structure, params, ev.full(structure, params))
     params = dict(params)
@@ -278,10 +308,14 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
                 if _better(ms, now):
                     structure, now = trial, ms
                     reasons[cid] += f"; pipelined in {k} pieces: window {ms:.1f} us"
+    return structure, params, reasons
 
-    # 4. How many collectives in flight.
+
+def _tune_overlap(ev: Evaluator, structure: Structure, params: Mapping[int, CollectiveParams],
+                  notes: list[str]) -> tuple[Structure, Timeline]:
+    """Phase 4: how many collectives may be in flight, on the whole step."""
     timeline = ev.full(structure, params)
-    if space.tune_structure:
+    if ev.space.tune_structure:
         for limit in OVERLAP_CANDIDATES:
             if limit == structure.overlap_limit:
                 continue
@@ -290,13 +324,7 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
             if _better(tl.makespan_us, timeline.makespan_us):
                 structure, timeline = trial, tl
                 notes.append(f"overlap limit {limit}")
-
-    # Windows are local; never hand back something the whole step does worse on.
-    if _better(seed_ms, timeline.makespan_us):
-        notes.append(f"per-window choices lost on the whole step ({timeline.makespan_us:.1f} us); kept {label}")
-        s = seed_structure
-        return _finish("lagom", ev, s, _policy_params(ev, s, policy), started, {}, tuple(notes))
-    return _finish("lagom", ev, structure, params, started, reasons, tuple(notes), timeline)
+    return structure, timeline
 
 
 def _scan(cands: tuple[CollectiveParams, ...], scores: dict[CollectiveParams, float],

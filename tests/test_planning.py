@@ -1,0 +1,56 @@
+"""planning.plan: one call from a step to a Plan, made from the chosen result alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from lagom_jax import hardware, jax_internals, planning, search
+from lagom_jax.graph import StepGraph, Task
+from lagom_jax.synthetic import random_graph
+
+HW = hardware.get("h100-sxm-8")
+
+
+def test_plan_is_the_chosen_result_with_every_baseline_beside_it():
+    g = random_graph(6, seed=4, name="six")
+    planned = planning.plan(g, HW, fingerprint="abc")
+    plan, chosen = planned.plan, planned.chosen
+    assert plan.strategy == "lagom" and plan.fingerprint == "abc" and plan.module == "six"
+    assert list(planned.results) == ["lagom", *planning.BASELINES]
+    assert dict(plan.predicted_us) == {n: r.makespan_us for n, r in planned.results.items()}
+    assert chosen is search.run_strategy("lagom", g, HW)
+    assert [c.params for c in plan.collectives] == [e.params for e in chosen.explanations]
+    assert [c.why for c in plan.collectives] == [e.reason for e in chosen.explanations]
+    assert plan.evaluations == chosen.evaluations and plan.bound_us == chosen.bound_us
+    with pytest.raises(ValueError, match="unknown strategy"):
+        planning.plan(g, HW, strategy="fastest")
+
+
+def test_collectives_sharing_a_name_keep_their_own_explanations():
+    # Unrolled loop copies of one instruction share its name; each row must still be its own.
+    tasks = [Task(0, "gemm", "compute", flops=4e11, bytes=1e6)]
+    for i in range(4):
+        ar, gemm = len(tasks), len(tasks) + 1
+        tasks.append(Task(ar, "ar", "all-reduce", bytes=(8 << 20) * (i + 1), groups=(tuple(range(8)),),
+                          deps=(ar - 1,), iteration=i, trip_count=4))
+        tasks.append(Task(gemm, "gemm", "compute", flops=4e11, bytes=1e6, deps=(ar,), iteration=i, trip_count=4))
+    g = StepGraph("loop", tuple(tasks), 8)
+    planned = planning.plan(g, HW, strategy="autoccl", baselines=())
+    rows = [c for c in planned.plan.collectives if c.name == "ar"]
+    assert len(rows) == 4
+    assert len({c.why for c in rows}) == 4  # each names its own size's times
+
+
+def test_empty_replica_groups_count_every_device():
+    g = StepGraph("all", (Task(0, "x", "compute", flops=1e9), Task(1, "ar", "all-reduce", bytes=1 << 20, deps=(0,))), 16)
+    (row,) = planning.plan(g, hardware.get("a100-sxm-8", nodes=2), baselines=()).plan.collectives
+    assert (row.group_size, row.nodes) == (16, 2)
+
+
+def test_a_moved_jax_internal_is_named():
+    class Lowered:
+        def compiler_ir(self, dialect):
+            raise AssertionError("not reached")
+
+    with pytest.raises(jax_internals.JaxInternalsError, match="_lowering.*checked it with jax"):
+        jax_internals.compile_for_devices(Lowered(), lambda n: [])
