@@ -29,7 +29,7 @@ from typing import Any
 import jax
 
 from lagom_jax import flags as flags_lib
-from lagom_jax import gpu_compile, jax_internals, planning, sharing
+from lagom_jax import deprecation, gpu_compile, jax_internals, planning, sharing
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
@@ -312,3 +312,6 @@ def tune(fn: Callable | None = None, **options) -> Tuned | Callable[[Callable], 
     if fn is None:
         return lambda f: Tuned(f, **options)
     return Tuned(fn, **options)
+
+
+__getattr__ = deprecation.moved(__name__, {"resolve_hardware": "lagom_jax.hardware:resolve_cluster"})

@@ -124,7 +124,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         raise _UsageError(f"--gpus-per-node must be positive, got {args.gpus_per_node}")
     module = _read_module(args)
     try:
-        result = graph.analyze(module)
+        result = report.analyze(module)
         nodes_of = None
         if args.gpus_per_node is not None:
             step = graph.from_module(module, unroll_loops=False)

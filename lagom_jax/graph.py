@@ -14,7 +14,7 @@ import functools
 import math
 from typing import Literal, NamedTuple
 
-from lagom_jax import hlo
+from lagom_jax import deprecation, hlo
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -75,6 +75,15 @@ class Task:
     @property
     def is_collective(self) -> bool:
         return self.kind != "compute"
+
+    @property
+    def group_size(self) -> int:
+        """Deprecated: ``ranks(num_devices)``, which counts HLO's empty groups as every device."""
+        import warnings
+
+        warnings.warn("Task.group_size is deprecated (it calls an empty group 1 rank); use "
+                      "Task.ranks(graph.num_devices)", DeprecationWarning, stacklevel=2)
+        return self.ranks(1)
 
     def ranks(self, num_devices: int) -> int:
         """Ranks in one of the collective's groups: the one rule for a group's size.
@@ -617,32 +626,5 @@ def from_hlo_text(text: str, **kw) -> StepGraph:
     return from_module(hlo.parse(text), **kw)
 
 
-# ----------------------------------------------------------------------------- analysis
-
-
-def analyze(module: hlo.Module) -> dict:
-    """The collective inventory and compute totals of one step, as plain JSON data.
-
-    Loops are not unrolled: each collective is listed once with the product of its
-    enclosing trip counts, and the compute totals count every body ``trip_count`` times.
-    """
-    graph = from_module(module, unroll_loops=False)
-    compute = graph.compute_tasks
-    return {
-        "module": module.name,
-        "collectives": [
-            {
-                "name": t.name,
-                "kind": t.kind,
-                "bytes": int(t.bytes),
-                "group_size": t.ranks(graph.num_devices),
-                "trip_count": t.trip_count,
-                "async": t.is_async,
-            }
-            for t in graph.collectives
-        ],
-        "compute": {
-            "flops": float(sum(t.flops * t.trip_count for t in compute)),
-            "bytes": float(sum(t.bytes * t.trip_count for t in compute)),
-        },
-    }
+__getattr__ = deprecation.moved(__name__, {
+    "format_analysis": "lagom_jax.report:format_analysis", "analyze": "lagom_jax.report:analyze"})

@@ -1,9 +1,9 @@
 """The tables people read: ``analyze``, ``simulate`` and the strategy comparison of ``tune``.
 
-Each function turns values (an analysis dict, a Timeline, search results) into text or
-one JSON object; nothing here computes a prediction that the library does not already
-hold, except ``simulate_report`` and ``tune_report``, which run the simulator or the
-strategies they report. A Plan renders its own table (``Plan.report``).
+``analyze`` sums up a module as plain JSON data (its collective inventory and compute
+totals); the other functions turn values (that dict, a Timeline, search results) into text
+or one JSON object. ``simulate_report`` and ``tune_report`` run the simulator or the
+strategies when not handed their results. A Plan renders its own table (``Plan.report``).
 """
 
 from __future__ import annotations
@@ -12,11 +12,40 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
-from lagom_jax.graph import StepGraph
+from lagom_jax import hlo
+from lagom_jax.graph import StepGraph, from_module
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.search import STRATEGIES, SearchResult, compare
 from lagom_jax.simulate import Timeline, simulate
 from lagom_jax.units import human_bytes, human_us
+
+
+def analyze(module: hlo.Module) -> dict:
+    """The collective inventory and compute totals of one step, as plain JSON data.
+
+    Loops are not unrolled: each collective is listed once with the product of its
+    enclosing trip counts, and the compute totals count every body ``trip_count`` times.
+    """
+    graph = from_module(module, unroll_loops=False)
+    compute = graph.compute_tasks
+    return {
+        "module": module.name,
+        "collectives": [
+            {
+                "name": t.name,
+                "kind": t.kind,
+                "bytes": int(t.bytes),
+                "group_size": t.ranks(graph.num_devices),
+                "trip_count": t.trip_count,
+                "async": t.is_async,
+            }
+            for t in graph.collectives
+        ],
+        "compute": {
+            "flops": float(sum(t.flops * t.trip_count for t in compute)),
+            "bytes": float(sum(t.bytes * t.trip_count for t in compute)),
+        },
+    }
 
 
 def format_analysis(result: dict, *, nodes_of: Mapping[str, int] | None = None) -> str:

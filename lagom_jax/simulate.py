@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from lagom_jax import cost
+from lagom_jax import cost, deprecation
 from lagom_jax.graph import StepGraph
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.params import CollectiveParams
@@ -361,3 +361,8 @@ def simulate(graph: StepGraph, hw: HardwareProfile,
         comm_us=sum(run.coll_time.values()), exposed_comm_us=run.exposed_total,
         intervals=intervals, per_collective=records, overlap_limit=overlap_limit,
     )
+
+
+__getattr__ = deprecation.moved(__name__, {
+    "format_timeline": "lagom_jax.report:format_timeline", "simulate_report": "lagom_jax.report:simulate_report",
+    "collective_shape": "lagom_jax.graph:collective_shape"})

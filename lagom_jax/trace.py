@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any
 
+from lagom_jax import deprecation
 from lagom_jax.graph import StepGraph
 from lagom_jax.simulate import COMPUTE_STREAM, Timeline
 
@@ -96,3 +97,6 @@ def to_png(timeline: Timeline, graph: StepGraph, path: str | os.PathLike[str]) -
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+__getattr__ = deprecation.moved(__name__, {"format_timeline": "lagom_jax.report:format_timeline"})

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from lagom_jax import cli, graph, hlo
+from lagom_jax import cli, hlo, report
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
 
@@ -20,7 +20,7 @@ def test_json_is_one_object_with_the_contract(capsys):
     assert cli.main(["analyze", "--json", str(FIXTURES / "gpu_collectives.hlo")]) == 0
     out = capsys.readouterr().out
     result = json.loads(out)  # exactly one JSON document
-    expected = graph.analyze(hlo.parse((FIXTURES / "gpu_collectives.hlo").read_text()))
+    expected = report.analyze(hlo.parse((FIXTURES / "gpu_collectives.hlo").read_text()))
     assert result == expected
     assert [c["kind"] for c in result["collectives"]] == [
         "all-reduce", "collective-permute", "all-to-all", "all-gather",

@@ -182,7 +182,7 @@ def test_example_graph_is_a_gpt_step():
 
 
 def test_analyze_json_contract():
-    result = graph.analyze(hlo.parse(example_text()))
+    result = report.analyze(hlo.parse(example_text()))
     json.dumps(result)
     assert set(result) == {"module", "collectives", "compute"}
     assert result["module"] == "jit_train_step"
@@ -201,7 +201,7 @@ def test_analyze_json_contract():
 
 
 def test_format_analysis_lists_every_collective():
-    result = graph.analyze(hlo.parse((FIXTURES / "gpu_collectives.hlo").read_text()))
+    result = report.analyze(hlo.parse((FIXTURES / "gpu_collectives.hlo").read_text()))
     table = report.format_analysis(result, nodes_of={"all-reduce-start": 2})
     for c in result["collectives"]:
         assert c["name"] in table

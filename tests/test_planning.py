@@ -54,3 +54,18 @@ def test_a_moved_jax_internal_is_named():
 
     with pytest.raises(jax_internals.JaxInternalsError, match="_lowering.*checked it with jax"):
         jax_internals.compile_for_devices(Lowered(), lambda n: [])
+
+
+def test_moved_names_still_work_with_a_warning():
+    from lagom_jax import api, graph, report, simulate, trace
+
+    for module, name, new in ((graph, "format_analysis", report.format_analysis),
+                              (simulate, "simulate_report", report.simulate_report),
+                              (trace, "format_timeline", report.format_timeline),
+                              (search, "tune_report", report.tune_report)):
+        with pytest.warns(DeprecationWarning, match=f"{name} moved to lagom_jax.report"):
+            assert getattr(module, name) is new
+    with pytest.warns(DeprecationWarning):
+        assert api.resolve_hardware is hardware.resolve_cluster
+    with pytest.raises(AttributeError):
+        graph.no_such_name  # noqa: B018
