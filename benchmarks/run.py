@@ -82,12 +82,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5, help="timed steps per measurement (after 2 warm-up)")
     p.add_argument("--measure-hardware", default=None,
                    help="preset the tuned measurement plans for (default: auto on GPUs, else the first --hardware)")
-    p.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR)
+    p.add_argument("--out", type=pathlib.Path, default=None,
+                   help="where to write (default: benchmarks/results, recorded in RESULTS.md; with --quick "
+                        "benchmarks/results/local, untracked, unless --record)")
+    p.add_argument("--record", action="store_true",
+                   help="with --quick: record in benchmarks/results and RESULTS.md like a full run")
     p.add_argument("--name", default=None, help="output name (default: suite, or suite_quick with --quick)")
     p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize first")
     p.add_argument("--num-processes", type=int, default=None)
     p.add_argument("--process-id", type=int, default=None)
-    return p.parse_args(list(argv))
+    args = p.parse_args(list(argv))
+    if args.out is None:
+        args.out = RESULTS_DIR / "local" if args.quick and not args.record else RESULTS_DIR
+    return args
 
 
 def _versions() -> dict[str, str]:

@@ -289,13 +289,15 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
         "Entries: *predicted* step time in ms (speedup over xla-default). "
         "`eff` = overlap bound / lagom step time; `vs autoccl` = autoccl / lagom.",
         "",
-        "| cell | hardware | " + " | ".join(strategies)
+        "| cell | batch x seq | hardware | " + " | ".join(strategies)
         + " | bound ms | lagom eff | lagom vs autoccl | lagom evals | lagom search s |",
-        "|---|---|" + "---:|" * (len(strategies) + 5),
+        "|---|---|---|" + "---:|" * (len(strategies) + 5),
     ]
     worse = []
     for row in report["rows"]:
-        head = f"| {row['label']} | {row['hardware']} x{row['nodes']} |"
+        spec = row.get("spec", {})
+        head = (f"| {row['label']} | {spec.get('batch_size', '?')} x {spec.get('seq_len', '?')} | "
+                f"{row['hardware']} x{row['nodes']} |")
         if "error" in row:
             lines.append(head + f" failed: {row['error'][:120]} |" + " |" * (len(strategies) + 4))
             continue

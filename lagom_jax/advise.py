@@ -60,6 +60,13 @@ USABLE_MEMORY_FRACTION = 0.85
 # to keep every stage busy after the fill; 8S bounds the bubble below 1/9).
 MICROBATCH_FACTORS = (2, 4, 8)
 DEFAULT_TOP_K = 4
+# Why the two kinds of column differ, said under every table that shows both.
+ANALYTIC_VS_COMPILED = (
+    "Why \"analytic\" and \"untuned\"/\"tuned\" differ: the analytic screen prices the matmul "
+    "FLOPs at the GPU's rate plus the collectives, to rank every configuration cheaply; the "
+    "compiled columns replay the step XLA compiled, op by op, which adds every memory-bound "
+    "kernel (attention scores, softmax, layer norms, optimizer) and launch overheads. Rank by "
+    "the compiled columns; the screen only chose which configurations to compile.")
 # Adam training state per parameter: f32 weight, f32 gradient, two f32 moments
 # (models/build.py keeps weights and optimizer state in float32).
 STATE_BYTES_PER_PARAM = 16
@@ -264,6 +271,8 @@ class Advice:
         compilers = sorted({c.compiled_by for c in self.candidates if c.compiled_by})
         if compilers:
             lines += [f"Compiled steps: {'; '.join(compilers)}.", ""]
+        if any(c.untuned_ms is not None for c in self.candidates):
+            lines += [ANALYTIC_VS_COMPILED, ""]
         if self.candidates:
             best = self.recommendation
             lines.append(f"Recommendation: {best.config.label()}: {best.why}")

@@ -34,6 +34,14 @@ class _UsageError(Exception):
     """A bad argument or input file: reported on stderr, exit status 2, no traceback."""
 
 
+def _require_positive(args: argparse.Namespace, *names: str) -> None:
+    """Every numeric option in ``names`` that was given is at least 1."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise _UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
 def _read_text(args: argparse.Namespace) -> str:
     """The HLO text named by PATH, ``-`` (stdin) or ``--example``."""
     if args.example is not None:
@@ -92,8 +100,7 @@ def _add_hardware_args(p: argparse.ArgumentParser, *, default: str) -> None:
 
 def _hardware(args: argparse.Namespace, num_devices: int | None = None) -> hardware.HardwareProfile:
     """The cluster of --hardware/--nodes, grown to ``num_devices`` unless they fix its size."""
-    if args.nodes is not None and args.nodes <= 0:
-        raise _UsageError(f"--nodes must be positive, got {args.nodes}")
+    _require_positive(args, "nodes")
     try:
         resolved = hardware.resolve_cluster(args.hardware, nodes=args.nodes, num_devices=num_devices)
     except (ValueError, OSError) as e:
@@ -146,7 +153,8 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
         "simulate",
         help="replay an HLO module on a hardware profile and print its timeline",
         description="Build the StepGraph of an HLO module and replay it with the unified cost "
-        "model (NCCL's own parameter choices, XLA's schedule): makespan, overlap bound, "
+        "model as XLA runs it with no flags (its combiners and scheduler, NCCL's own "
+        "parameter choices; the xla-default baseline of `tune`): makespan, overlap bound, "
         "exposed communication per collective.",
     )
     _add_input_args(p)
@@ -157,17 +165,22 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from lagom_jax import simulate, trace
+    import importlib.util
 
+    from lagom_jax import search, trace
+
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        raise _UsageError("--png needs matplotlib, an optional extra: pip install 'lagom-jax[plot]'")
     step = _read_graph(args)
     hw = _hardware(args)
-    timeline = simulate.simulate(step, hw)
-    print(report.simulate_report(step, hw, as_json=args.json, timeline=timeline))
-    if args.trace or args.png:
-        if args.trace:
-            trace.write_perfetto(timeline, step, args.trace)
-        if args.png:
-            trace.to_png(timeline, step, args.png)
+    # The step as XLA runs it with no flags: the xla-default baseline of `tune`, so that
+    # both commands give one number for it.
+    baseline = search.run_strategy("xla-default", step, hw)
+    print(report.simulate_report(baseline.graph, hw, as_json=args.json, timeline=baseline.timeline))
+    if args.trace:
+        trace.write_perfetto(baseline.timeline, baseline.graph, args.trace)
+    if args.png:
+        trace.to_png(baseline.timeline, baseline.graph, args.png, title="predicted by the cost model, XLA defaults")
     return 0
 
 
@@ -263,6 +276,12 @@ def _cluster_for_mesh(args: argparse.Namespace, n: int) -> hardware.HardwareProf
             f"{hw.num_gpus} devices or --nodes to match "
             + (f"({n // hw.gpus_per_node})" if n % hw.gpus_per_node == 0
                else f"(a mesh of a multiple of {hw.gpus_per_node} devices)"))
+    if n < hw.gpus_per_node:
+        print(f"lagom-jax: mesh {args.mesh} uses {n} of the {hw.gpus_per_node} GPUs of one "
+              f"{hw.name} node; the plan is for those {n}", file=sys.stderr)
+    elif hw.nodes > 1 and args.nodes is None and ":" not in args.hardware:
+        print(f"lagom-jax: mesh {args.mesh} has {n} devices: {hw.name} grown to {hw.nodes} nodes of "
+              f"{hw.gpus_per_node} GPUs", file=sys.stderr)
     return hw
 
 
@@ -271,6 +290,9 @@ def _run_tune(args: argparse.Namespace) -> int:
 
     from lagom_jax import api, flags, planning
 
+    _require_positive(args, "batch_size", "seq_len")
+    if args.out is not None and pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
+        raise _UsageError(f"--out {args.out} exists and is not a directory")
     if args.model is not None:
         if args.path is not None or args.example is not None:
             raise _UsageError("give PATH, --example or --model, not several")
@@ -320,38 +342,80 @@ def _run_tune(args: argparse.Namespace) -> int:
             print(f"  XLA_FLAGS='{plan.xla_flags()}'")
         else:
             print("\nXLA_FLAGS: none to set (XLA's defaults are the best structure found)")
-        print("NCCL environment:" + ("" if env else " none needed (run `lagom-jax build-tuner` "
-                                     "to apply per-collective choices through NCCL's tuner plugin)"))
+        print("NCCL environment (set before the first communicator):")
         for k, v in sorted(env.items()):
             print(f"  {k}={v}")
+        if not env:
+            print("  none beyond the tuner plugin, which applies the per-collective choices")
         print("predicted gain: " + ", ".join(
             f"{plan.speedup_over(n):.3f}x over {n}" for n in results if n != plan.strategy)
             + "  (predicted by the cost model, not measured)")
     if args.out:
-        _write_artifacts(pathlib.Path(args.out), plan, planned.chosen)
+        launch = _write_artifacts(pathlib.Path(args.out), plan, planned.chosen)
+        if not args.json:
+            print(f"\nto run with this plan: {launch} python train.py   (sets XLA_FLAGS, the NCCL "
+                  "environment and the NCCL tuner plugin with its config)")
+    elif not args.json:
+        print("\nto run with this plan: add --out DIR, then DIR/launch.sh python train.py")
     return 0
 
 
-def _write_artifacts(out: pathlib.Path, plan, result) -> None:
-    from lagom_jax import api, trace
+def _write_artifacts(out: pathlib.Path, plan, result) -> pathlib.Path:
+    """Every artifact of a plan in ``out``, and ``launch.sh``, which applies all of them.
+
+    The tuner plugin is built into ``out`` too (when a C compiler is there), so the folder
+    can be copied to the cluster as it is: ``launch.sh`` finds the plugin and its config
+    beside itself. Returns the path of ``launch.sh``.
+    """
+    from lagom_jax import nccl_tuner, trace
 
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
-    (out / "report.txt").write_text(plan.report(top=10_000) + "\n")
-    (out / "xla_flags.txt").write_text(plan.xla_flags() + "\n")
-    env = plan.nccl_env(config_path=out / "nccl_tuner.conf")
-    (out / "nccl_env.sh").write_text("".join(f"export {k}={v}\n" for k, v in sorted(env.items())))
+    (out / "report.txt").write_text(plan.report(top=10_000, why_width=None) + "\n")
+    (out / "xla_flags.txt").write_text(plan.xla_flags() + "\n" if plan.flags else "")
     (out / "nccl_tuner.conf").write_text(plan.nccl_tuner_config())
     (out / "lhs_profile.pbtxt").write_text(plan.lhs_profile())
-    (out / "launch.sh").write_text("#!/usr/bin/env bash\n"
-                                   + api.launch_line(plan, '"$@"', config_path=out / "nccl_tuner.conf") + "\n")
+    try:
+        plugin = nccl_tuner.build_tuner(out)
+        plugin_note = ""
+    except nccl_tuner.TunerBuildError as err:
+        plugin = None
+        plugin_note = f"the NCCL tuner plugin was not built ({str(err).splitlines()[0]}); " \
+                      "per-collective choices are not applied"
+        print(f"lagom-jax: {plugin_note}", file=sys.stderr)
+    env = plan.nccl_env(config_path=out / "nccl_tuner.conf", plugin_path=plugin or out / "missing.so")
+    env.pop("NCCL_TUNER_PLUGIN", None)
+    env.pop(nccl_tuner.CONFIG_ENV, None)
+    (out / "nccl_env.sh").write_text(
+        "# NCCL environment of this plan, for every rank, before the first communicator:\n"
+        + ("".join(f"export {k}={v}\n" for k, v in sorted(env.items())) or "# (none beyond the tuner plugin)\n"))
+    launch = out / "launch.sh"
+    lines = ["#!/usr/bin/env bash",
+             f"# lagom-jax plan: {plan.module} on {plan.hardware} ({plan.nodes} node(s) x {plan.gpus_per_node} "
+             f"GPUs), strategy {plan.strategy}, predicted step {plan.makespan_us / 1e3:.3f} ms (cost model).",
+             "# Usage, on every rank: ./launch.sh python train.py ...",
+             "set -euo pipefail",
+             'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    if plan.flags:
+        lines.append(f'export XLA_FLAGS="${{XLA_FLAGS:-}} {plan.xla_flags()}"')
+    lines += [f"export {k}={v}" for k, v in sorted(env.items())]
+    if plugin is not None:
+        lines += [f'export NCCL_TUNER_PLUGIN="$here/{plugin.name}"',
+                  f'export {nccl_tuner.CONFIG_ENV}="$here/nccl_tuner.conf"']
+    else:
+        lines.append(f"# {plugin_note}")
+    lines.append('exec "$@"')
+    launch.write_text("\n".join(lines) + "\n")
+    launch.chmod(0o755)
     trace.write_perfetto(result.timeline, result.graph, out / "trace.json")
     try:
-        trace.to_png(result.timeline, result.graph, out / "timeline.png")
+        trace.to_png(result.timeline, result.graph, out / "timeline.png",
+                     title=f"predicted by the cost model: {plan.strategy} plan")
     except ImportError as err:
         print(f"lagom-jax: no timeline.png ({err})", file=sys.stderr)
     print(f"lagom-jax: wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}",
           file=sys.stderr)
+    return launch
 
 
 # ----------------------------------------------------------------------------- build-tuner
@@ -427,6 +491,7 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
 def _run_advise(args: argparse.Namespace) -> int:
     from lagom_jax import advise, models
 
+    _require_positive(args, "devices", "global_batch", "seq_len", "top_k")
     try:
         result = advise.advise(args.model, args.config or models.DEFAULT_CONFIG[args.model],
                                args.devices, args.hardware, global_batch=args.global_batch,

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pathlib
+
 from lagom_jax import nccl_tuner
 from lagom_jax.files import atomic_write_text
 from lagom_jax.flags import XlaFlag, compiler_options, render_xla_flags
@@ -74,8 +75,13 @@ class Plan:
             raise KeyError(f"no prediction for {baseline!r} (have: {', '.join(times)})")
         return times[baseline] / self.makespan_us
 
-    def report(self, *, top: int = 20) -> str:
-        """The table a person reads: predictions, speedups and each collective's choice."""
+    def report(self, *, top: int = 20, why_width: int | None = 100) -> str:
+        """The table a person reads: predictions, speedups and each collective's choice.
+
+        Collectives with the same name, size and choice (the iterations of one loop) share
+        a row with their count; rows are ranked by their total predicted time. ``why`` is
+        cut to ``why_width`` characters (None: whole).
+        """
         times = dict(self.predicted_us)
         lines = [
             f"lagom-jax plan for {self.module} on {self.hardware} "
@@ -94,17 +100,31 @@ class Plan:
         if not self.collectives:
             lines.append("no collectives: nothing to tune")
             return "\n".join(lines)
-        lines += ["", f"{'collective':<28} {'kind':<18} {'bytes':>10} {'ranks':>5} {'nodes':>5}  "
-                      f"{'NCCL default':<36} {'chosen':<36} {'time us':>9} {'exposed':>9}  why"]
-        ranked = sorted(self.collectives, key=lambda c: -c.predicted_us)
-        for c in ranked[:top]:
+        rows = self.rows()
+        lines += ["", f"{len(self.collectives)} collective calls after XLA's combiners, in {len(rows)} rows "
+                      "(a row: one instruction, its loop iterations counted)",
+                  f"{'collective':<32} {'kind':<18} {'bytes':>10} {'ranks':>5} {'nodes':>5} {'calls':>5}  "
+                  f"{'NCCL default':<36} {'chosen':<36} {'time us':>9} {'exposed':>9}  why"]
+        for calls, c, total_us, exposed_us in rows[:top]:
+            why = c.why if why_width is None or len(c.why) <= why_width else c.why[:why_width - 1] + "…"
             lines.append(
-                f"{c.name[:28]:<28} {c.kind:<18} {human_bytes(c.bytes):>10} {c.group_size:>5} "
-                f"{c.nodes:>5}  {c.default_params.describe():<36} {c.params.describe():<36} "
-                f"{c.predicted_us:>9.1f} {c.exposed_us:>9.1f}  {c.why}")
-        if len(ranked) > top:
-            lines.append(f"... {len(ranked) - top} more collectives (all of them: --json / Plan.to_json)")
+                f"{_short_name(c.name, 32):<32} {c.kind:<18} {human_bytes(c.bytes):>10} {c.group_size:>5} "
+                f"{c.nodes:>5} {calls:>5}  {c.default_params.describe():<36} {c.params.describe():<36} "
+                f"{total_us:>9.1f} {exposed_us:>9.1f}  {why}".rstrip())
+        if len(rows) > top:
+            lines.append(f"... {len(rows) - top} more rows (all of them: report.txt of --out, --json, Plan.to_json)")
         return "\n".join(lines)
+
+    def rows(self) -> list[tuple[int, CollectiveChoice, float, float]]:
+        """(calls, the call with the longest time, total time us, total exposed us) per
+        instruction and choice, longest total first."""
+        groups: dict[tuple, list[CollectiveChoice]] = {}
+        for c in self.collectives:
+            key = (c.name, c.kind, c.bytes, c.group_size, c.nodes, c.params, c.default_params)
+            groups.setdefault(key, []).append(c)
+        rows = [(len(cs), max(cs, key=lambda c: c.predicted_us), sum(c.predicted_us for c in cs),
+                 sum(c.exposed_us for c in cs)) for cs in groups.values()]
+        return sorted(rows, key=lambda r: -r[2])
 
     # -- how the plan reaches XLA --------------------------------------------------------
     def compiler_options(self, *, with_profile: bool = False) -> dict[str, object]:
@@ -226,6 +246,7 @@ class Plan:
             raise ValueError(f"not a lagom-jax Plan: {err}") from err
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as JSON (atomically: a reader sees the old file or the new one)."""
         atomic_write_text(path, self.to_json())
 
     @classmethod
@@ -239,3 +260,11 @@ def _to_jsonable(value: object) -> object:
     if isinstance(value, (tuple, list)):
         return [_to_jsonable(v) for v in value]
     return value
+
+
+def _short_name(name: str, width: int) -> str:
+    """``name`` in ``width`` characters: a combined collective by its count and first part."""
+    if name.startswith("combined(") and "+" in name:
+        parts = name[len("combined("):].rstrip(")").split("+")
+        name = f"combined {len(parts)}: {parts[0]}+..."
+    return name if len(name) <= width else name[:width - 3] + "..."

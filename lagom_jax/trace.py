@@ -66,8 +66,12 @@ def write_perfetto(timeline: Timeline, graph: StepGraph, path: str | os.PathLike
         json.dump(to_perfetto(timeline, graph), f)
 
 
-def to_png(timeline: Timeline, graph: StepGraph, path: str | os.PathLike[str]) -> None:
-    """A Gantt chart of the Timeline: one row per stream, tasks coloured by kind."""
+def to_png(timeline: Timeline, graph: StepGraph, path: str | os.PathLike[str], *,
+           title: str = "predicted by the cost model") -> None:
+    """A Gantt chart of the Timeline: one row per stream, tasks coloured by kind.
+
+    ``title`` says what the timeline is (predicted, of which plan); the chart adds the
+    step's makespan, bound and exposed communication."""
     try:
         import matplotlib
 
@@ -89,11 +93,13 @@ def to_png(timeline: Timeline, graph: StepGraph, path: str | os.PathLike[str]) -
     ax.set_yticks([row[s] for s in streams], streams)
     ax.set_xlabel("time (ms)")
     ax.set_xlim(0, max(timeline.makespan_us, 1e-9) * scale)
-    ax.set_title(f"{graph.name}: makespan {timeline.makespan_us * scale:.3f} ms, "
-                 f"bound {timeline.bound_us * scale:.3f} ms, exposed comm {timeline.exposed_comm_us * scale:.3f} ms")
+    ax.set_title(f"{graph.name}, {title}\nmakespan {timeline.makespan_us * scale:.3f} ms, "
+                 f"bound {timeline.bound_us * scale:.3f} ms, exposed comm {timeline.exposed_comm_us * scale:.3f} ms",
+                 fontsize="medium")
     used = {graph.tasks[i.task_id].kind for i in timeline.intervals}
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in colours.items() if k in used]
-    ax.legend(handles, [k for k in colours if k in used], loc="upper right", fontsize="small")
+    ax.legend(handles, [k for k in colours if k in used], loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -142,6 +142,8 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     seq_len = cfg.max_len if seq_len is None else seq_len
     if not 0 < seq_len <= cfg.max_len:
         raise ValueError(f"seq_len {seq_len} outside 1..{cfg.max_len} for {model} {config}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
 
     parts = parse_recipe(recipe)
     devices = list(jax.devices() if devices is None else devices)

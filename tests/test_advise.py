@@ -146,6 +146,7 @@ def test_end_to_end_gpt2_tiny_on_8_devices():
     report = advice.report()
     assert "Recommendation: " + advice.recommendation.config.label() in report
     assert "predicted" in report
+    assert adv.ANALYTIC_VS_COMPILED in report  # the two kinds of column are told apart
     data = json.loads(advice.to_json())
     assert data["recommendation"]["mesh"] == advice.recommendation.mesh
     assert len(data["candidates"]) == len(advice.candidates)

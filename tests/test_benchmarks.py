@@ -133,3 +133,12 @@ def test_a_cell_that_does_not_compile_says_why():
     bad = suite.Cell("gpt2", "tiny", "tp", "model=8", batch_size=8, seq_len=16)
     with pytest.raises(suite.CompileError, match="gpt2-tiny tp .*h100-sxm-8 x1.*cannot be split 8 ways"):
         suite.compile_hlo(bad, hardware.get("h100-sxm-8"))
+
+
+def test_a_quick_run_leaves_the_tracked_results_alone():
+    from benchmarks.common import RESULTS_DIR
+
+    assert run.parse_args(["--quick"]).out == RESULTS_DIR / "local"
+    assert run.parse_args(["--quick", "--record"]).out == RESULTS_DIR
+    assert run.parse_args([]).out == RESULTS_DIR
+    assert run.parse_args(["--quick", "--out", "elsewhere"]).out.name == "elsewhere"

@@ -58,11 +58,20 @@ def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
         (["tune", "--example", "--model", "gpt2"], "not several"),
         (["tune", "--model", "gpt2", "--config", "tiny", "--seq-len", "99"], "seq_len 99 outside"),
         (["tune", "--model", "gpt2", "--mesh", "data=two"], "data=two"),
+        (["tune", "--model", "gpt2", "--batch-size", "-2"], "--batch-size must be positive, got -2"),
+        (["tune", "--model", "bert", "--batch-size", "0"], "--batch-size must be positive, got 0"),
+        (["tune", "--model", "t5", "--seq-len", "0"], "--seq-len must be positive, got 0"),
+        (["advise", "--model", "gpt2", "--devices", "0"], "--devices must be positive, got 0"),
+        (["advise", "--model", "gpt2", "--global-batch", "-1"], "--global-batch must be positive"),
+        (["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=3,model=4"], "has 12 devices"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys):
     assert cli.main(argv) == 2
-    assert message in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert message in captured.err and not captured.out
+    assert captured.err.strip().splitlines()[-1].startswith("lagom-jax ")  # one line, no traceback
+    assert "Traceback" not in captured.err
 
 
 def test_build_tuner_prints_the_launch_variable(tmp_path, capsys):
@@ -77,3 +86,72 @@ def test_advise_ranks_configurations(capsys):
                      "--global-batch", "16", "--seq-len", "16", "--top-k", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["candidates"] and out["recommendation"]
+
+
+def test_out_naming_a_file_is_refused_before_any_work(tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.write_text("mine")
+    assert cli.main(["tune", "--example", "--out", str(target)]) == 2
+    captured = capsys.readouterr()
+    assert "exists and is not a directory" in captured.err and not captured.out
+    assert target.read_text() == "mine"
+
+
+def test_out_writes_a_launch_script_that_applies_the_whole_plan(tmp_path, capsys):
+    import os
+    import stat
+
+    out_dir = tmp_path / "plan"
+    assert cli.main(["tune", "--example", "--hardware", "a40-pcie-8", "--out", str(out_dir)]) == 0
+    text = capsys.readouterr().out
+    launch = out_dir / "launch.sh"
+    assert f"{launch} python train.py" in text
+    assert os.stat(launch).st_mode & stat.S_IXUSR
+    assert oct(os.stat(out_dir / "plan.json").st_mode & 0o777) == oct(0o666 & ~_umask())
+    script = launch.read_text()
+    plan = Plan.load(out_dir / "plan.json")
+    assert 'export NCCL_TUNER_PLUGIN="$here/libnccl-tuner-lagom.so"' in script
+    assert 'export LAGOM_TUNER_CONFIG="$here/nccl_tuner.conf"' in script
+    assert (out_dir / "libnccl-tuner-lagom.so").exists()
+    flags = (out_dir / "xla_flags.txt").read_text()
+    assert flags == (plan.xla_flags() + "\n" if plan.flags else "")
+    if plan.flags:
+        assert plan.xla_flags() in script
+    assert script.rstrip().endswith('exec "$@"')
+    # The script runs a command with everything set.
+    import subprocess
+
+    env_out = subprocess.run([str(launch), "env"], capture_output=True, text=True, check=True).stdout
+    assert f"LAGOM_TUNER_CONFIG={out_dir / 'nccl_tuner.conf'}" in env_out
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_simulate_and_tune_agree_on_the_untuned_step(capsys):
+    assert cli.main(["simulate", "--example", "--hardware", "h100-sxm-8", "--json"]) == 0
+    simulated = _json(capsys)["makespan_us"]
+    assert cli.main(["tune", "--example", "--hardware", "h100-sxm-8", "--json"]) == 0
+    assert _json(capsys)["strategies"]["xla-default"]["makespan_us"] == pytest.approx(simulated, rel=1e-12)
+
+
+def test_simulate_png_without_matplotlib_is_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert cli.main(["simulate", "--example", "--png", str(tmp_path / "t.png")]) == 2
+    captured = capsys.readouterr()
+    assert "--png needs matplotlib" in captured.err and not captured.out
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_a_mesh_smaller_than_a_node_is_said(capsys):
+    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4",
+                     "--hardware", "h100-sxm-8", "--json"]) == 0
+    assert "uses 4 of the 8 GPUs" in capsys.readouterr().err

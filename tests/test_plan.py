@@ -129,3 +129,24 @@ def test_report_names_every_prediction_and_choice():
     assert "ring/LL128 nc=24" in text and "ring/Simple nc=6" in text
     assert "fewer channels win" in text
     assert len(_plan(n=30).report(top=5).splitlines()) < 15
+
+
+def test_report_has_one_row_per_instruction_with_its_loop_count():
+    import dataclasses
+
+    base = _plan(n=1).collectives[0]
+    long_why = "ring/Simple nc=4: " + "because " * 40
+    loop = tuple(dataclasses.replace(base, name="all-reduce.138", predicted_us=5.0 + i, exposed_us=1.0,
+                                     why=long_why) for i in range(11))
+    combined = dataclasses.replace(base, name="combined(all-reduce.32+all-reduce.33+all-reduce.34)", bytes=1 << 25)
+    plan = dataclasses.replace(_plan(n=1), collectives=loop + (combined,))
+    text = plan.report()
+    rows = [line for line in text.splitlines() if line.startswith(("all-reduce.138", "combined"))]
+    assert len(rows) == 2
+    assert "12 collective calls after XLA's combiners, in 2 rows" in text
+    loop_row = next(r for r in rows if r.startswith("all-reduce.138"))
+    assert f"{sum(5.0 + i for i in range(11)):>9.1f}" in loop_row and f"{11.0:>9.1f}" in loop_row
+    assert " 11  " in loop_row  # the calls column
+    assert next(r for r in rows if r.startswith("combined")).startswith("combined 3: all-reduce.32+...")
+    assert max(len(line) for line in text.splitlines()) <= 300
+    assert long_why.rstrip() in plan.report(why_width=None)

@@ -199,7 +199,7 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
     if space.tune_structure:
         structure = _tune_structure(ev, seed, notes)
         params = _policy_params(ev, structure, seed.policy)
-    structure, params, reasons = _tune_collectives(ev, structure, params)
+    structure, params, reasons = _tune_collectives(ev, structure, params, seed.label)
     structure, timeline = _tune_overlap(ev, structure, params, notes)
     # Windows are local; never hand back something the whole step does worse on.
     if _better(seed.makespan_us, timeline.makespan_us):
@@ -277,12 +277,13 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
     return structure
 
 
-def _tune_collectives(ev: Evaluator, structure: Structure, params: dict[int, CollectiveParams]
+def _tune_collectives(ev: Evaluator, structure: Structure, params: dict[int, CollectiveParams], seed: str
                       ) -> tuple[Structure, dict[int, CollectiveParams], dict[int, str]]:
     """Phase 3: per collective, in priority order, its params (then its pipelining), each
     over its candidates with the others fixed, scored on the window it can affect."""
     space = ev.space
     g1 = ev.combined(structure).graph
+    scope = "step" if len(g1.tasks) <= evaluator_lib.FULL_GRAPH_TASKS else "window"
     order, exposed = _priority(ev, structure, params, ev.full(structure, params))
     params = dict(params)
     reasons: dict[int, str] = {}
@@ -295,7 +296,7 @@ def _tune_collectives(ev: Evaluator, structure: Structure, params: dict[int, Col
         winner = min(scores, key=lambda p: (scores[p], p != current))
         if _better(scores[winner], base):
             params[cid] = winner
-        reasons[cid] = _why(ev, t, params[cid], current, scores)
+        reasons[cid] = _why(ev, t, params[cid], current, scores, scope=scope, seed=seed)
         # Pipelining only removes exposed fill and drain; with nothing exposed it could
         # only add launches.
         if (space.tune_structure and space.split_collectives and exposed[cid] > 0
@@ -359,19 +360,25 @@ def _scan(cands: tuple[CollectiveParams, ...], scores: dict[CollectiveParams, fl
 
 
 def _why(ev: Evaluator, t: Task, chosen: CollectiveParams, previous: CollectiveParams,
-         scores: Mapping[CollectiveParams, float]) -> str:
-    """Name the winner's makespan against the previous choice and the fastest-alone one."""
+         scores: Mapping[CollectiveParams, float], *, scope: str, seed: str) -> str:
+    """Name the winner's time against the previous choice and the fastest-alone one.
+
+    ``scope`` says what the scores are ("step", or "window" for the part of a long step
+    the collective can affect); ``seed`` names the baseline the previous choice came from.
+    """
     fastest = min(scores, key=lambda p: (ev.time(t, p), p))
-    text = f"{chosen.describe()}: step {scores[chosen]:.1f} us, alone {ev.time(t, chosen):.1f} us"
+    text = f"{chosen.describe()}: {scope} {scores[chosen]:.1f} us, alone {ev.time(t, chosen):.1f} us"
     if chosen == previous:
-        text += " (kept: no candidate shortened the step)"
+        whose = "NCCL's own choice" if previous == ev.default(t) else f"the {seed} choice"
+        text += f" (kept {whose}: no candidate shortened the {scope})"
     else:
         text += f"; was {previous.describe()} at {scores[previous]:.1f} us"
     if fastest != chosen:
-        text += (
-            f"; fastest alone {fastest.describe()} ({ev.time(t, fastest):.1f} us) gives "
-            f"{scores[fastest]:.1f} us: its extra SMs/HBM slow the overlapped compute more than it saves"
-        )
+        text += f"; fastest alone {fastest.describe()} ({ev.time(t, fastest):.1f} us) gives {scores[fastest]:.1f} us"
+        if _better(scores[chosen], scores[fastest]):
+            text += ": its extra SMs/HBM slow the overlapped compute more than it saves"
+        else:
+            text += ": no better, and it holds more SMs/HBM"
     return text
 
 
