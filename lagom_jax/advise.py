@@ -467,7 +467,10 @@ def estimate(model_cfg: ModelConfig, pc: ParallelConfig, hw: hardware_lib.Hardwa
 
     # Pipeline parallelism: one send per tick forward and backward.
     pp_ops = 2 * (m + s - 1) if s > 1 else 0
-    pp_comm_us = pp_ops * _coll_us("collective-permute", mb_act, 2, _group_nodes(pc, "stage", gpn), hw)
+    # A send between neighbouring stages joins two GPUs: two nodes when the stage axis
+    # crosses nodes (the slowest send paces the pipeline), else one.
+    pp_nodes = min(_group_nodes(pc, "stage", gpn), 2)
+    pp_comm_us = pp_ops * _coll_us("collective-permute", mb_act, 2, pp_nodes, hw)
     pp_bytes = pp_ops * mb_act
 
     # Data parallelism (fsdp inside, data outside), issued once per local layer + outer.

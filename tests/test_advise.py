@@ -165,3 +165,10 @@ def test_pipeline_step_is_predicted_even_where_the_cpu_compiler_aborts():
         assert "aborted" in pred.note and "upper bound" in pred.note
     else:
         assert pred.compiled_dtype == "bfloat16" and pred.note == ""
+
+
+def test_a_pipeline_across_many_nodes_is_estimated():
+    # 256 GPUs, tp 8, dp 8, pp 4: the stage axis spans 4 nodes; each send joins two GPUs.
+    e = _est(adv.ParallelConfig(8, 1, 4, 8, microbatches=8), batch=512,
+             hw=hardware.get("a100-sxm-8", nodes=32))
+    assert e.pp_comm_us > 0 and e.step_us > e.compute_us
