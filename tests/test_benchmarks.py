@@ -91,14 +91,16 @@ def test_markdown_table_has_a_row_per_cell_and_a_column_per_strategy(tiny_run):
     out, report = tiny_run
     md = (out / "t.md").read_text()
     lines = md.splitlines()
-    first = next(i for i, ln in enumerate(lines) if ln.startswith("| cell | hardware"))
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("| cell | batch x seq | hardware"))
     table = list(itertools.takewhile(lambda ln: ln.startswith("|"), lines[first:]))
     header, body = table[0], table[2:]
     assert all(f" {s} " in header for s in STRATEGIES)
     assert len(body) == 1 and "gpt2-tiny dp+tp" in body[0] and "a40-pcie-8 x1" in body[0]
-    lagom = report["rows"][0]["strategies"]["lagom"]
+    row = report["rows"][0]
+    lagom = row["strategies"]["lagom"]
     cells = [c.strip() for c in body[0].strip("|").split("|")]
-    assert cells[2 + STRATEGIES.index("lagom")] == (
+    assert cells[1] == f"{row['spec']['batch_size']} x {row['spec']['seq_len']}"
+    assert cells[3 + STRATEGIES.index("lagom")] == (
         f"{lagom['makespan_us'] / 1e3:.2f} ({lagom['speedup_vs_xla-default']:.3f}x)")
     assert "lagom never slower than xla-default: yes" in md
 
