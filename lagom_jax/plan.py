@@ -63,6 +63,9 @@ class Plan:
     # (subject, outcome) lines from recompiling with the plan's options (lagom_jax.verify);
     # empty when the plan was not verified.
     verification: tuple[tuple[str, str], ...] = ()
+    # A collective's parameters changed only for a predicted gain above this fraction of
+    # its own time (the search's ``Space.min_gain``: the model's error on a collective).
+    min_gain: float = 0.0
 
     # -- what the plan predicts --------------------------------------------------------
     @property
@@ -105,8 +108,12 @@ class Plan:
                       "(a row: one instruction, its loop iterations counted)",
                   f"{'collective':<32} {'kind':<18} {'bytes':>10} {'ranks':>5} {'nodes':>5} {'calls':>5}  "
                   f"{'NCCL default':<36} {'chosen':<36} {'time us':>9} {'exposed':>9}  why"]
+        if self.min_gain:
+            lines.insert(-1, f"(a collective's parameters change only where the predicted gain exceeds "
+                             f"{self.min_gain:.0%} of its own time, the cost model's error on a collective)")
         for calls, c, total_us, exposed_us in rows[:top]:
-            why = c.why if why_width is None or len(c.why) <= why_width else c.why[:why_width - 1] + "…"
+            why = c.why.removeprefix(c.params.describe() + ": ")
+            why = why if why_width is None or len(why) <= why_width else why[:why_width - 1] + "…"
             lines.append(
                 f"{_short_name(c.name, 32):<32} {c.kind:<18} {human_bytes(c.bytes):>10} {c.group_size:>5} "
                 f"{c.nodes:>5} {calls:>5}  {c.default_params.describe():<36} {c.params.describe():<36} "

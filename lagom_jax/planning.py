@@ -22,7 +22,7 @@ from lagom_jax.plan import CollectiveChoice, Plan
 
 # Bumped whenever a Plan's content or meaning changes: cached plans of another version
 # are never read (PlanCache keys include it).
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 BASELINES = ("xla-default", "recipe", "autoccl")
 
 
@@ -54,7 +54,10 @@ def plan(graph: StepGraph, hardware: HardwareProfile, *, strategy: str = "lagom"
         raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(search.STRATEGIES)})")
     results = {name: search.run_strategy(name, graph, hardware, space)
                for name in dict.fromkeys((strategy, *baselines))}
-    return Planned(plan_of(results, strategy, hardware, module=graph.name, fingerprint=fingerprint), results)
+    made = plan_of(results, strategy, hardware, module=graph.name, fingerprint=fingerprint)
+    if strategy == "lagom":
+        made = dataclasses.replace(made, min_gain=space.min_gain)
+    return Planned(made, results)
 
 
 def plan_of(results: Mapping[str, search.SearchResult], strategy: str, hardware: HardwareProfile, *,

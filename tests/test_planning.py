@@ -69,3 +69,17 @@ def test_moved_names_still_work_with_a_warning():
         assert api.resolve_hardware is hardware.resolve_cluster
     with pytest.raises(AttributeError):
         graph.no_such_name  # noqa: B018
+
+
+def test_plan_says_how_small_a_gain_it_ignores():
+    from lagom_jax.plan import Plan
+
+    g = random_graph(6, seed=4, name="six")
+    plan = planning.plan(g, HW).plan
+    assert plan.min_gain == search.Space().min_gain > 0
+    assert f"exceeds {plan.min_gain:.0%} of its own time" in plan.report()
+    assert Plan.from_json(plan.to_json()) == plan
+    # The baselines take no such decision, and a search that takes every gain says none.
+    assert planning.plan(g, HW, strategy="autoccl", baselines=()).plan.min_gain == 0
+    eager = planning.plan(g, HW, space=search.Space(min_gain=0.0)).plan
+    assert "of its own time" not in eager.report()

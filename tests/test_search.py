@@ -59,13 +59,38 @@ def test_lagom_never_worse_than_baselines(name):
 
 @pytest.mark.parametrize("preset", ["h100-sxm-8", "a40-pcie-8"])
 def test_lagom_strictly_better_where_compute_and_communication_contend(preset):
-    # The margin is small (0.2% on H100, where XLA's default already runs the latency-hiding
-    # scheduler; 0.6% on A40): what remains is the contention-aware choice per collective.
+    # Taking every predicted gain (min_gain=0), the contention-aware choice per collective
+    # beats every baseline; the margin is small (0.2% on H100, where XLA's default already
+    # runs the latency-hiding scheduler; 0.6% on A40).
     hw = hardware.get(preset)
     g = benchmark_graphs(8)["contended"]
-    lagom = search.run_strategy("lagom", g, hw)
+    lagom = search.run_strategy("lagom", g, hw, search.Space(min_gain=0.0))
     best_baseline = min(search.run_strategy(b, g, hw).makespan_us for b in BASELINES)
     assert lagom.makespan_us < best_baseline * (1 - 1e-3)
+
+
+@pytest.mark.parametrize("preset", ["h100-sxm-8", "a40-pcie-8"])
+def test_lagom_changes_a_collective_only_for_a_gain_above_the_model_error(preset):
+    hw = hardware.get(preset)
+    g = benchmark_graphs(8)["contended"]
+    eager = search.run_strategy("lagom", g, hw, search.Space(min_gain=0.0))
+    floored = search.run_strategy("lagom", g, hw)
+    assert search.Space().min_gain == search.space.COLLECTIVE_TIME_ERROR > 0
+    # The floor gives up gains that are smaller than the model's error, never more.
+    assert eager.makespan_us <= floored.makespan_us <= min(
+        search.run_strategy(b, g, hw).makespan_us for b in BASELINES) * (1 + 1e-9)
+    turned_down = [e for e in floored.explanations if "within the model's error of" in e.reason]
+    assert turned_down, "the eager search takes gains the floored one must turn down"
+    for e in turned_down:
+        gain = float(e.reason.split("gains only ")[1].split(" us")[0])
+        floor = float(e.reason.split("model's error of ")[1].split(" us")[0])
+        assert gain <= floor
+    # A floor as large as a collective's whole time leaves every collective as seeded.
+    rigid = search.run_strategy("lagom", g, hw, search.Space(min_gain=0.99))
+    seed = search.run_strategy(rigid.notes[0].split()[2], g, hw)
+    assert rigid.param_map == seed.param_map or rigid.makespan_us == seed.makespan_us
+    with pytest.raises(ValueError, match="min_gain"):
+        search.Space(min_gain=1.5)
 
 
 def test_lagom_explains_every_collective():
@@ -93,7 +118,7 @@ def test_exhaustive_refuses_large_instances():
 
 
 def test_gap_to_exhaustive_on_small_graphs():
-    space = search.Space(max_candidates=3, tune_structure=False)
+    space = search.Space(max_candidates=3, tune_structure=False, min_gain=0.0)
     gaps = []
     for seed in range(12):
         g = random_graph(2 + seed % 3, seed=100 + seed, intensity=(0.5, 1.0, 2.0)[seed % 3])

@@ -294,9 +294,10 @@ def _tune_collectives(ev: Evaluator, structure: Structure, params: dict[int, Col
         scores: dict[CollectiveParams, float] = {current: base}
         _scan(ev.candidates(t), scores, lambda p, cid=cid: ev.window(structure, params, cid, p))
         winner = min(scores, key=lambda p: (scores[p], p != current))
-        if _better(scores[winner], base):
+        floor = space.min_gain * ev.time(t, current)
+        if _better(scores[winner], base - floor):
             params[cid] = winner
-        reasons[cid] = _why(ev, t, params[cid], current, scores, scope=scope, seed=seed)
+        reasons[cid] = _why(ev, t, params[cid], current, scores, scope=scope, seed=seed, floor=floor)
         # Pipelining only removes exposed fill and drain; with nothing exposed it could
         # only add launches.
         if (space.tune_structure and space.split_collectives and exposed[cid] > 0
@@ -360,23 +361,32 @@ def _scan(cands: tuple[CollectiveParams, ...], scores: dict[CollectiveParams, fl
 
 
 def _why(ev: Evaluator, t: Task, chosen: CollectiveParams, previous: CollectiveParams,
-         scores: Mapping[CollectiveParams, float], *, scope: str, seed: str) -> str:
+         scores: Mapping[CollectiveParams, float], *, scope: str, seed: str, floor: float = 0.0) -> str:
     """Name the winner's time against the previous choice and the fastest-alone one.
 
     ``scope`` says what the scores are ("step", or "window" for the part of a long step
-    the collective can affect); ``seed`` names the baseline the previous choice came from.
+    the collective can affect); ``seed`` names the baseline the previous choice came from;
+    ``floor`` is the gain (us) below which a change was not taken.
     """
     fastest = min(scores, key=lambda p: (ev.time(t, p), p))
     text = f"{chosen.describe()}: {scope} {scores[chosen]:.1f} us, alone {ev.time(t, chosen):.1f} us"
     if chosen == previous:
         whose = "NCCL's own choice" if previous == ev.default(t) else f"the {seed} choice"
-        text += f" (kept {whose}: no candidate shortened the {scope})"
+        best = min(scores, key=lambda p: (scores[p], p != previous))
+        if _better(scores[best], scores[previous]):
+            text += (f" (kept {whose}: the best candidate, {best.describe()}, gains only "
+                     f"{scores[previous] - scores[best]:.1f} us, within the model's error of "
+                     f"{floor:.1f} us on this collective)")
+        else:
+            text += f" (kept {whose}: no candidate shortened the {scope})"
     else:
         text += f"; was {previous.describe()} at {scores[previous]:.1f} us"
     if fastest != chosen:
         text += f"; fastest alone {fastest.describe()} ({ev.time(t, fastest):.1f} us) gives {scores[fastest]:.1f} us"
         if _better(scores[chosen], scores[fastest]):
             text += ": its extra SMs/HBM slow the overlapped compute more than it saves"
+        elif _better(scores[fastest], scores[chosen]):
+            text += ": a gain within the model's error"
         else:
             text += ": no better, and it holds more SMs/HBM"
     return text
