@@ -5,14 +5,17 @@ GPUs, and what XLA's own tests use. We parse it ourselves (instead of going thro
 jaxlib's C++ parser) because we need GPU-pipeline modules dumped on machines we do not
 have, must work without a GPU plugin, and want errors that point at a line and column.
 
-The parser is line-oriented: XLA prints one instruction per line, so each line is cut
-with precompiled regular expressions and a single bracket/string scan. Attribute values
-are kept as raw text and only the few that later stages need (replica groups, backend
-config, metadata, ...) are decoded, on demand, by methods of :class:`Instruction`.
+The grammar is XLA's own, read over the whole text (see the parser section): an
+instruction may span lines, carry comments, leave out its shape (XLA infers it; so do we
+for the opcodes whose cost matters) or hold an operand written as an instruction.
+Attribute values are kept as raw text and only the few that later stages need (replica
+groups, backend config, metadata, ...) are decoded, on demand, by methods of
+:class:`Instruction`.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import json
@@ -456,446 +459,579 @@ def parse_source_target_pairs(raw: str) -> tuple[tuple[int, int], ...]:
 
 
 # ----------------------------------------------------------------------------- parser
+#
+# The grammar is XLA's (openxla/xla xla/hlo/parser/hlo_lexer.cc and hlo_parser.cc: the
+# lexer skips whitespace and comments between any two tokens, and the parser descends
+# module > computation > instruction > shape / operands / attributes). It is read over
+# the whole text, not line by line, so an instruction or the module header may span
+# lines. Regular expressions match the common forms in one step (an array shape, a list of
+# plain operand names, a key=value attribute); everything else goes through the general
+# rules below.
 
 _NAME = r"[A-Za-z_$][\w.\-$]*"
-_INST_HEAD_RE = re.compile(rf"\s*(ROOT\s+)?%?({_NAME})\s*=\s*")
-_COMP_HEAD_RE = re.compile(rf"(ENTRY\s+)?%?({_NAME})\s*(\(.*\)\s*->.*?)?\s*\{{\s*$")
-_MODULE_RE = re.compile(rf"HloModule\s+%?({_NAME})\s*(?:,\s*(.*))?$")
-_ARRAY_SHAPE_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\})?")
-_OPCODE_RE = re.compile(r"\s*([a-z][\w\-]*)\(")
-_TOKEN_RE = re.compile(r'[(){}\[\],]|"(?:[^"\\\n]|\\.)*"|/\*.*?\*/')
-_OPERAND_NAME_RE = re.compile(rf"%?({_NAME})$")
-_ATTR_KEY_RE = re.compile(r"\s*([\w\-.]+)=")
-_ATTR_HEAD_RE = re.compile(r"\s*,\s*([\w\-.]+)=")
-_STRING = r'"(?:[^"\\\n]|\\.)*"'
-# One attribute whose value is a string, a brace group without nested braces (strings
-# inside allowed), or a bare word, followed by the next comma or the end of the line.
-_FAST_ATTR_RE = re.compile(
-    rf'\s*,\s*([\w\-.]+)=({_STRING}|\{{(?:[^{{}}"\n]|{_STRING})*\}}|[^,{{}}\[\]()"\s]+)\s*(?=,|$)'
+_STRING = r'"(?:[^"\\]|\\.)*"'
+_WS_RE = re.compile(r"(?:\s+|/\*.*?\*/|//[^\n]*)*", re.S)
+_WS_START = frozenset(" \t\n\r\f\v/")
+_MODULE_RE = re.compile(rf"HloModule\s+%?({_NAME}):?")
+_NAME_RE = re.compile(_NAME)
+_INST_HEAD_RE = re.compile(rf"(ROOT\s+)?%?({_NAME})\s*=\s*")
+# The common instruction head in one match: name, an array shape with a plain layout, the
+# opcode and its '('.
+_FAST_HEAD_RE = re.compile(
+    rf"(ROOT[ \t]+)?%?({_NAME})[ \t]*=[ \t]*([a-z][a-z0-9]*\[[\d,]*\](?:\{{[\d,]*\}})?)[ \t]+([a-z][\w\-]*)\("
 )
-_BARE_NAME_RE = re.compile(rf"%?({_NAME})")
+_COMP_NAME_RE = re.compile(rf"(ENTRY\s+)?%?({_NAME})")
+_ARRAY_SHAPE_RE = re.compile(r"([a-z][a-z0-9]*)[ \t]*\[([^\]\n]*)\]")
+# A layout: minor-to-major dims, then tiles, element size and memory space after ':'
+# (``{1,0:T(8,128)(2,1)S(1)}``); XLA allows a space before it.
+_LAYOUT_RE = re.compile(r"[ \t]*\{[\d,:\sA-Za-z()*_+\-]*\}")
+_OPCODE_RE = re.compile(r"([a-z][\w\-]*)\s*\(")
 _SIMPLE_OPERANDS_RE = re.compile(rf"\(\s*((?:%?{_NAME}\s*,\s*)*%?{_NAME})?\s*\)")
-_COMMENT_RE = re.compile(r"/\*.*?\*/")
-_SECTION_RE = re.compile(r"[A-Z][A-Za-z]*$")
-_DIM_RE = re.compile(r"\s*(<=)?(\d+)\s*$")
+_BARE_NAME_RE = re.compile(rf"%?({_NAME})")
+_OPERAND_NAME_RE = re.compile(rf"%?({_NAME})(?!\s*\()")
+_KEY_RE = re.compile(r"([\w\-.]+)\s*=")
+# One key=value whose value is a string, a brace group without nested braces, or a bare
+# word, ending where the next attribute, a comment, the line or the computation begins.
+_FAST_ATTR_RE = re.compile(
+    rf'([\w\-.]+)=({_STRING}|\{{(?:[^{{}}"\n]|{_STRING})*\}}|[^,{{}}\[\]()"\s]+)(?=[ \t]*(?:[,\n}}]|//|/\*|$))'
+)
+_BARE_VALUE_RE = re.compile(r'[^,{}\[\]()"\s]+')
+_STRING_RE = re.compile(_STRING)
+_TOKEN_RE = re.compile(rf'[(){{}}\[\]]|{_STRING}|/\*.*?\*/|//[^\n]*', re.S)
+_SECTION_RE = re.compile(r"[A-Z][A-Za-z]*[ \t]*(?=\n|$)")
+_DIM_RE = re.compile(r"\s*(<=)?(\d+|\?)\s*$")
 _CLOSE = {")": "(", "}": "{", "]": "["}
-_OPENERS = {"(": ")", "{": "}", "[": "]"}
+_GOT_RE = re.compile(r"[^\s]{1,20}")
 
 
 class _Parser:
-    """State of one parse: the lines, and caches for shapes that repeat thousands of times."""
+    """State of one parse: the text, where its lines start, and a cache of shapes."""
 
     def __init__(self, text: str) -> None:
-        self.lines = text.splitlines()
+        self.text = text
+        self.n = len(text)
+        self.line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self.shape_cache: dict[str, Shape] = {}
+        self.computations: dict[str, Computation] = {}
+        # Computations written inline as an attribute value (``to_apply={...}``), waiting
+        # to join the module ahead of the computation that holds them.
+        self.pending: list[Computation] = []
 
-    # -- shapes ---------------------------------------------------------------
-    def shape_at(self, text: str, pos: int, lineno: int) -> tuple[Shape, int]:
-        """Parse the shape starting at ``text[pos]``; return it and the end position."""
-        if pos < len(text) and text[pos] == "(":
-            end = self.match_close(text, pos, lineno)
-            key = text[pos:end]
-            shape = self.shape_cache.get(key)
-            if shape is None:
-                shape = self.tuple_shape(text, pos, end, lineno)
-                self.shape_cache[key] = shape
-            return shape, end
-        m = _ARRAY_SHAPE_RE.match(text, pos)
-        if m is None:
-            got = text[pos : pos + 20].split(" ")[0] or "end of line"
-            raise HloParseError(lineno, pos + 1, f"expected shape, got {got!r}")
-        key = m.group(0)
-        shape = self.shape_cache.get(key)
-        if shape is None:
-            shape = self.array_shape(m, lineno, pos)
-            self.shape_cache[key] = shape
-        return shape, m.end()
+    # -- positions and errors -------------------------------------------------
+    def loc(self, pos: int) -> tuple[int, int]:
+        i = bisect.bisect_right(self.line_starts, pos) - 1
+        return i + 1, pos - self.line_starts[i] + 1
 
-    def array_shape(self, m: re.Match, lineno: int, pos: int) -> Shape:
-        dtype = m.group(1)
-        if dtype_bits(dtype) is None:
-            raise HloParseError(lineno, pos + 1, f"unknown element type {dtype!r}")
-        dims_text = m.group(2)
-        dims = []
-        if dims_text.strip():
-            for d in dims_text.split(","):
-                dm = _DIM_RE.match(d)
-                if dm is None:
-                    # Unbounded dynamic dims ('?') have no size we could cost.
-                    raise HloParseError(
-                        lineno, pos + 1, f"bad dimension {d.strip()!r} in {m.group(0)!r}"
-                    )
-                dims.append(int(dm.group(2)))
-        return Shape(dtype, tuple(dims), (), m.group(3) or "")
+    def error(self, pos: int, message: str) -> HloParseError:
+        line, col = self.loc(min(pos, self.n))
+        return HloParseError(line, col, message)
 
-    def tuple_shape(self, text: str, start: int, end: int, lineno: int) -> Shape:
-        parts = []
-        pos = start + 1
-        while True:
-            pos = _skip_space_comments(text, pos, lineno)
-            if text[pos] == ")" and not parts:
-                break
-            shape, pos = self.shape_at(text, pos, lineno)
-            parts.append(shape)
-            pos = _skip_space_comments(text, pos, lineno)
-            if text[pos] == ",":
-                pos += 1
-                continue
-            if text[pos] == ")":
-                break
-            raise HloParseError(
-                lineno, pos + 1, f"expected ',' or ')' in tuple shape, got {text[pos]!r}"
-            )
-        if pos + 1 != end:
-            raise HloParseError(lineno, pos + 1, "unbalanced parentheses in tuple shape")
-        return Shape("tuple", (), tuple(parts))
+    def got(self, pos: int) -> str:
+        m = _GOT_RE.match(self.text, pos)
+        return repr(m.group(0)) if m else "end of input"
 
-    # -- brackets -------------------------------------------------------------
-    def match_close(self, text: str, pos: int, lineno: int) -> int:
+    def ws(self, pos: int) -> int:
+        """The index of the next token: past whitespace and comments."""
+        text = self.text
+        if text[pos:pos + 1] not in _WS_START:
+            return pos
+        if text[pos] == " " and text[pos + 1:pos + 2] not in _WS_START:
+            return pos + 1  # one space, as between most tokens
+        return _WS_RE.match(text, pos).end()  # type: ignore[union-attr]
+
+    def match_close(self, pos: int) -> int:
         """Index just past the bracket that closes the one at ``text[pos]``."""
         stack = []
-        for m in _TOKEN_RE.finditer(text, pos):
-            tok = m.group(0)
-            c = tok[0]
+        for m in _TOKEN_RE.finditer(self.text, pos):
+            c = m.group(0)[0]
             if c in "({[":
                 stack.append(c)
             elif c in ")}]":
                 if not stack or stack[-1] != _CLOSE[c]:
-                    raise HloParseError(lineno, m.start() + 1, f"unbalanced {c!r}")
+                    raise self.error(m.start(), f"unbalanced {c!r}")
                 stack.pop()
                 if not stack:
                     return m.end()
-        raise HloParseError(lineno, pos + 1, f"{text[pos]!r} is never closed")
+        raise self.error(pos, f"{self.text[pos]!r} is never closed")
+
+    # -- shapes ---------------------------------------------------------------
+    def shape_at(self, pos: int) -> tuple[Shape, int]:
+        """The shape starting at ``pos`` (no whitespace before it), and where it ends."""
+        text = self.text
+        if text.startswith("b(", pos):
+            # A buffer of a shape, ``b(f32[16])``: costed as the shape it holds.
+            shape, end = self.shape_at(self.ws(pos + 2))
+            end = self.ws(end)
+            if text[end:end + 1] != ")":
+                raise self.error(end, f"expected ')' to close the buffer shape, got {self.got(end)}")
+            return shape, end + 1
+        if pos < self.n and text[pos] == "(":
+            end = self.match_close(pos)
+            key = text[pos:end]
+            shape = self.shape_cache.get(key)
+            if shape is None:
+                shape = self.shape_cache[key] = self.tuple_shape(pos, end)
+            return shape, end
+        m = _ARRAY_SHAPE_RE.match(text, pos)
+        if m is None:
+            raise self.error(pos, f"expected shape, got {self.got(pos)}")
+        end = m.end()
+        lm = _LAYOUT_RE.match(text, end)
+        if lm is not None:
+            end = lm.end()
+        key = text[pos:end]
+        shape = self.shape_cache.get(key)
+        if shape is None:
+            shape = self.shape_cache[key] = self.array_shape(m, lm, pos)
+        return shape, end
+
+    def array_shape(self, m: re.Match, lm: re.Match | None, pos: int) -> Shape:
+        dtype = m.group(1)
+        if dtype_bits(dtype) is None:
+            raise self.error(pos, f"unknown element type {dtype!r}")
+        dims = []
+        if m.group(2).strip():
+            for d in m.group(2).split(","):
+                dm = _DIM_RE.match(d)
+                if dm is None:
+                    raise self.error(pos, f"bad dimension {d.strip()!r} in {m.group(0)!r}")
+                # An unbounded dynamic dimension ('?') has no size to cost: count it as 1.
+                dims.append(1 if dm.group(2) == "?" else int(dm.group(2)))
+        return Shape(dtype, tuple(dims), (), lm.group(0).strip() if lm else "")
+
+    def tuple_shape(self, start: int, end: int) -> Shape:
+        parts = []
+        pos = self.ws(start + 1)
+        if self.text[pos] != ")":
+            while True:
+                shape, pos = self.shape_at(pos)
+                parts.append(shape)
+                pos = self.ws(pos)
+                c = self.text[pos]
+                if c == ",":
+                    pos = self.ws(pos + 1)
+                    continue
+                if c == ")":
+                    break
+                raise self.error(pos, f"expected ',' or ')' in tuple shape, got {self.got(pos)}")
+        if pos + 1 != end:
+            raise self.error(pos, "unbalanced parentheses in tuple shape")
+        return Shape("tuple", (), tuple(parts))
+
+    # -- attributes -----------------------------------------------------------
+    def attributes(self, pos: int, owner: str = "") -> tuple[dict[str, str], int, dict[str, int]]:
+        """``, key=value`` pairs from ``pos`` on; values as raw text. Returns them, the
+        end of the last one (or ``pos``) and where each key starts.
+
+        A computation written inline (``to_apply={ x = ... }``) is parsed and registered
+        under the name ``<owner>.<key>``, which becomes the attribute's value."""
+        text, n = self.text, self.n
+        attrs: dict[str, str] = {}
+        where: dict[str, int] = {}
+        while True:
+            q = self.ws(pos)
+            if q >= n or text[q] != ",":
+                return attrs, pos, where
+            q = self.ws(q + 1)
+            m = _FAST_ATTR_RE.match(text, q)
+            if m is not None and not (m.group(2)[0] == "{" and m.group(1) in _CALL_ATTRS):
+                key, value, end = m.group(1), m.group(2), m.end()
+            else:
+                key, value, end = self.attribute(q, owner)
+            if key == "device_ids" and attrs.get("replica_groups", "").startswith("mesh["):
+                # mesh[...], device_ids=(...) {axes}: one value split by its own comma.
+                attrs["replica_groups"] += ", device_ids=" + value
+            else:
+                attrs[key] = value
+                where[key] = q
+            pos = end
+
+    def attribute(self, pos: int, owner: str) -> tuple[str, str, int]:
+        """(key, value, end) of the ``key=value`` at ``pos`` in any form the fast pattern
+        leaves out: nested brackets, a value after a space, an inline computation."""
+        text = self.text
+        km = _KEY_RE.match(text, pos)
+        if km is None:
+            raise self.error(pos, f"expected attribute=value, got {self.got(pos)}")
+        key, start = km.group(1), self.ws(km.end())
+        if key in _CALL_ATTRS and text[start:start + 1] == "{" and _INST_HEAD_RE.match(text, self.ws(start + 1)):
+            value, end = self.inline_computation(start, f"{owner or 'inline'}.{key}")
+            return key, value, end
+        end = self.value_end(start)
+        if end == start:
+            raise self.error(start, f"attribute {key} has no value")
+        if key == "literal":  # ``literal=f32[] 0.1``: a shape, then its value
+            end = self.value_end(self.ws(end))
+        return key, text[start:end], end
+
+    def value_end(self, pos: int) -> int:
+        """End of the attribute value at ``pos``: strings, bracket groups and bare words
+        written together, and a bracket group after a space (``mesh[...] {'a'}``)."""
+        text, n = self.text, self.n
+        while pos < n:
+            c = text[pos]
+            if c in "({[":
+                pos = self.match_close(pos)
+            elif c == '"':
+                m = _STRING_RE.match(text, pos)
+                if m is None:
+                    raise self.error(pos, "unterminated string")
+                pos = m.end()
+            else:
+                m = _BARE_VALUE_RE.match(text, pos)
+                if m is None or text.startswith(("//", "/*"), pos):
+                    return pos
+                pos = m.end()
+            if pos < n and text[pos] == " " and text[pos - 1] in ")]}":
+                q = pos
+                while q < n and text[q] == " ":
+                    q += 1
+                if q < n and text[q] in "{[(":
+                    pos = q
+        return pos
 
     # -- instructions ---------------------------------------------------------
-    def instruction(self, line: str, lineno: int) -> Instruction:
-        m = _INST_HEAD_RE.match(line)
-        if m is None:
-            got = line.strip().split(" ")[0]
-            raise HloParseError(
-                lineno, 1, f"expected instruction 'name = shape opcode(...)', got {got!r}"
-            )
-        is_root, name = m.group(1) is not None, m.group(2)
-        shape, pos = self.shape_at(line, m.end(), lineno)
-        om = _OPCODE_RE.match(line, pos)
-        if om is None:
-            got = line[pos : pos + 20].strip().split(" ")[0] or "end of line"
-            raise HloParseError(lineno, pos + 2, f"expected opcode(, got {got!r}")
-        opcode = om.group(1)
-        open_pos = om.end() - 1
-        # Fast path: plain operand names "(%a, %b)" (the usual case); anything else
-        # (typed operands, literals, comments) goes through the bracket scanner.
+    def instruction(self, pos: int, insts: list[Instruction], known: dict[str, Instruction]) -> int:
+        """Parse the instruction at ``pos`` into ``insts`` (after any inline operand
+        instructions it holds); return where it ends."""
+        text = self.text
+        shape: Shape | None = None
+        fast = _FAST_HEAD_RE.match(text, pos)
+        if fast is not None:  # name = array-shape opcode(, on one line: most instructions
+            is_root, name, opcode = fast.group(1) is not None, fast.group(2), fast.group(4)
+            shape = self.shape_cache.get(fast.group(3))
+            if shape is None:
+                shape, _ = self.shape_at(fast.start(3))
+            open_pos = fast.end() - 1
+        else:
+            m = _INST_HEAD_RE.match(text, pos)
+            if m is None:
+                raise self.error(pos, f"expected instruction 'name = shape opcode(...)', got {self.got(pos)}")
+            is_root, name = m.group(1) is not None, m.group(2)
+            p = m.end()
+            om = _OPCODE_RE.match(text, p) if text[p:p + 1] != "(" and not text.startswith("b(", p) else None
+            if om is None:
+                shape, p = self.shape_at(p)
+                q = self.ws(p)
+                om = _OPCODE_RE.match(text, q)
+                if om is None:
+                    raise self.error(p if q > p and text[p:q].count("\n") else q,
+                                     f"expected opcode(, got {self.got(q)}")
+            opcode = om.group(1)
+            open_pos = om.end() - 1
         operands: tuple[str, ...] = ()
         literal = ""
-        sm = _SIMPLE_OPERANDS_RE.match(line, open_pos)
-        if sm is not None and opcode not in _LITERAL_OPERAND_OPCODES:
-            close_pos = sm.end() - 1
+        sm = _SIMPLE_OPERANDS_RE.match(text, open_pos) if opcode not in _LITERAL_OPERAND_OPCODES else None
+        if sm is not None:
+            close = sm.end()
             if sm.group(1):
                 operands = tuple(_BARE_NAME_RE.findall(sm.group(1)))
         else:
-            close_pos, operands, literal = self.operands(line, open_pos, opcode, lineno)
-        attrs = self.attributes(line, close_pos + 1, lineno) if close_pos + 1 < len(line) else {}
+            close, operands, literal = self.operands(open_pos, opcode, name, insts, known)
+        attrs, end, where = self.attributes(close, name)
         called = []
         for key in _CALL_ATTRS:
             v = attrs.get(key)
             if v is not None:
                 for c in v.strip("{}").split(","):
                     c = c.strip().lstrip("%")
-                    if not re.fullmatch(_NAME, c):
-                        raise HloParseError(
-                            lineno, line.find(key + "=") + 1, f"{key}= expects computation names, got {v[:40]!r}"
-                        )
+                    if not _NAME_RE.fullmatch(c):
+                        raise self.error(where[key], f"{key}= expects computation names, got {v[:40]!r}")
                     called.append(c)
-        return Instruction(
-            name, opcode, shape, operands, attrs, tuple(called), is_root, literal, lineno, line
-        )
+        if shape is None:
+            shape = self.infer(opcode, operands, attrs, called, known)
+        line = bisect.bisect_right(self.line_starts, pos)
+        inst = Instruction(name, opcode, shape, operands, attrs, tuple(called), is_root, literal,
+                           line, text[self.line_starts[line - 1]:end])
+        insts.append(inst)
+        known.setdefault(name, inst)
+        return end
 
-    def operands(self, line: str, open_pos: int, opcode: str, lineno: int):
-        """(index of the closing paren, operand names, literal text) of ``opcode(...)``."""
-        operand_cuts: list[int] = []
-        close_pos = -1
-        closers: list[str] = []  # the closing bracket each open bracket expects
-        for tm in _TOKEN_RE.finditer(line, open_pos):
-            tok = tm.group()
-            if tok == ",":
-                if len(closers) == 1:
-                    operand_cuts.append(tm.start())
-            elif tok in _OPENERS:
-                closers.append(_OPENERS[tok])
-            elif tok in _CLOSE:
-                if not closers or closers.pop() != tok:
-                    raise HloParseError(lineno, tm.start() + 1, f"unbalanced {tok!r}")
-                if not closers:
-                    close_pos = tm.start()
-                    break
-        if closers:
-            raise HloParseError(
-                lineno, len(line) + 1, f"unclosed {_CLOSE[closers[-1]]!r} at end of line"
-            )
-        inner = line[open_pos + 1 : close_pos]
+    def operands(self, open_pos: int, opcode: str, parent: str, insts: list[Instruction],
+                 known: dict[str, Instruction]) -> tuple[int, tuple[str, ...], str]:
+        """(end, operand names, literal text) of ``opcode(...)`` at ``open_pos``.
+
+        An operand is a name, a typed name (``f32[2] %x``) or an instruction written
+        inline (``bf16[] constant(0)``), which becomes an instruction of its own."""
+        text = self.text
         if opcode in _LITERAL_OPERAND_OPCODES:
-            literal = inner.strip()
+            end = self.match_close(open_pos)
+            literal = text[open_pos + 1:end - 1].strip()
             if opcode == "parameter" and not literal.isdigit():
-                raise HloParseError(
-                    lineno, open_pos + 2, f"parameter number must be an integer, got {literal!r}"
-                )
-            return close_pos, (), literal
-        names = []
-        if inner.strip():
-            start = open_pos + 1
-            for cut in operand_cuts + [close_pos]:
-                piece = _COMMENT_RE.sub("", line[start:cut]).strip()
-                nm = _OPERAND_NAME_RE.search(piece)
-                if nm is None or (nm.start() > 0 and piece[nm.start() - 1] not in " %"):
-                    raise HloParseError(
-                        lineno, start + 1, f"expected operand name, got {piece[:30]!r}"
-                    )
-                if nm.start() > 0:
-                    # A typed operand: check the type is a shape.
-                    self.shape_at(piece[: nm.start()].rstrip(" %"), 0, lineno)
-                names.append(nm.group(1))
-                start = cut + 1
-        return close_pos, tuple(names), ""
-
-    def attributes(self, line: str, pos: int, lineno: int) -> dict[str, str]:
-        """``, key=value, ...`` from ``pos`` to the end of the line, values as raw text."""
-        attrs: dict[str, str] = {}
-        n = len(line)
-        while pos < n:
-            m = _FAST_ATTR_RE.match(line, pos)
-            if m is not None:
-                key, value, pos = m.group(1), m.group(2), m.end()
+                raise self.error(open_pos + 1, f"parameter number must be an integer, got {literal!r}")
+            return end, (), literal
+        names: list[str] = []
+        p = self.ws(open_pos + 1)
+        if text[p:p + 1] == ")":
+            return p + 1, (), ""
+        while True:
+            start = p
+            if text[p:p + 1] == "(" or text.startswith("b(", p) or _ARRAY_SHAPE_RE.match(text, p):
+                shape, p = self.shape_at(p)
+                p = self.ws(p)
+                if text[p:p + 1] in (",", ")"):
+                    pass  # a type with no name is no operand (XLA's parser skips it too)
+                elif _OPCODE_RE.match(text, p):
+                    p = self.inline(p, shape, f"{parent}.operand{len(names)}", insts, known)
+                    names.append(insts[-1].name)
+                else:
+                    nm = _OPERAND_NAME_RE.match(text, p)
+                    if nm is None:
+                        raise self.error(p, f"expected operand name, got {self.got(p)}")
+                    names.append(nm.group(1))
+                    p = nm.end()
+            elif _OPCODE_RE.match(text, p):
+                p = self.inline(p, None, f"{parent}.operand{len(names)}", insts, known)
+                names.append(insts[-1].name)
             else:
-                km = _ATTR_HEAD_RE.match(line, pos)
-                if km is None:
-                    rest = line[pos:]
-                    if not rest.strip():
-                        break
-                    if rest.lstrip().startswith(","):
-                        col = pos + 1 + len(rest) - len(rest.lstrip(" ,"))
-                        raise HloParseError(
-                            lineno, col, f"expected attribute=value, got {rest.strip(' ,')[:30]!r}"
-                        )
-                    col = pos + 1 + len(rest) - len(rest.lstrip())
-                    raise HloParseError(
-                        lineno, col, f"expected ', attribute=value', got {rest.strip()[:30]!r}"
-                    )
-                end = self.value_end(line, km.end(), lineno)
-                key, value, pos = km.group(1), line[km.end() : end].strip(), end
-                if not value:
-                    raise HloParseError(lineno, km.end() + 1, f"attribute {key} has no value")
-            if key == "device_ids" and attrs.get("replica_groups", "").startswith("mesh["):
-                # mesh[...], device_ids=(...) {axes}: one value split by its own comma.
-                attrs["replica_groups"] += ", device_ids=" + value
+                nm = _OPERAND_NAME_RE.match(text, p)
+                if nm is None:
+                    raise self.error(start, f"expected operand name, got {self.got(start)}")
+                names.append(nm.group(1))
+                p = nm.end()
+            p = self.ws(p)
+            c = text[p:p + 1]
+            if c == ",":
+                p = self.ws(p + 1)
                 continue
-            attrs[key] = value
-        return attrs
+            if c == ")":
+                return p + 1, tuple(names), ""
+            raise self.error(p, f"expected ',' or ')' after operand, got {self.got(p)}")
 
-    @staticmethod
-    def value_end(line: str, pos: int, lineno: int) -> int:
-        """Index of the comma that ends the attribute value starting at ``pos`` (or EOL)."""
-        closers: list[str] = []
-        for tm in _TOKEN_RE.finditer(line, pos):
-            tok = tm.group()
-            if tok == ",":
-                if not closers:
-                    return tm.start()
-            elif tok in _OPENERS:
-                closers.append(_OPENERS[tok])
-            elif tok in _CLOSE:
-                if not closers or closers.pop() != tok:
-                    raise HloParseError(lineno, tm.start() + 1, f"unbalanced {tok!r}")
-        if closers:
-            raise HloParseError(
-                lineno, len(line) + 1, f"unclosed {_CLOSE[closers[-1]]!r} at end of line"
-            )
-        return len(line)
+    def inline(self, pos: int, shape: Shape | None, name: str, insts: list[Instruction],
+               known: dict[str, Instruction]) -> int:
+        """An operand written as an instruction: parsed into ``insts`` under ``name``."""
+        om = _OPCODE_RE.match(self.text, pos)
+        assert om is not None
+        opcode, open_pos = om.group(1), om.end() - 1
+        end, operands, literal = self.operands(open_pos, opcode, name, insts, known)
+        if shape is None:
+            shape = self.infer(opcode, operands, {}, [], known)
+        line_start = self.line_starts[bisect.bisect_right(self.line_starts, pos) - 1]
+        inst = Instruction(name, opcode, shape, operands, {}, (), False, literal, self.loc(pos)[0],
+                           self.text[line_start:end])
+        insts.append(inst)
+        known.setdefault(name, inst)
+        return end
+
+    # -- shapes XLA would infer -----------------------------------------------
+    def infer(self, opcode: str, operands: tuple[str, ...], attrs: Mapping[str, str],
+              called: list[str], known: Mapping[str, Instruction]) -> Shape:
+        """The shape of an instruction printed without one, for the opcodes whose cost
+        matters; ``Shape("unknown")`` (no bytes) for the rest."""
+        ins = [known[o].shape for o in operands if o in known]
+        if len(ins) != len(operands):
+            return _UNKNOWN
+        first = ins[0] if ins else _UNKNOWN
+        try:
+            if opcode == "get-tuple-element":
+                return first.tuple_shapes[int(attrs["index"])] if first.is_tuple else _UNKNOWN
+            if opcode == "tuple":
+                return Shape("tuple", (), tuple(ins))
+            if opcode in ("fusion", "call", "async-done") or opcode == "conditional":
+                comp = self.computations.get(called[0]) if called else None
+                return comp.root.shape if comp is not None else _UNKNOWN
+            if opcode in ("while", "copy", "all-reduce", "all-reduce-start", "all-reduce-done",
+                          "collective-permute", "collective-permute-done", "all-to-all", "negate",
+                          "add", "subtract", "multiply", "divide", "maximum", "minimum", "abs",
+                          "exponential", "log", "tanh", "sqrt", "rsqrt", "select", "clamp",
+                          "optimization-barrier", "copy-done", "all-gather-done", "reduce-scatter-done"):
+                return first if len(ins) == 1 or opcode not in ("all-reduce", "all-reduce-start") \
+                    else Shape("tuple", (), tuple(ins))
+            if opcode in ("all-gather", "reduce-scatter", "all-gather-start"):
+                groups = parse_replica_groups(attrs.get("replica_groups", "{}"))
+                k = len(groups[0]) if groups else 0
+                dim = int(attrs.get("dimensions", "{0}").strip("{}") or 0)
+                if not k or first.is_tuple:
+                    return _UNKNOWN
+                dims = list(first.dims)
+                dims[dim] = dims[dim] * k if opcode != "reduce-scatter" else dims[dim] // k
+                result = Shape(first.dtype, tuple(dims))
+                return Shape("tuple", (), (first, result)) if opcode.endswith("-start") else result
+            if opcode == "dot" and len(ins) == 2:
+                lhs, rhs = ins
+
+                def dims_of(key: str) -> list[int]:
+                    raw = attrs.get(key, "{}").strip("{}")
+                    return [int(x) for x in raw.split(",") if x.strip()]
+
+                lb, lc, rb, rc = (dims_of(k) for k in ("lhs_batch_dims", "lhs_contracting_dims",
+                                                       "rhs_batch_dims", "rhs_contracting_dims"))
+                out = [lhs.dims[d] for d in lb]
+                out += [s for d, s in enumerate(lhs.dims) if d not in lb and d not in lc]
+                out += [s for d, s in enumerate(rhs.dims) if d not in rb and d not in rc]
+                return Shape(lhs.dtype, tuple(out))
+            if opcode == "slice":
+                spans = re.findall(r"\[(\d+):(\d+)(?::(\d+))?\]", attrs.get("slice", ""))
+                return Shape(first.dtype, tuple(-(-(int(b) - int(a)) // int(s or 1)) for a, b, s in spans))
+        except (IndexError, KeyError, ValueError, AttributeError):
+            return _UNKNOWN
+        return _UNKNOWN
 
     # -- module ---------------------------------------------------------------
     def module(self) -> Module:
-        lines = self.lines
-        n = len(lines)
-        i = 0
-        while i < n and not lines[i].strip():
-            i += 1
-        if i == n:
+        text, n = self.text, self.n
+        p = self.ws(0)
+        if p >= n:
             raise HloParseError(1, 1, "empty input: expected 'HloModule <name>, ...'")
-        m = _MODULE_RE.match(lines[i].strip())
+        m = _MODULE_RE.match(text, p)
         if m is None:
-            raise HloParseError(
-                i + 1, 1, f"expected 'HloModule <name>', got {lines[i].strip()[:30]!r}"
-            )
+            raise self.error(p, f"expected 'HloModule <name>', got {self.got(p)}")
         name = m.group(1)
-        mod_attrs = self.split_attrs(m.group(2) or "", i + 1, lines[i].find(",") + 2)
+        mod_attrs, p, where = self.attributes(m.end())
         for key in ("replica_count", "num_partitions"):
             value = mod_attrs.get(key, "1")
             if not value.isdigit() or not 1 <= int(value) <= _MAX_DEVICES:
-                raise HloParseError(
-                    i + 1, lines[i].find(key) + 1, f"{key}={value} is not a device count in 1..{_MAX_DEVICES}"
-                )
-        i += 1
+                raise self.error(where.get(key, 0), f"{key}={value} is not a device count in 1..{_MAX_DEVICES}")
         computations: list[Computation] = []
         entry: Computation | None = None
-        while i < n:
-            raw = lines[i]
-            stripped = raw.strip()
-            if not stripped or stripped.startswith("//"):
-                i += 1
-                continue
-            if _SECTION_RE.match(stripped):
+        p = self.ws(p)
+        while p < n:
+            sm = _SECTION_RE.match(text, p)
+            if sm is not None and not text.startswith("ENTRY", p):
                 # Debug-info tables (FileNames, StackFrames, ...) run to the next blank line.
-                i += 1
-                while i < n and lines[i].strip():
-                    i += 1
+                blank = re.compile(r"\n[ \t]*\n").search(text, p)
+                p = self.ws(blank.end() if blank else n)
                 continue
-            hm = _COMP_HEAD_RE.match(stripped)
-            if hm is None:
-                raise HloParseError(
-                    i + 1, 1, f"expected computation 'name (...) -> shape {{', got {stripped[:30]!r}"
-                )
-            if hm.group(3):
-                self.match_close(hm.group(3), 0, i + 1)
-            comp_line = i + 1
-            i += 1
-            insts: list[Instruction] = []
-            while True:
-                if i >= n:
-                    raise HloParseError(
-                        n, 1, f"computation {hm.group(2)} (line {comp_line}) is never closed with '}}'"
-                    )
-                body = lines[i]
-                s = body.strip()
-                if s == "}":
-                    break
-                if s and not s.startswith("//"):
-                    insts.append(self.instruction(body, i + 1))
-                i += 1
-            i += 1
-            if not insts:
-                raise HloParseError(comp_line, 1, f"computation {hm.group(2)} has no instructions")
-            comp = Computation(hm.group(2), tuple(insts), hm.group(1) is not None)
-            self.check_computation(comp)
+            comp, p = self.computation(p)
+            computations += self.pending
+            self.pending.clear()
             computations.append(comp)
+            self.computations[comp.name] = comp
             if comp.is_entry:
                 if entry is not None:
-                    raise HloParseError(
-                        comp_line, 1, f"second ENTRY computation {comp.name} (first: {entry.name})"
-                    )
+                    raise self.error(p - 1, f"second ENTRY computation {comp.name} (first: {entry.name})")
                 entry = comp
+            p = self.ws(p)
         if not computations:
-            raise HloParseError(n, 1, f"module {name} has no computations")
-        module = Module(
-            name, tuple(computations), entry or computations[-1], MappingProxyType(mod_attrs)
-        )
-        self.check_calls(module)
+            raise HloParseError(len(self.line_starts), 1, f"module {name} has no computations")
+        module = Module(name, tuple(computations), entry or computations[-1], MappingProxyType(mod_attrs))
+        _check_calls(module)
         return module
 
-    def split_attrs(self, text: str, lineno: int, col0: int) -> dict[str, str]:
-        out: dict[str, str] = {}
-        if not text.strip():
-            return out
-        wrapped = "(" + text + ")"
-        self.match_close(wrapped, 0, lineno)
-        cuts = [-1]
-        depth = 0
-        for tm in _TOKEN_RE.finditer(text):
-            c = tm.group(0)
-            if c in ("(", "{", "["):
-                depth += 1
-            elif c in (")", "}", "]"):
-                depth -= 1
-            elif c == "," and depth == 0:
-                cuts.append(tm.start())
-        cuts.append(len(text))
-        for a, b in zip(cuts, cuts[1:]):
-            am = _ATTR_KEY_RE.match(text, a + 1, b)
-            if am is None:
-                raise HloParseError(
-                    lineno, col0 + a + 1, f"expected key=value, got {text[a + 1 : b].strip()[:30]!r}"
-                )
-            out[am.group(1)] = text[am.end() : b].strip()
-        return out
+    def body(self, pos: int, name: str) -> tuple[list[Instruction], int]:
+        """The instructions of computation ``name`` between the ``{`` at ``pos`` and its
+        ``}``, and the index just past that brace."""
+        text, n = self.text, self.n
+        comp_line = self.loc(pos)[0]
+        p = pos + 1
+        insts: list[Instruction] = []
+        known: dict[str, Instruction] = {}
+        while True:
+            p = self.ws(p)
+            if p >= n:
+                raise HloParseError(len(self.line_starts) - (text.endswith("\n")), 1,
+                                    f"computation {name} (line {comp_line}) is never closed with '}}'")
+            if text[p] == "}":
+                p += 1
+                break
+            p = self.instruction(p, insts, known)
+        if not insts:
+            raise HloParseError(comp_line, 1, f"computation {name} has no instructions")
+        return insts, p
 
-    @staticmethod
-    def check_computation(comp: Computation) -> None:
-        names = comp.by_name
-        if len(names) != len(comp.instructions):
-            seen: set[str] = set()
-            for inst in comp.instructions:
-                if inst.name in seen:
-                    raise HloParseError(
-                        inst.line, 1, f"instruction name {inst.name!r} defined twice"
-                    )
-                seen.add(inst.name)
-        if sum(inst.is_root for inst in comp.instructions) > 1:
-            inst = [x for x in comp.instructions if x.is_root][1]
-            raise HloParseError(inst.line, 1, f"second ROOT in computation {comp.name}")
-        numbers = set()
-        defined: set[str] = set()
+    def inline_computation(self, pos: int, name: str) -> tuple[str, int]:
+        """A computation written as an attribute value; returns its (unique) name and end."""
+        unique, k = name, 1
+        while unique in self.computations:
+            unique, k = f"{name}.{k}", k + 1
+        self.computations[unique] = Computation(unique, ())  # reserve the name
+        insts, end = self.body(pos, unique)
+        comp = Computation(unique, tuple(insts))
+        _check_computation(comp)
+        self.computations[unique] = comp
+        self.pending.append(comp)
+        return unique, end
+
+    def computation(self, pos: int) -> tuple[Computation, int]:
+        text = self.text
+        hm = _COMP_NAME_RE.match(text, pos)
+        if hm is None:
+            raise self.error(pos, f"expected computation 'name (...) -> shape {{', got {self.got(pos)}")
+        name, is_entry = hm.group(2), hm.group(1) is not None
+        p = self.ws(hm.end())
+        if text[p:p + 1] == "(":
+            p = self.ws(self.match_close(p))
+            if not text.startswith("->", p):
+                raise self.error(p, f"expected '->' after the parameters of {name}, got {self.got(p)}")
+            _, p = self.shape_at(self.ws(p + 2))
+            p = self.ws(p)
+        if text[p:p + 1] != "{":
+            raise self.error(p, f"expected '{{' to open computation {name}, got {self.got(p)}")
+        insts, p = self.body(p, name)
+        _, p, _ = self.attributes(p)  # e.g. execution_thread="host" after the brace
+        comp = Computation(name, tuple(insts), is_entry)
+        _check_computation(comp)
+        return comp, p
+
+
+_UNKNOWN = Shape("unknown")
+
+
+def _check_computation(comp: Computation) -> None:
+    names = comp.by_name
+    if len(names) != len(comp.instructions):
+        seen: set[str] = set()
         for inst in comp.instructions:
-            for op in inst.operands:
-                if op not in defined:
-                    col = _name_col(inst.source, op, inst.source.find("(", inst.source.find("=")))
-                    problem = "is used before its definition" if op in names else f"is not defined in {comp.name}"
-                    raise HloParseError(inst.line, col, f"operand {op!r} {problem}")
-            defined.add(inst.name)
-            if inst.opcode == "parameter":
-                if inst.literal in numbers:
+            if inst.name in seen:
+                raise HloParseError(
+                    inst.line, 1, f"instruction name {inst.name!r} defined twice"
+                )
+            seen.add(inst.name)
+    if sum(inst.is_root for inst in comp.instructions) > 1:
+        inst = [x for x in comp.instructions if x.is_root][1]
+        raise HloParseError(inst.line, 1, f"second ROOT in computation {comp.name}")
+    numbers = set()
+    defined: set[str] = set()
+    for inst in comp.instructions:
+        for op in inst.operands:
+            if op not in defined:
+                col = _name_col(inst.source, op, inst.source.find("(", inst.source.find("=")))
+                problem = "is used before its definition" if op in names else f"is not defined in {comp.name}"
+                raise HloParseError(inst.line, col, f"operand {op!r} {problem}")
+        defined.add(inst.name)
+        if inst.opcode == "parameter":
+            if inst.literal in numbers:
+                raise HloParseError(
+                    inst.line, 1, f"parameter({inst.literal}) defined twice in {comp.name}"
+                )
+            numbers.add(inst.literal)
+
+
+def _check_calls(module: Module) -> None:
+    known = module.by_name
+    for comp in module.computations:
+        for inst in comp.instructions:
+            for c in inst.called_computations:
+                if c not in known:
+                    col = _name_col(inst.source, c, 0)
                     raise HloParseError(
-                        inst.line, 1, f"parameter({inst.literal}) defined twice in {comp.name}"
+                        inst.line, col, f"{inst.name} calls unknown computation {c!r}"
                     )
-                numbers.add(inst.literal)
+    # Calls must form a DAG: the graph builder walks into called computations.
+    state: dict[str, int] = {}
 
-    @staticmethod
-    def check_calls(module: Module) -> None:
-        known = module.by_name
-        for comp in module.computations:
-            for inst in comp.instructions:
-                for c in inst.called_computations:
-                    if c not in known:
-                        col = _name_col(inst.source, c, 0)
-                        raise HloParseError(
-                            inst.line, col, f"{inst.name} calls unknown computation {c!r}"
-                        )
-        # Calls must form a DAG: the graph builder walks into called computations.
-        state: dict[str, int] = {}
+    def visit(comp: Computation) -> None:
+        state[comp.name] = 1
+        for inst in comp.instructions:
+            for c in inst.called_computations:
+                if state.get(c) == 1:
+                    raise HloParseError(
+                        inst.line, 1, f"{inst.name} calls {c!r}, which calls back into {comp.name}"
+                    )
+                if c not in state:
+                    visit(known[c])
+        state[comp.name] = 2
 
-        def visit(comp: Computation) -> None:
-            state[comp.name] = 1
-            for inst in comp.instructions:
-                for c in inst.called_computations:
-                    if state.get(c) == 1:
-                        raise HloParseError(
-                            inst.line, 1, f"{inst.name} calls {c!r}, which calls back into {comp.name}"
-                        )
-                    if c not in state:
-                        visit(known[c])
-            state[comp.name] = 2
-
-        for comp in module.computations:
-            if comp.name not in state:
-                visit(comp)
+    for comp in module.computations:
+        if comp.name not in state:
+            visit(comp)
 
 
 def _name_col(line: str, name: str, start: int) -> int:
     """1-based column of the name ``name`` (as a whole word) in ``line`` after ``start``."""
     m = re.compile(rf"(?<![\w.\-$]){re.escape(name)}(?![\w.\-$])").search(line, max(start, 0))
     return m.start() + 1 if m else 1
-
-
-def _skip_space_comments(text: str, pos: int, lineno: int) -> int:
-    n = len(text)
-    while pos < n:
-        if text[pos] == " ":
-            pos += 1
-        elif text.startswith("/*", pos):
-            end = text.find("*/", pos + 2)
-            if end < 0:
-                raise HloParseError(lineno, pos + 1, "unclosed comment")
-            pos = end + 2
-        else:
-            return pos
-    raise HloParseError(lineno, pos + 1, "unexpected end of line in shape")
 
 
 def parse(text: str) -> Module:

@@ -253,10 +253,12 @@ def test_real_modules_print_mesh_groups_that_match_explicit_ones(compiled_steps)
     [
         ("  a = foo[2] parameter(0)", 3, 7, "unknown element type 'foo'"),
         ("  a = f32[2] parameter(0)\n  b = f32[2] negate(c)", 4, 21, "operand 'c' is not defined"),
-        ("  a = f32[2] parameter(0)\n  b = f32[2] negate(a", 4, 22, "unclosed '('"),
+        # An instruction may continue on the next line: the '}' closing the computation
+        # is where the missing ')' is found.
+        ("  a = f32[2] parameter(0)\n  b = f32[2] negate(a", 5, 1, "expected ',' or ')' after operand, got '}'"),
         ("  a = 12 parameter(0)", 3, 7, "expected shape, got '12'"),
         ("  a = f32[2] parameter(0), sharding", 3, 28, "expected attribute=value"),
-        ("  a = f32[2]", 3, 14, "expected opcode("),
+        ("  a = f32[2]", 3, 13, "expected opcode("),
         ("  b = f32[2] negate(a)\n  a = f32[2] parameter(0)", 3, 21, "used before its definition"),
     ],
 )
