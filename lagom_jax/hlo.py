@@ -765,28 +765,19 @@ class _Parser:
         if text[p:p + 1] == ")":
             return p + 1, (), ""
         while True:
-            start = p
+            start, shape = p, None
             if text[p:p + 1] == "(" or text.startswith("b(", p) or _ARRAY_SHAPE_RE.match(text, p):
-                shape, p = self.shape_at(p)
+                shape, p = self.shape_at(p)  # a typed operand: 'f32[2] %x' or 'f32[] constant(0)'
                 p = self.ws(p)
-                if text[p:p + 1] in (",", ")"):
-                    pass  # a type with no name is no operand (XLA's parser skips it too)
-                elif _OPCODE_RE.match(text, p):
-                    p = self.inline(p, shape, f"{parent}.operand{len(names)}", insts, known)
-                    names.append(insts[-1].name)
-                else:
-                    nm = _OPERAND_NAME_RE.match(text, p)
-                    if nm is None:
-                        raise self.error(p, f"expected operand name, got {self.got(p)}")
-                    names.append(nm.group(1))
-                    p = nm.end()
+            if shape is not None and text[p:p + 1] in (",", ")"):
+                pass  # a type with no name is no operand (XLA's parser skips it too)
             elif _OPCODE_RE.match(text, p):
-                p = self.inline(p, None, f"{parent}.operand{len(names)}", insts, known)
+                p = self.inline(p, shape, f"{parent}.operand{len(names)}", insts, known)
                 names.append(insts[-1].name)
             else:
                 nm = _OPERAND_NAME_RE.match(text, p)
                 if nm is None:
-                    raise self.error(start, f"expected operand name, got {self.got(start)}")
+                    raise self.error(p if shape is not None else start, f"expected operand name, got {self.got(p)}")
                 names.append(nm.group(1))
                 p = nm.end()
             p = self.ws(p)
