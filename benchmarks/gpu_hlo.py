@@ -236,9 +236,10 @@ def start_backend(*, allow_cpu: bool, mock_topology: str) -> str:
     option and must be in place before the backend starts.
     """
     import jax
-    from jax._src import xla_bridge
 
-    if xla_bridge.backends_are_initialized():
+    from lagom_jax import jax_internals
+
+    if jax_internals.backends_started():
         platform = jax.default_backend()
         if platform != "gpu" and not allow_cpu:
             raise GpuHloError(f"the JAX backend already started as {platform!r}: this script needs a GPU "
