@@ -39,6 +39,7 @@ from lagom_jax import cost as cost_lib
 from lagom_jax import gpu_compile
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
+from lagom_jax import megatron
 from lagom_jax.gpu_compile import CompileCrash
 from lagom_jax.models import FAMILIES, ModelConfig
 
@@ -683,3 +684,43 @@ def advise(model: str, config: str, num_devices: int,
                                     pred.compiled_by if pred else None))
     return Advice(model, config, num_devices, hw.name, hw.nodes, global_batch, seq_len, dtype,
                   tuple(candidates), tuple(rejected))
+
+
+# ------------------------------------------------------------- Megatron-terms prediction
+
+def predict_step(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: int, gpus: int,
+                 tp: int, dp: int, pp: int, micro_batch: int, global_batch: int,
+                 hardware: str | hardware_lib.HardwareProfile = "a100-sxm-8",
+                 schedule: str = "1f1b", **options: Any) -> megatron.StepTime:
+    """The predicted iteration of a Megatron-LM GPT configuration with its parts
+    (`megatron.predict`). ``hardware`` is a preset name (grown to ``gpus`` GPUs), a
+    ``name:nodes=N`` spec, a JSON profile or a profile; ``options`` are `megatron.GPTRun`'s
+    optional fields (``recompute``, ``ffn_hidden``, ``sequence_parallel``,
+    ``virtual_stages``, ``distributed_optimizer``, ``overlap_grad_reduce``, ``dtype``).
+    Raises ValueError naming the number that does not divide, or the unknown preset."""
+    run = megatron.GPTRun(hidden=hidden, heads=heads, layers=layers, seq_len=seq_len, vocab=vocab,
+                          gpus=gpus, tp=tp, dp=dp, pp=pp, micro_batch=micro_batch,
+                          global_batch=global_batch, schedule=schedule, **options)
+    hw = hardware_lib.resolve_cluster(hardware, num_devices=gpus).hardware
+    if hw.num_gpus < gpus:
+        hw = hw.with_nodes(math.ceil(gpus / hw.gpus_per_node))
+    return megatron.predict(run, hw, gpu_memory_gb=GPU_MEMORY_GB.get(hw.name, 80.0))
+
+
+def predict_step_ms(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: int, gpus: int,
+                    tp: int, dp: int, pp: int, micro_batch: int, global_batch: int,
+                    hardware: str | hardware_lib.HardwareProfile = "a100-sxm-8",
+                    schedule: str = "1f1b", **options: Any) -> float:
+    """Milliseconds per training iteration of a Megatron-LM GPT configuration, predicted.
+
+    ``gpus = tp * dp * pp`` may span nodes (``nodes = gpus / gpus_per_node`` of the preset);
+    ``schedule`` is ``"1f1b"`` or ``"gpipe"``; ``options`` are `predict_step`'s
+    (``recompute`` (default ``auto``: the cheapest that fits), ``ffn_hidden`` (default
+    4 x hidden), ``sequence_parallel``, ...). Never
+    raises on a configuration whose numbers divide; one that does not gets a ValueError
+    saying which number does not divide which.
+    """
+    return predict_step(hidden=hidden, heads=heads, layers=layers, seq_len=seq_len, vocab=vocab,
+                        gpus=gpus, tp=tp, dp=dp, pp=pp, micro_batch=micro_batch,
+                        global_batch=global_batch, hardware=hardware, schedule=schedule,
+                        **options).total_ms

@@ -503,6 +503,49 @@ def _run_advise(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- predict
+
+
+_PREDICT_INTS = ("hidden", "heads", "layers", "seq_len", "vocab", "gpus", "tp", "dp", "pp",
+                 "micro_batch", "global_batch")
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="predict the iteration time of a Megatron-LM GPT configuration",
+                       description="Predicted milliseconds per training iteration of a GPT "
+                       "configuration in Megatron-LM's terms (tensor x data x pipeline "
+                       "parallel, micro-batch, global batch), with its parts. Predicted by "
+                       "the cost model, never measured.")
+    for name in _PREDICT_INTS:
+        p.add_argument("--" + name.replace("_", "-"), type=int, required=name != "vocab",
+                       default=51200 if name == "vocab" else None)
+    p.add_argument("--ffn-hidden", type=int, default=None, help="FFN width (default 4 x hidden)")
+    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
+    p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
+                   help="activation recomputation; auto: the cheapest that fits in memory")
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--hardware", default="a100-sxm-8",
+                   help="a preset, NAME:nodes=N, or a HardwareProfile JSON file")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _run_predict(args: argparse.Namespace) -> int:
+    from lagom_jax import advise
+
+    kw = {name: getattr(args, name) for name in _PREDICT_INTS}
+    try:
+        step = advise.predict_step(**kw, hardware=args.hardware, schedule=args.schedule,
+                                   recompute=args.recompute, ffn_hidden=args.ffn_hidden,
+                                   sequence_parallel=args.sequence_parallel)
+    except (ValueError, OSError) as err:
+        raise _UsageError(str(err)) from None
+    if args.json:
+        print(json.dumps(dataclasses.asdict(step) | {"config": kw}, indent=2))
+    else:
+        print(f"predicted {step.total_ms:.1f} ms per iteration: {step.describe()}")
+    return 0
+
+
 _SUBCOMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
     "analyze": (_add_analyze, _run_analyze),
     "simulate": (_add_simulate, _run_simulate),
@@ -510,6 +553,7 @@ _SUBCOMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = 
     "build-tuner": (_add_build_tuner, _run_build_tuner),
     "profile": (_add_profile, _run_profile),
     "advise": (_add_advise, _run_advise),
+    "predict": (_add_predict, _run_predict),
 }
 
 
