@@ -108,7 +108,9 @@ def _options(source: str, r: dict) -> tuple[dict, hardware.HardwareProfile]:
         opts["uneven_stages"] = True  # DeepSpeed's pipeline partitioning
     if source == H100_README:
         opts["distributed_optimizer"] = True
-        opts["overlap_grad_reduce"] = True  # the README's --overlap-grad-reduce
+        # The README's --overlap-grad-reduce and --tp-comm-overlap; the latter needs
+        # sequence parallelism in Megatron-LM.
+        opts.update(overlap_grad_reduce=True, tp_comm_overlap=True, sequence_parallel=True)
     return opts, hw
 
 

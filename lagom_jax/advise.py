@@ -39,6 +39,7 @@ from lagom_jax import cost as cost_lib
 from lagom_jax import gpu_compile
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
+from lagom_jax import kernels
 from lagom_jax import megatron
 from lagom_jax.gpu_compile import CompileCrash
 from lagom_jax.models import FAMILIES, ModelConfig
@@ -327,31 +328,24 @@ def _canonical(recipe: str) -> frozenset[str]:
 
 @dataclasses.dataclass(frozen=True)
 class _Shape:
-    """Per-layer and outer parameter counts and forward FLOPs per token of one model."""
+    """Per-layer and outer parameter counts of one model."""
 
     layers: int  # encoder + decoder layers
     cross_layers: int  # layers with cross-attention (T5 decoder)
     layer_params: float
     cross_params: float
     outer_params: float
-    layer_flops_tok: float  # forward, per token, one plain layer
-    cross_flops_tok: float  # extra forward FLOPs per token of a cross-attention layer
-    head_flops_tok: float
 
 
-def _shape(cfg: ModelConfig, seq_len: int) -> _Shape:
+def _shape(cfg: ModelConfig) -> _Shape:
     attn = 4 * cfg.d_model * cfg.heads * cfg.head_dim  # q, k, v, o projections
     mlp = 2 * cfg.d_model * cfg.d_ff
-    # QK^T and AV: 2 FLOPs per multiply-add over seq_len keys, per head dimension.
-    scores = 4 * seq_len * cfg.heads * cfg.head_dim
     return _Shape(
         layers=cfg.layers + cfg.dec_layers, cross_layers=cfg.dec_layers,
         layer_params=attn + mlp, cross_params=attn,
         # token embedding (tied output head) + learned positions (GPT-2/BERT; T5 has none,
         # its relative bias is negligible) -- an upper bound within max_len x d_model.
         outer_params=cfg.vocab * cfg.d_model + cfg.max_len * cfg.d_model,
-        layer_flops_tok=2 * (attn + mlp) + scores, cross_flops_tok=2 * attn + scores,
-        head_flops_tok=2 * cfg.d_model * cfg.vocab,
     )
 
 
@@ -401,10 +395,12 @@ def estimate(model_cfg: ModelConfig, pc: ParallelConfig, hw: hardware_lib.Hardwa
              global_batch: int, seq_len: int, dtype: str = "bfloat16") -> Estimate:
     """The analytic step time and memory of ``pc`` on one device of ``hw``.
 
-    Compute: training FLOPs are 3x the forward (backward = 2x forward). Layer FLOPs split
-    over all devices; the embedding/output head is not pipelined (models/build.py keeps it
-    outside the stage axis), so it splits over data x fsdp x model only. A pipelined stage
-    runs ``m + S - 1`` ticks for ``m`` micro-batches: the bubble is ``(S-1)/m`` of its compute.
+    Compute: each local layer's matmuls per micro-batch, forward and both gradients, timed
+    by shape (`kernels.gemm_time_us`, the model the compiled prediction uses); the output
+    head is not pipelined (models/build.py keeps it outside the stage axis), so every stage
+    runs it on its replica's share; the step's other bytes at HBM bandwidth. A pipelined
+    stage runs ``m + S - 1`` ticks for ``m`` micro-batches: the bubble is ``(S-1)/m`` of its
+    compute.
 
     Communication (bytes in NCCL's nBytes convention):
     - TP (Megatron): per microbatch, 2 all-reduces of the [b, s, d] activation per sublayer
@@ -428,18 +424,13 @@ def estimate(model_cfg: ModelConfig, pc: ParallelConfig, hw: hardware_lib.Hardwa
     """
     if dtype not in ACT_BYTES:
         raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(ACT_BYTES)})")
-    sh = _shape(model_cfg, seq_len)
+    sh = _shape(model_cfg)
     ab = ACT_BYTES[dtype]
     d, f, s, t, m = pc.data, pc.fsdp, pc.stage, pc.model, pc.microbatches
-    n = pc.num_devices
-    tokens = global_batch * seq_len
     b_local = global_batch / pc.batch_ways  # sequences per data-parallel replica
     gpn = hw.gpus_per_node
 
     # Compute.
-    layer_flops = 3 * tokens * (sh.layers * sh.layer_flops_tok + sh.cross_layers * sh.cross_flops_tok)
-    head_flops = 3 * tokens * sh.head_flops_tok
-    stage_flops = layer_flops / n + head_flops / (d * f * t)
     layer_params_local = (sh.layers * sh.layer_params + sh.cross_layers * sh.cross_params) / (t * s)
     model_params_local = layer_params_local + sh.outer_params / t
     layers_local = sh.layers / s
@@ -452,7 +443,17 @@ def estimate(model_cfg: ModelConfig, pc: ParallelConfig, hw: hardware_lib.Hardwa
     # Roofline bytes: weights read 3x (forward, backward-data, backward-weight), stored
     # activations written once and read once.
     stage_bytes = 3 * model_params_local * ab + 2 * activation_bytes
-    stage_us = cost_lib.compute_time_us(stage_flops, stage_bytes, hw)
+    # Matmuls timed by shape (`kernels`, the model the compiled prediction uses), per
+    # micro-batch of one replica; the rest of the step's bytes at HBM bandwidth.
+    seqs = max(1, round(b_local / m))
+    proj, core, mlp = kernels.transformer_matmuls(
+        sequences=seqs, seq_len=seq_len, hidden=model_cfg.d_model, heads=model_cfg.heads,
+        head_dim=model_cfg.head_dim, ffn=model_cfg.d_ff, tp=t)
+    layer_mm = proj + core + mlp
+    head_mm = ((seqs * seq_len, model_cfg.vocab // t, model_cfg.d_model, 1),)
+    per_mb = sum(kernels.matmuls_us(mm + kernels.backward_matmuls(mm), hw, itemsize=ab) * count
+                 for mm, count in ((layer_mm, layers_local), (proj + core, cross_local), (head_mm, 1)))
+    stage_us = m * per_mb + kernels.memory_time_us(stage_bytes, hw)
     bubble_us = stage_us * (s - 1) / m
 
     # Tensor parallelism.

@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import math
 
+from lagom_jax import kernels
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.params import MAX_CHANNELS, CollectiveParams
 
@@ -419,18 +420,27 @@ def fastest_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
 
 def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
                     sms_taken: float = 0.0, hbm_gbps_taken: float = 0.0,
+                    gemm: tuple[int, ...] = (), itemsize: int = 2,
                     cfg: CostConfig = DEFAULT_COSTS) -> float:
-    """Roofline time of one compute kernel on the SMs and HBM bandwidth left over.
+    """Time of one compute kernel on the SMs and HBM bandwidth left over.
 
-    Matmul throughput scales with the SMs left (a channel's CTA holds its SM for the
-    collective's whole duration); bandwidth is what the collectives leave, but never
-    below ``min_hbm_share`` of the achieved rate.
+    A kernel that runs a matmul (``gemm`` = (batch, m, n, k)) is timed by its shape
+    (`kernels.gemm_time_us`: waves of tiles on the SMs left), and by its bytes where its
+    other operands make it memory-bound; any other kernel by the roofline of its FLOPs
+    and bytes. Matmul throughput scales with the SMs left (a channel's CTA holds its SM
+    for the collective's whole duration); bandwidth is what the collectives leave, but
+    never below ``min_hbm_share`` of the achieved rate.
     """
     if flops < 0 or nbytes < 0:
         raise ValueError(f"flops and bytes must be >= 0, got flops={flops}, bytes={nbytes}")
     sm_left = max(hw.sm_count - sms_taken, 1.0) / hw.sm_count
     hbm = max(hw.achieved_hbm_gbps - hbm_gbps_taken, cfg.min_hbm_share * hw.achieved_hbm_gbps)
-    return hw.launch_us + max(flops / (hw.achieved_tflops * 1e6 * sm_left), nbytes / (hbm * 1e3))
+    memory = hw.launch_us + nbytes / (hbm * 1e3)
+    if gemm:
+        batch, m, n, k = gemm
+        return max(kernels.gemm_time_us(m, n, k, hw, batch=batch, itemsize=itemsize,
+                                        sm_fraction=sm_left, hbm_gbps=hbm), memory)
+    return max(hw.launch_us + flops / (hw.achieved_tflops * 1e6 * sm_left), memory)
 
 
 @functools.lru_cache(maxsize=1 << 12)
@@ -471,5 +481,7 @@ class ResourceTracker:
     def idle(self) -> bool:
         return self.sms <= 0.0 and self.hbm <= 0.0
 
-    def compute_time_us(self, flops: float, nbytes: float) -> float:
-        return compute_time_us(flops, nbytes, self.hw, sms_taken=self.sms, hbm_gbps_taken=self.hbm)
+    def compute_time_us(self, flops: float, nbytes: float, gemm: tuple[int, ...] = (),
+                        itemsize: int = 2) -> float:
+        return compute_time_us(flops, nbytes, self.hw, sms_taken=self.sms, hbm_gbps_taken=self.hbm,
+                               gemm=gemm, itemsize=itemsize)

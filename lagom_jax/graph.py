@@ -71,6 +71,15 @@ class Task:
     done_before: int | None = None
     # Whether XLA emitted it as an async pair (``*-start``/``*-done`` or ``async-start``).
     is_async: bool = False
+    # Compute only: (batch, m, n, k) of the matmul the kernel runs (a dot, a cuBLAS call,
+    # or the largest dot of a fusion), so the cost model can time it by shape; () if none.
+    gemm: tuple[int, int, int, int] = ()
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of the task's dtype (2 when unknown or sub-byte)."""
+        bits = hlo.dtype_bits(self.dtype) if self.dtype else None
+        return max(1, bits // 8) if bits else 2
 
     @property
     def is_collective(self) -> bool:
@@ -273,6 +282,21 @@ def _gemm_flops(inst: hlo.Instruction, lhs: hlo.Shape) -> float:
     return 2.0 * result.elements * _contracted(inst, lhs, dims)
 
 
+def _gemm_dims(lhs: hlo.Shape, result: hlo.Shape, batch_dims: tuple[int, ...],
+               contracting: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(batch, m, n, k) of a matmul from its lhs, result and the lhs batch/contracting dims:
+    the lhs's other dims are m, the result's other elements n."""
+    if lhs.is_tuple or any(d >= len(lhs.dims) for d in batch_dims + contracting):
+        return ()  # type: ignore[return-value]
+    batch = math.prod(lhs.dims[d] for d in batch_dims)
+    k = math.prod(lhs.dims[d] for d in contracting)
+    if not batch or not k:
+        return ()  # type: ignore[return-value]
+    m = lhs.elements // (batch * k)
+    n = result.elements // (batch * m) if m else 0
+    return (batch, m, n, k) if m and n else ()  # type: ignore[return-value]
+
+
 class _Builder:
     """Walks computations in schedule order and emits tasks (as dicts until frozen)."""
 
@@ -323,6 +347,38 @@ class _Builder:
 
     def called_flops(self, inst: hlo.Instruction) -> list[float]:
         return [self.computation_flops(self.module.computation(c)) for c in inst.called_computations]
+
+    def gemm(self, comp: hlo.Computation, inst: hlo.Instruction) -> tuple[int, int, int, int]:
+        """(batch, m, n, k) of the matmul ``inst`` runs, or of the largest dot in the
+        computations it calls (a fusion); () when it runs none."""
+        op = inst.opcode
+        if op == "dot" and inst.operands:
+            lhs = comp.by_name[inst.operands[0]].shape
+            return _gemm_dims(lhs, inst.shape, inst.int_list("lhs_batch_dims"),
+                              inst.int_list("lhs_contracting_dims"))
+        if op == "custom-call" and inst.operands:
+            target = inst.attributes.get("custom_call_target", "").strip('"')
+            if target not in _GEMM_TARGETS:
+                return ()
+            cfg = inst.backend_config()
+            dnums = cfg.get("gemm_backend_config", cfg).get("dot_dimension_numbers", {})
+            try:
+                batch = tuple(int(d) for d in dnums.get("lhs_batch_dimensions", []))
+                contracting = tuple(int(d) for d in dnums.get("lhs_contracting_dimensions", []))
+            except (TypeError, ValueError, AttributeError):
+                return ()
+            return _gemm_dims(comp.by_name[inst.operands[0]].shape, inst.shape.leaves()[0],
+                              batch, contracting)
+        if op in ("fusion", "call", "async-start"):
+            best: tuple[int, int, int, int] = ()
+            for name in inst.called_computations:
+                called = self.module.computation(name)
+                for i in called.instructions:
+                    dims = self.gemm(called, i)
+                    if dims and (not best or math.prod(dims) > math.prod(best)):
+                        best = dims
+            return best
+        return ()
 
     def inst_flops(self, comp: hlo.Computation, inst: hlo.Instruction) -> float:
         op = inst.opcode
@@ -540,6 +596,7 @@ class _Builder:
             nbytes = self.memory_bytes(comp, inst)
             return self.emit(
                 name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,
+                gemm=self.gemm(comp, inst) if flops else (),
                 opcode=op, deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,
                 computation="/".join(self.scope), post_order=self.post_order(comp)[inst.name],
             )

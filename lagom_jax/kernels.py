@@ -96,3 +96,31 @@ def memory_time_us(nbytes: float, hw: HardwareProfile, *, hbm_gbps: float | None
     hbm = hw.achieved_hbm_gbps if hbm_gbps is None else hbm_gbps
     return hw.launch_us + nbytes / (hbm * 1e3)
 
+
+
+Matmul = tuple[int, int, int, int]  # (m, n, k, batch) of [m, k] x [k, n]
+
+
+def transformer_matmuls(*, sequences: int, seq_len: int, hidden: int, heads: int, head_dim: int,
+                        ffn: int, tp: int = 1) -> tuple[tuple[Matmul, ...], tuple[Matmul, ...], tuple[Matmul, ...]]:
+    """The forward matmuls of one transformer layer on one tensor-parallel rank (Megatron's
+    split: heads and FFN columns over ``tp``), as (attention projections QKV and output,
+    attention core scores and context, MLP FC1 and FC2)."""
+    tokens = sequences * seq_len
+    width = heads * head_dim
+    local_heads = heads // tp
+    projections = ((tokens, 3 * width // tp, hidden, 1), (tokens, hidden, width // tp, 1))
+    core = ((seq_len, seq_len, head_dim, sequences * local_heads),
+            (seq_len, head_dim, seq_len, sequences * local_heads))
+    mlp = ((tokens, ffn // tp, hidden, 1), (tokens, hidden, ffn // tp, 1))
+    return projections, core, mlp
+
+
+def backward_matmuls(forward: tuple[Matmul, ...]) -> tuple[Matmul, ...]:
+    """Data and weight gradients of forward matmuls: ``[m, n] x [n, k]`` and ``[k, m] x [m, n]``."""
+    return tuple(g for m, n, k, b in forward for g in ((m, k, n, b), (k, n, m, b)))
+
+
+def matmuls_us(matmuls: tuple[Matmul, ...], hw: HardwareProfile, *, itemsize: int = 2) -> float:
+    """Total time of matmuls run one after another."""
+    return sum(gemm_time_us(m, n, k, hw, batch=b, itemsize=itemsize) for m, n, k, b in matmuls)

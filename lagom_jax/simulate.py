@@ -123,7 +123,7 @@ class _Prepared:
     ready_at_start: tuple[int, ...]  # collectives with nothing pending, in id order
     successors: tuple[tuple[int, ...], ...]
     # Compute tasks: (flops, bytes); collectives: None.
-    work: tuple[tuple[float, float] | None, ...]
+    work: tuple[tuple[float, float, tuple[int, ...], int] | None, ...]
     compute_alone: tuple[float, ...]
     default_params: Mapping[int, CollectiveParams]
     compute_us: float
@@ -168,8 +168,11 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
                     f"collective {t.name!r} (id {t.id}) has done_before={j}, which is not a compute task id")
             pending[j] += 1
             succ[t.id].append(j)
+    work = tuple(None if c else (t.flops, t.bytes, t.gemm, t.itemsize)
+                 for t, c in zip(tasks, is_coll))
     compute_alone = tuple(
-        0.0 if c else r * cost.compute_time_us(t.flops, t.bytes, hw) for t, c, r in zip(tasks, is_coll, repeat))
+        0.0 if c else r * cost.compute_time_us(*w[:2], hw, gemm=w[2], itemsize=w[3])  # type: ignore[index]
+        for w, c, r in zip(work, is_coll, repeat))
     default_params = {i: cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
                       for i, k in enumerate(coll_key) if k is not None}
     prepared = _Prepared(
@@ -177,7 +180,7 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
         compute_order=tuple(i for i, c in enumerate(is_coll) if not c),
         pending=tuple(pending), ready_at_start=tuple(i for i, c in enumerate(is_coll) if c and pending[i] == 0),
         successors=tuple(tuple(s) for s in succ),
-        work=tuple(None if c else (t.flops, t.bytes) for t, c in zip(tasks, is_coll)),
+        work=work,
         compute_alone=compute_alone, default_params=default_params,
         compute_us=sum(compute_alone),
     )

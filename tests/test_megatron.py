@@ -1,0 +1,158 @@
+"""The Megatron-terms step model and the matmul-by-shape kernel model."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import pathlib
+import statistics
+
+import pytest
+
+from lagom_jax import advise, cli, cost, hardware, kernels, megatron
+
+A100 = hardware.get("a100-sxm-8")
+H100 = hardware.get("h100-sxm-8")
+DATA = pathlib.Path(kernels.__file__).parent / "data" / "xla_matmul_h100.csv"
+GPT_350M = dict(hidden=1024, heads=16, layers=24, seq_len=2048, vocab=51200)
+
+
+def test_gemm_model_matches_xlas_measured_h100_table():
+    rows = [r for r in csv.DictReader(DATA.open()) if r["dtype"].startswith("bf16xbf16")]
+    errs = [abs(kernels.gemm_time_us(int(r["m"]), int(r["n"]), int(r["k"]), H100,
+                                     batch=int(r["batch"])) / float(r["time_us"]) - 1) for r in rows]
+    assert len(rows) == 375
+    assert statistics.median(errs) < 0.06
+    assert sorted(errs)[int(0.95 * len(errs))] < 0.25
+
+
+def test_gemm_time_grows_with_size_and_falls_with_sms():
+    t = kernels.gemm_time_us(4096, 4096, 4096, A100)
+    assert kernels.gemm_time_us(4096, 4096, 8192, A100) > t
+    assert kernels.gemm_time_us(4096, 4096, 4096, A100, sm_fraction=0.5) > 1.8 * (t - A100.launch_us) * 0.5
+    assert kernels.gemm_tflops(16384, 16384, 16384, A100) <= A100.achieved_tflops
+    # A matmul with a short contraction is far below peak (memory and tile start-up).
+    assert kernels.gemm_tflops(2048, 2048, 64, A100) < 0.5 * A100.achieved_tflops
+    with pytest.raises(ValueError, match="gemm dims"):
+        kernels.gemm_time_us(-1, 2, 3, A100)
+
+
+def test_compute_time_uses_the_shape_model_for_matmuls():
+    flops = 2.0 * 4096 * 4096 * 64
+    nbytes = 2.0 * (4096 * 64 * 2 + 4096 * 4096)
+    roofline = cost.compute_time_us(flops, nbytes, A100)
+    shaped = cost.compute_time_us(flops, nbytes, A100, gemm=(1, 4096, 4096, 64))
+    assert shaped == pytest.approx(max(kernels.gemm_time_us(4096, 4096, 64, A100),
+                                       A100.launch_us + nbytes / (A100.achieved_hbm_gbps * 1e3)))
+    assert shaped >= roofline
+
+
+def run(**kw) -> megatron.GPTRun:
+    return megatron.GPTRun(**(GPT_350M | dict(gpus=8, tp=1, dp=8, pp=1, micro_batch=1, global_batch=64) | kw))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(tp=3, dp=2, pp=1), "tp x dp x pp = 3 x 2 x 1 = 6 does not equal gpus 8"),
+    (dict(tp=8, dp=1, heads=32, hidden=2048), None),
+    (dict(tp=8, dp=1, heads=20, hidden=1280), "tp = 8 does not divide heads = 20"),
+    (dict(pp=8, dp=1, layers=20), "pp x virtual_stages = 8 does not divide layers = 20"),
+    (dict(global_batch=60), "micro_batch x dp = 8 does not divide global_batch = 60"),
+    (dict(hidden=1000), "heads = 16 does not divide hidden = 1000"),
+    (dict(schedule="zb"), "unknown schedule"),
+    (dict(micro_batch=0), "micro_batch must be a positive integer"),
+])
+def test_configurations_that_do_not_divide_say_which_number(kw, match):
+    if match is None:
+        run(**kw)
+        return
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        run(**kw)
+
+
+def test_predict_step_ms_never_raises_from_1_to_4096_gpus():
+    for gpus in (1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096):
+        for tp in (1, 2, 4, 8):
+            for pp in (1, 2, 4, 8, 16):
+                if gpus % (tp * pp) or 96 % pp:
+                    continue
+                dp = gpus // (tp * pp)
+                ms = advise.predict_step_ms(hidden=12288, heads=96, layers=96, seq_len=2048,
+                                            vocab=51200, gpus=gpus, tp=tp, dp=dp, pp=pp,
+                                            micro_batch=1, global_batch=dp * 16)
+                assert math.isfinite(ms) and ms > 0
+
+
+def test_the_pipeline_across_nodes_of_the_issue_predicts():
+    # 256 GPUs, tp 8, dp 8, pp 4 crashed the analytic screen (nodes > group size).
+    st = advise.predict_step(hidden=12288, heads=96, layers=96, seq_len=2048, vocab=51200,
+                             gpus=256, tp=8, dp=8, pp=4, micro_batch=1, global_batch=512)
+    assert st.total_ms > st.pipeline_ms > st.bubble_ms > 0
+    assert st.recompute == "full"  # 175B on 32 GPUs per replica does not fit otherwise
+
+
+def test_more_work_never_costs_less():
+    base = megatron.predict(run(), A100, gpu_memory_gb=80).total_ms
+    assert megatron.predict(run(global_batch=128), A100, gpu_memory_gb=80).total_ms > 1.9 * base
+    # The embedding, output head and optimizer do not grow with the layers.
+    assert megatron.predict(run(layers=48), A100, gpu_memory_gb=80).total_ms > 1.7 * base
+    assert megatron.predict(run(recompute="full"), A100, gpu_memory_gb=80).total_ms > base
+
+
+def test_pipeline_bubble_follows_the_schedule():
+    big = dict(hidden=4096, heads=32, layers=64, dp=1, pp=8)
+    one = megatron.predict(run(**big, global_batch=1), A100, gpu_memory_gb=80)
+    many = megatron.predict(run(**big, global_batch=64), A100, gpu_memory_gb=80)
+    # About (pp - 1) of m + pp - 1 ticks idle: 7/8 with one micro-batch, 7/71 with 64 (the
+    # last stage, which also runs the output head, is the slowest).
+    assert one.bubble_ms / one.pipeline_ms > 0.75
+    assert many.bubble_ms / many.pipeline_ms < 0.12
+    inter = megatron.predict(run(dp=2, pp=4, global_batch=32, virtual_stages=2), A100, gpu_memory_gb=80)
+    plain = megatron.predict(run(dp=2, pp=4, global_batch=32), A100, gpu_memory_gb=80)
+    assert inter.bubble_ms < 0.6 * plain.bubble_ms
+    gpipe = megatron.predict(run(dp=2, pp=4, global_batch=64, schedule="gpipe", recompute="none"), A100, gpu_memory_gb=80)
+    f1b = megatron.predict(run(dp=2, pp=4, global_batch=64, recompute="none"), A100, gpu_memory_gb=80)
+    assert gpipe.total_ms == pytest.approx(f1b.total_ms)
+    assert gpipe.memory_gb > f1b.memory_gb  # GPipe holds every micro-batch's activations
+
+
+def test_auto_recompute_takes_the_cheapest_that_fits():
+    big = run(hidden=12288, heads=96, layers=96, gpus=64, tp=8, dp=1, pp=8, global_batch=64)
+    assert megatron.choose_recompute(big, 80.0) == "full"
+    assert megatron.choose_recompute(run(), 80.0) == "none"
+    assert megatron.choose_recompute(dataclasses.replace(run(), recompute="selective"), 80.0) == "selective"
+
+
+def test_tensor_parallel_layer_matches_korthikanti_table_4():
+    # 22B layer, tp 8, micro-batch 4 on A100: 7.7 ms forward, 11.9 ms backward measured.
+    r = megatron.GPTRun(hidden=6144, heads=64, layers=1, seq_len=2048, vocab=51200, gpus=8, tp=8,
+                        dp=1, pp=1, micro_batch=4, global_batch=4, recompute="none")
+    fwd, bwd = megatron.layer_ms(r, A100)
+    assert fwd == pytest.approx(7.7, rel=0.10)
+    assert bwd == pytest.approx(11.9, rel=0.10)
+
+
+def test_tp_comm_overlap_hides_tensor_parallel_traffic():
+    kw = dict(tp=8, dp=1, sequence_parallel=True)
+    plain = megatron.predict(run(**kw), A100, gpu_memory_gb=80)
+    hidden = megatron.predict(run(**kw, tp_comm_overlap=True), A100, gpu_memory_gb=80)
+    assert hidden.tp_comm_ms < plain.tp_comm_ms
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        run(tp=8, dp=1, tp_comm_overlap=True)
+
+
+def test_cli_predict_prints_the_parts_and_refuses_bad_numbers(capsys):
+    args = ["predict", "--hidden", "1024", "--heads", "16", "--layers", "24", "--seq-len", "2048",
+            "--gpus", "16", "--tp", "2", "--dp", "4", "--pp", "2", "--micro-batch", "2",
+            "--global-batch", "64"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "ms per iteration" in out and "dp all-reduce" in out
+    assert cli.main(args + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["total_ms"] == pytest.approx(advise.predict_step_ms(
+        hidden=1024, heads=16, layers=24, seq_len=2048, vocab=51200, gpus=16, tp=2, dp=4, pp=2,
+        micro_batch=2, global_batch=64))
+    assert cli.main(args[:-1] + ["63"]) == 2
+    assert "does not divide global_batch = 63" in capsys.readouterr().err
