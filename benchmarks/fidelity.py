@@ -33,11 +33,13 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
-from lagom_jax import advise, hardware, megatron
+from lagom_jax import advise, cost, hardware, megatron
 
 from .common import machine_line, write_section
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "megatron_runs.csv"
+NCCL_TESTS = DATA.parent / "nccl_tests_a100.csv"
+KERNELS = DATA.parent / "a100_kernels.csv"
 
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
 KORTHIKANTI = "https://arxiv.org/abs/2205.05198"
@@ -240,6 +242,54 @@ def layer_rows() -> list[str]:
     return rows
 
 
+def collective_rows() -> list[str]:
+    """NCCL all-reduce on A100 (NetX-lab/Echo's nccl-tests logs, Azure ND A100 v4: 8 GPUs
+    per node, 8x HDR 200 Gb/s) against `cost.collective_time_us` under NCCL's own choice."""
+    by: dict[tuple[int, str], list[float]] = defaultdict(list)
+    with open(NCCL_TESTS, newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            n, nodes, size = int(r["ranks"]), int(r["nodes"]), int(r["size_bytes"])
+            if n < 2 or r["collective"] != "all-reduce" or size < 1024:
+                continue
+            hw = hardware.get("a100-sxm-8", nodes=nodes)
+            params = cost.nccl_default_params("all-reduce", size, n, nodes, hw)
+            pred = cost.collective_time_us("all-reduce", size, n, nodes, params, hw)
+            band = "< 1 MiB" if size < 1 << 20 else "1-64 MiB" if size < 64 << 20 else ">= 64 MiB"
+            by[(n, band)].append(pred / float(r["time_us"]) - 1)
+    rows = ["| ranks (nodes x 8) | size | points | median error | median abs error |", "|---:|---|---:|---:|---:|"]
+    for (n, band), errs in sorted(by.items(), key=lambda kv: (kv[0][0], ["< 1 MiB", "1-64 MiB", ">= 64 MiB"].index(kv[0][1]))):
+        rows.append(f"| {n} | {band} | {len(errs)} | {statistics.median(errs):+.0%} "
+                    f"| {statistics.median(abs(e) for e in errs):.0%} |")
+    return rows
+
+
+def slowdown_rows() -> list[str]:
+    """Kernels slowed by an overlapping NCCL all-reduce (NetX-lab/Echo-slowdown: GPT-2 small
+    backward on A100, alone vs beside DDP's 2-GPU all-reduce of 2 MB buckets) against the
+    contention model (`cost.compute_time_us` with the SMs and HBM bandwidth NCCL's default
+    all-reduce holds), scaled by the share of the kernel that overlapped."""
+    hw = hardware.get("a100-sxm-8")
+    params = cost.nccl_default_params("all-reduce", 2 << 20, 2, 1, hw)
+    sms, hbm = cost.comm_resource_use(params, hw)
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    with open(KERNELS, newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            frac = float(r["note"].split("overlap_frac=")[1].split(";")[0])
+            if r["kind"] not in ("gemm", "memory") or frac < 0.5 or "alone=slow overlap=fast" in r["note"] \
+                    or "alone=fast overlap=slow" in r["note"]:
+                continue
+            flops, nbytes = float(r["flops"] or 0), float(r["bytes"] or 0)
+            alone = cost.compute_time_us(flops, nbytes, hw)
+            shared = cost.compute_time_us(flops, nbytes, hw, sms_taken=sms, hbm_gbps_taken=hbm)
+            out[r["kind"]].append((float(r["time_overlap_us"]) / float(r["time_alone_us"]),
+                                   1 + frac * (shared / alone - 1)))
+    rows = ["| kernels | count | measured slowdown (median) | predicted slowdown (median) |", "|---|---:|---:|---:|"]
+    for kind, pairs in sorted(out.items()):
+        rows.append(f"| {kind} | {len(pairs)} | {statistics.median(m for m, _ in pairs):.3f} "
+                    f"| {statistics.median(p for _, p in pairs):.3f} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
@@ -269,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     out.append(f"| all rows | {figures(results).cells()} |")
     out += ["", "One transformer layer (Korthikanti et al. 2022, Table 4: 22B, tp 8, micro-batch 4), ms:", ""]
     out += layer_rows()
+    out += ["", "NCCL all-reduce on A100 (nccl-tests logs of NetX-lab/Echo, Azure ND A100 v4, A100 40GB) "
+            "against the collective model under NCCL's own choices (error = predicted / measured - 1):", ""]
+    out += collective_rows()
+    out += ["", "Compute slowed by an overlapping all-reduce (NetX-lab/Echo-slowdown, GPT-2 small "
+            "backward, A100, FP32; kernels at least half overlapped, clock-matched):", ""]
+    out += slowdown_rows()
     out += ["", "<details><summary>Every row</summary>", "",
             "| source | table | model (h x l) | GPUs | tp/dp/pp | micro-batch | global batch "
             "| measured s | predicted s | error | filled in |",

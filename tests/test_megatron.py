@@ -156,3 +156,43 @@ def test_cli_predict_prints_the_parts_and_refuses_bad_numbers(capsys):
         micro_batch=2, global_batch=64))
     assert cli.main(args[:-1] + ["63"]) == 2
     assert "does not divide global_batch = 63" in capsys.readouterr().err
+
+
+def test_a_step_graph_task_knows_its_matmul_shape():
+    from lagom_jax import graph
+
+    text = """HloModule m
+
+fused {
+  a = bf16[4,128,64]{2,1,0} parameter(0)
+  b = bf16[4,64,256]{2,1,0} parameter(1)
+  ROOT d = bf16[4,128,256]{2,1,0} dot(a, b), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+}
+
+ENTRY e {
+  x = bf16[4,128,64]{2,1,0} parameter(0)
+  y = bf16[4,64,256]{2,1,0} parameter(1)
+  ROOT f = bf16[4,128,256]{2,1,0} fusion(x, y), kind=kCustom, calls=fused
+}
+"""
+    g = graph.from_hlo_text(text)
+    (task,) = [t for t in g.tasks if t.flops]
+    assert task.gemm == (4, 128, 256, 64)
+    assert task.itemsize == 2
+
+
+def test_fidelity_replays_every_published_run():
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from benchmarks import fidelity
+
+    rows = fidelity.load()
+    assert len(rows) >= 130
+    results = [(r, fidelity.predict(r)[0]) for r in rows]
+    assert all(math.isfinite(p) and p > 0 for _, p in results)
+    calibration = fidelity.figures((r, p) for r, p in results
+                                   if r.source in (fidelity.NARAYANAN, fidelity.KORTHIKANTI))
+    assert calibration.median_abs < 0.05 and calibration.spearman > 0.95
+    held_out = fidelity.figures((r, p) for r, p in results if r.source == fidelity.BLOOM)
+    assert held_out.median_abs < 0.20  # 12.6% when the model was fixed
