@@ -38,6 +38,7 @@ from lagom_jax import advise, cost, hardware, megatron
 from .common import machine_line, write_section
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "megatron_runs.csv"
+SMALL = DATA.parent / "megatron_small_runs.csv"
 NCCL_TESTS = DATA.parent / "nccl_tests_a100.csv"
 KERNELS = DATA.parent / "a100_kernels.csv"
 
@@ -46,6 +47,9 @@ KORTHIKANTI = "https://arxiv.org/abs/2205.05198"
 MTNLG = "https://arxiv.org/abs/2201.11990"
 BLOOM = "bigscience-workshop/bigscience"
 H100_README = "NVIDIA/Megatron-LM"
+ZERO_BUBBLE = "https://arxiv.org/abs/2401.10241"
+VOCAB_PARALLEL = "VocabularyParallelism"  # the sail-sg repository's logs and its paper
+VOCAB_PARALLEL_PAPER = "https://arxiv.org/abs/2411.05288"
 
 # Jean Zay's A100 nodes (BLOOM's runs) reach other nodes over 4 Omni-Path 100 Gb/s links
 # (bigscience tr11-176B-ml chronicles): 50 GB/s per node, at the ring efficiency the A100
@@ -64,6 +68,8 @@ SETS = (
     ("calibration: Narayanan 2021 + Korthikanti 2022 (A100, Selene)", (NARAYANAN, KORTHIKANTI)),
     ("held out: BLOOM-176B topology sweep (A100, Jean Zay)", (BLOOM,)),
     ("held out: MT-NLG 530B (A100, Selene)", (MTNLG,)),
+    ("held out: one node of 8 A100, pp 8 (Zero Bubble and Vocabulary Parallelism baselines)",
+     (ZERO_BUBBLE, VOCAB_PARALLEL)),
     ("held out: Megatron-LM README (H100, settings partly unknown)", (H100_README,)),
 )
 
@@ -108,6 +114,10 @@ def _options(source: str, r: dict) -> tuple[dict, hardware.HardwareProfile]:
     if source == BLOOM:
         hw = JEAN_ZAY
         opts["uneven_stages"] = True  # DeepSpeed's pipeline partitioning
+    if source == ZERO_BUBBLE and layers % pp:
+        opts["uneven_stages"] = True  # their Megatron-LM fork spreads 22 layers over 8 stages
+    if source == VOCAB_PARALLEL:
+        opts.update(distributed_optimizer=True, dtype="float16")  # the repository's run script
     if source == H100_README:
         opts["distributed_optimizer"] = True
         # The README's --overlap-grad-reduce and --tp-comm-overlap; the latter needs
@@ -117,18 +127,21 @@ def _options(source: str, r: dict) -> tuple[dict, hardware.HardwareProfile]:
 
 
 def _source_key(url: str) -> str:
-    for key in (NARAYANAN, KORTHIKANTI, MTNLG, BLOOM, H100_README):
+    for key in (NARAYANAN, KORTHIKANTI, MTNLG, BLOOM, H100_README, ZERO_BUBBLE, VOCAB_PARALLEL,
+                VOCAB_PARALLEL_PAPER):
         if key in url:
-            return key
+            return VOCAB_PARALLEL if key == VOCAB_PARALLEL_PAPER else key
     return url
 
 
-def load(path: pathlib.Path = DATA) -> list[Row]:
+def load(paths: Iterable[pathlib.Path] = (DATA, SMALL)) -> list[Row]:
     rows = []
-    with open(path, newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
+    for r in (r for path in paths for r in csv.DictReader(open(path, newline="", encoding="utf-8"))):
+        if True:
             if not r["gpu"].startswith(("a100", "h100")):
                 continue
+            if "1F1B-I" in r["table"]:
+                continue  # one layer per chunk over 22 or 30 layers: no whole number of chunks per stage
             source = _source_key(r["source"])
             opts, hw = _options(source, r)
             filled = []

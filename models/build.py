@@ -191,7 +191,7 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     batch_sh_one = NamedSharding(mesh, to_mesh_spec(("act_batch", None), arules))
     batch_shapes = family.batch_shapes(batch_size, seq_len)
     batch_sh = {k: batch_sh_one for k in batch_shapes}
-    layout, stack = Layout(mesh, arules), Stack(pipeline)
+    layout, stack = Layout(mesh, arules, commfuse="cf" in parts), Stack(pipeline)
 
     def loss_fn(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         return family.loss(cfg, params, batch, layout, stack, cdt)

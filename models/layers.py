@@ -140,7 +140,8 @@ class Mlp(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         c, dt = self.cfg, self.dtype
         wi = weight(self, "wi", (c.d_model, c.d_ff), ("embed", "mlp"), normal(self.std)).astype(dt)
-        h = x @ wi
+        ring = self.layout.commfuse and self.layout.mesh is not None
+        h = self.layout.ring_matmul("allgather", x, wi) if ring else x @ wi
         if self.use_bias:
             h = h + weight(self, "wi_bias", (c.d_ff,), ("mlp",), nn.initializers.zeros).astype(dt)
         if self.activation == "relu":
@@ -149,7 +150,7 @@ class Mlp(nn.Module):
             h = jax.nn.gelu(h, approximate=self.activation == "gelu_tanh")
         h = self.layout.constrain(h, HIDDEN)
         wo = weight(self, "wo", (c.d_ff, c.d_model), ("mlp", "embed"), normal(self.std)).astype(dt)
-        y = h @ wo
+        y = self.layout.ring_matmul("reducescatter", h, wo) if ring else h @ wo
         if self.use_bias:
             bo = weight(self, "wo_bias", (c.d_model,), ("norm",), nn.initializers.zeros)
             y = y + bo.astype(dt)

@@ -13,6 +13,9 @@ part        mesh axis  what it shards
                        layer norms run on sequence shards (all-gather before and
                        reduce-scatter after each tensor-parallel sublayer)
 ``pp``      ``stage``  the stacked layer dimension; GPipe schedule (pipeline.py)
+``cf``      ``model``  with ``tp+sp``: the MLP's all-gather + matmul and matmul +
+                       reduce-scatter run as CommFuse rings of point-to-point
+                       steps beside partial matmuls (`lagom_jax.commfuse`)
 ==========  =========  ==========================================================
 
 Combinations follow from the mesh, e.g. recipe ``dp+tp`` on ``data=2,model=4`` or
@@ -31,7 +34,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 PART_AXIS: dict[str, str] = {"dp": "data", "fsdp": "fsdp", "tp": "model", "sp": "model",
-                             "pp": "stage"}
+                             "pp": "stage", "cf": "model"}
 BATCH_AXES = ("data", "fsdp")
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
@@ -47,6 +50,9 @@ def parse_recipe(recipe: str) -> frozenset[str]:
     if "sp" in parts and "tp" not in parts:
         raise ValueError(f"recipe {recipe!r}: 'sp' shards along the tensor-parallel axis; "
                          "use it as 'tp+sp'")
+    if "cf" in parts and not {"tp", "sp"} <= parts:
+        raise ValueError(f"recipe {recipe!r}: 'cf' decomposes the all-gather and reduce-scatter "
+                         "of sequence parallelism; use it as 'tp+sp+cf'")
     if {"sp", "pp"} <= parts:
         raise ValueError(f"recipe {recipe!r}: inside the pipeline activations follow the "
                          "weights' shardings, so 'sp' cannot be combined with 'pp'; use "
@@ -140,9 +146,30 @@ class Layout:
 
     mesh: Mesh | None = None
     rules: Rules = ()
+    # Recipe part ``cf``: the MLP's sequence-parallel collectives run as CommFuse rings.
+    commfuse: bool = False
 
     def constrain(self, x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
         if self.mesh is None:
             return x
         spec = to_mesh_spec(logical, self.rules)
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def ring_matmul(self, kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
+        """``x @ w`` with the sequence-parallel collective around it decomposed into a ring
+        over the ``model`` axis (`lagom_jax.commfuse`): ``kind`` "allgather" takes ``x``
+        sharded along its length and ``w`` along its columns; "reducescatter" takes ``x``
+        sharded along its last dimension and ``w`` along its rows and returns the result
+        sharded along the length. Other mesh axes stay with GSPMD."""
+        from lagom_jax import commfuse
+
+        if kind == "allgather":
+            fn, in_specs, out_spec = (lambda a, b: commfuse.allgather_matmul(a, b, "model"),
+                                      (PartitionSpec(None, "model", None), PartitionSpec(None, "model")),
+                                      PartitionSpec(None, None, "model"))
+        else:
+            fn, in_specs, out_spec = (lambda a, b: commfuse.matmul_reducescatter(a, b, "model"),
+                                      (PartitionSpec(None, None, "model"), PartitionSpec("model", None)),
+                                      PartitionSpec(None, "model", None))
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_spec,
+                             axis_names=frozenset({"model"}))(x, w)

@@ -30,6 +30,8 @@ RECIPES = (
 )
 CASES = [(m, r, mesh) for m in MODELS for r, mesh in RECIPES]
 CASES.append(("gpt2", "dp+tp", "data=2,model=4"))
+# CommFuse rings in the MLP (recipe part cf): same losses as the plain collectives.
+CASES += [("gpt2", "tp+sp+cf", "model=4"), ("bert", "dp+tp+sp+cf", "data=2,model=4")]
 STEPS = 3
 # CPU code generation dominates compile time here; the SPMD partitioner, which places the
 # collectives these tests check, runs the same at every backend optimisation level.
@@ -108,7 +110,10 @@ def test_collectives_match_recipe(model: str, recipe: str, mesh: str) -> None:
     if "pp" in parts:
         # Activations (forward) and their gradients (backward) move between stages.
         assert in_loops["collective-permute"] >= 2, loops
-    if "pp" not in parts:
+    if "cf" in parts:
+        # The MLP's all-gather and reduce-scatter became rings of permutes in the layer loops.
+        assert in_loops["collective-permute"] >= 2, loops
+    elif "pp" not in parts:
         assert total(hlo, "collective-permute") == 0
 
 
