@@ -209,6 +209,10 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=None,
                    help="sequence length (default: 512, or the model's maximum if shorter)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--commfuse", default="auto", choices=("auto", "off", "on"),
+                   help="with a tp+sp recipe: run the MLP's all-gather/reduce-scatter as CommFuse "
+                   "rings (recipe part cf) when the cost model predicts it faster (auto), never, "
+                   "or always (default auto)")
     _add_hardware_args(p, default="h100-sxm-8")
     p.add_argument("--strategy", default="lagom", choices=STRATEGY_CHOICES)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -251,6 +255,7 @@ def _model_graph(args: argparse.Namespace):
         seq_len = args.seq_len
         if seq_len is None and config in models.FAMILIES[args.model].configs:
             seq_len = min(512, models.FAMILIES[args.model].configs[config].max_len)
+        recipe = _with_commfuse(args, recipe, shape, config, seq_len, hw)
         built = models.build(args.model, config, recipe, shape, batch_size=args.batch_size,
                              seq_len=seq_len, dtype=args.dtype, devices=target.devices)
     except ValueError as err:  # unknown config, infeasible mesh, bad sizes: say which
@@ -260,6 +265,33 @@ def _model_graph(args: argparse.Namespace):
     text = built.compiled_text()
     recompile = built.compiled_text if target.deviceless else None
     return graph.from_hlo_text(text), text, hw, target.where, recompile
+
+
+def _with_commfuse(args: argparse.Namespace, recipe: str, shape: dict[str, int], config: str,
+                   seq_len: int | None, hw: hardware.HardwareProfile) -> str:
+    """The recipe with CommFuse rings (part ``cf``) where ``--commfuse`` and the cost model
+    say so; the decision and its reason go to stderr."""
+    from lagom_jax import commfuse, models
+
+    parts = models.parse_recipe(recipe)
+    if args.commfuse == "off" or "cf" in parts or not {"tp", "sp"} <= parts:
+        if args.commfuse == "on" and not {"tp", "sp"} <= parts:
+            raise _UsageError(f"--commfuse on needs a tp+sp recipe, got {recipe!r}")
+        return recipe
+    if args.commfuse == "on":
+        print("lagom-jax: CommFuse: the MLP runs rings (--commfuse on)", file=sys.stderr)
+        return recipe + "+cf"
+    cfg = models.FAMILIES[args.model].configs.get(config)
+    t = shape.get("model", 1)
+    if cfg is None or t < 2 or cfg.d_ff % t or (args.batch_size * (seq_len or 0)) % t:
+        return recipe
+    gpn = hw.gpus_per_node
+    nodes = max(1, min(hw.nodes, -(-t // gpn)))
+    ring, why = commfuse.choose_mlp(tokens=args.batch_size * (seq_len or 0), d_model=cfg.d_model,
+                                    d_ff=cfg.d_ff, t=t, hw=hw, nodes=nodes,
+                                    itemsize=2 if args.dtype == "bfloat16" else 4)
+    print(f"lagom-jax: {why}", file=sys.stderr)
+    return recipe + "+cf" if ring else recipe
 
 
 def _cluster_for_mesh(args: argparse.Namespace, n: int) -> hardware.HardwareProfile:

@@ -90,3 +90,39 @@ def test_the_gpu_module_runs_the_ring_beside_the_matmuls():
     assert len(starts) == 2 * (t - 1)
     overlapped = sum("gemm" in order[s:order.index("collective-permute-done", s)] for s in starts)
     assert overlapped >= 2 * (t - 1) - 1
+
+
+def test_the_choice_follows_compute_against_transfer():
+    from lagom_jax import hardware
+
+    hw = hardware.get("h100-sxm-8")
+    # Wide outputs: each step's matmul outlasts its transfer, the ring hides it.
+    wide = commfuse.choose("allgather", rows=8192, k=1024, n=65536, t=4, hw=hw)
+    assert wide.ring and wide.ring_us < wide.plain_us and wide.exposed_ring_us < wide.exposed_plain_us
+    # Narrow outputs (GPT-2 at TP 8): transfers dominate and the plain all-gather wins.
+    narrow = commfuse.choose("allgather", rows=8192, k=1600, n=800, t=8, hw=hw)
+    assert not narrow.ring and "plain" in narrow.why
+    with pytest.raises(ValueError, match="dividing the 100 rows"):
+        commfuse.choose("reducescatter", rows=100, k=8, n=8, t=8, hw=hw)
+    with pytest.raises(ValueError, match="unknown kind"):
+        commfuse.choose("allreduce", rows=64, k=8, n=8, t=8, hw=hw)
+
+
+def test_tune_applies_the_choice_to_the_recipe(capsys):
+    import argparse
+
+    from lagom_jax import cli, hardware
+
+    hw = hardware.get("h100-sxm-8")
+
+    def recipe(mode, base="tp+sp", model="gpt2", config="1.5B", batch=8):
+        args = argparse.Namespace(commfuse=mode, model=model, batch_size=batch, dtype="bfloat16")
+        return cli._with_commfuse(args, base, {"model": 8}, config, 1024, hw)
+
+    assert recipe("on") == "tp+sp+cf"
+    assert recipe("off") == "tp+sp"
+    assert recipe("auto") == "tp+sp"  # comm-bound at TP 8: the cost model keeps the plain collectives
+    assert "CommFuse: the MLP runs plain collectives" in capsys.readouterr().err
+    assert recipe("auto", base="dp+tp") == "dp+tp"  # no sequence parallelism: nothing to decompose
+    with pytest.raises(cli._UsageError, match="needs a tp\\+sp recipe"):
+        recipe("on", base="dp+tp")
