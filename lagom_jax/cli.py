@@ -578,6 +578,40 @@ def _run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+# -------------------------------------------------------------------------- calibrate
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="fit the cost model to a profiler trace of your step",
+                       description="Read a JAX profiler trace (the *.xplane.pb jax.profiler.trace "
+                       "writes) of a few steps of the module --hlo, match its ops to the module's "
+                       "instructions, fit the hardware's matmul rate, HBM bandwidth and link "
+                       "bandwidths to what was measured, report the error per class before and "
+                       "after, and write a HardwareProfile that --hardware accepts.")
+    p.add_argument("trace_dir", metavar="TRACE_DIR")
+    p.add_argument("--hlo", required=True, metavar="MODULE",
+                   help="the traced step's HLO text (compiled.as_text() or an XLA dump)")
+    p.add_argument("--hardware", default="h100-sxm-8", help="the preset or profile to start from")
+    p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from lagom_jax import calibrate
+
+    try:
+        hw = hardware.resolve_cluster(args.hardware).hardware
+        result = calibrate.calibrate(args.trace_dir, calibrate.module_text(args.hlo), hw)
+    except (ValueError, hlo.HloParseError) as err:
+        raise _UsageError(str(err)) from None
+    result.profile.save(args.out)
+    print(f"{result.matched} ops of the module matched over {result.steps} traced executions")
+    print(result.table())
+    print(f"wrote {args.out}: matmul {result.profile.achieved_tflops:.3g} TFLOP/s, HBM "
+          f"{result.profile.achieved_hbm_gbps:.3g} GB/s, NVLink/PCIe bus "
+          f"{result.profile.intra_busbw_gbps:.3g} GB/s; use it with --hardware {args.out}")
+    return 0
+
+
 _SUBCOMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
     "analyze": (_add_analyze, _run_analyze),
     "simulate": (_add_simulate, _run_simulate),
@@ -586,6 +620,7 @@ _SUBCOMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = 
     "profile": (_add_profile, _run_profile),
     "advise": (_add_advise, _run_advise),
     "predict": (_add_predict, _run_predict),
+    "calibrate": (_add_calibrate, _run_calibrate),
 }
 
 

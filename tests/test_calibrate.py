@@ -1,0 +1,68 @@
+"""`lagom-jax calibrate` on real profiler traces recorded here (XLA:CPU, 8 fake devices)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+from lagom_jax import calibrate, cli, hardware
+
+
+def _program():
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+
+    def step(x, w):
+        h = jnp.tanh(x @ w)
+        return jax.lax.psum(h @ w.T, "d") * 0.5 + 1.0
+
+    f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P("d"), P()), out_specs=P()))
+    return f, (jnp.ones((8 * 256, 512), jnp.float32), jnp.full((512, 512), 0.01, jnp.float32))
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    f, args = _program()
+    text = f.lower(*args).compile().as_text()
+    d = tmp_path_factory.mktemp("trace")
+    f(*args).block_until_ready()
+    with jax.profiler.trace(str(d)):
+        for _ in range(3):
+            f(*args).block_until_ready()
+    hlo_path = d / "module.hlo"
+    hlo_path.write_text(text)
+    return d, hlo_path
+
+
+def test_a_real_trace_becomes_a_profile_that_predicts_it_better(traced):
+    d, hlo_path = traced
+    result = calibrate.calibrate(d, hlo_path.read_text(), hardware.get("h100-sxm-8"))
+    assert result.matched >= 4 and result.steps >= 3
+    names = {c.name for c in result.classes}
+    assert {"gemm", "memory"} <= names and any(n.startswith("all-reduce") for n in names)
+    for c in result.classes:
+        assert c.error_after < c.error_before, c
+        assert c.low <= c.factor * 1.0001 or c.ops == 1
+    # A CPU is far slower than an H100: every resource came down.
+    assert result.profile.achieved_tflops < hardware.get("h100-sxm-8").achieved_tflops / 10
+
+
+def test_cli_writes_a_profile_that_hardware_accepts(traced, tmp_path, capsys):
+    d, hlo_path = traced
+    out = tmp_path / "me.json"
+    assert cli.main(["calibrate", str(d), "--hlo", str(hlo_path), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "error before" in text and f"--hardware {out}" in text
+    hw = hardware.resolve(str(out))
+    assert hw.name == "h100-sxm-8-calibrated"
+
+
+def test_a_trace_of_another_module_is_refused(traced, tmp_path, capsys):
+    d, _ = traced
+    other = jax.jit(lambda a: jnp.sin(a) @ a.T + jnp.cos(a).sum()).lower(jnp.ones((64, 64))).compile().as_text()
+    with pytest.raises(ValueError, match="does not match module"):
+        calibrate.calibrate(d, other, hardware.get("h100-sxm-8"))
+    assert cli.main(["calibrate", str(tmp_path / "nothing"), "--hlo", __file__]) == 2
+    assert "error" in capsys.readouterr().err
