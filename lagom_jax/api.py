@@ -12,6 +12,10 @@ The whole flow of tuning one input signature::
 
 Any exception on that path leaves the user's step running untuned (the baseline
 executable, or plain ``jitted`` if even that failed) with a warning that says why.
+
+With ``retune=`` the decorator then watches the step (`Retune`): when the measured step
+time drifts from the Plan's prediction, the hardware is recalibrated from the measurement
+and the step re-planned and recompiled, a bounded number of times.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import functools
 import hashlib
 import os
 import shlex
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -28,6 +33,7 @@ from typing import Any
 
 import jax
 
+from lagom_jax import calibrate as calibrate_lib
 from lagom_jax import flags as flags_lib
 from lagom_jax import deprecation, gpu_compile, jax_internals, planning, sharing
 from lagom_jax import graph as graph_lib
@@ -38,7 +44,7 @@ from lagom_jax.files import atomic_write_text
 from lagom_jax.plan import Plan
 from lagom_jax.planning import BASELINES, VERSION, make_plan
 
-__all__ = ["BASELINES", "Tuned", "TuningWarning", "apply_nccl_env", "auto_hardware",
+__all__ = ["BASELINES", "Retune", "Tuned", "TuningWarning", "apply_nccl_env", "auto_hardware",
            "launch_line", "make_plan", "nccl_env", "plan_from_results", "search_all", "tune"]
 
 
@@ -122,6 +128,47 @@ def _signature(args: tuple, kwargs: Mapping[str, Any], static: Any = ()) -> tupl
     return (treedef, tuple(_leaf_key(x) for x in leaves), static)
 
 
+@dataclasses.dataclass(frozen=True)
+class Retune:
+    """When the decorator re-plans a step from its measured times.
+
+    After ``warmup`` calls of one input signature, the intervals between the next
+    ``window`` + 1 consecutive calls are its measured step time. No call is blocked for
+    this: with JAX's asynchronous dispatch the host runs at the device's pace once the
+    queue is full, so the interval is the step time in steady state (plus whatever the
+    host does between steps). When the median differs from the Plan's predicted step by
+    more than ``threshold`` (relative), the hardware profile is scaled by measured /
+    predicted (`calibrate.scaled`), the step re-planned and recompiled with the new Plan's
+    options; at most ``max_replans`` times per signature, after which watching stops.
+    Process 0's median is the one every process of a ``jax.distributed`` job decides on.
+    """
+
+    warmup: int = 3
+    window: int = 10
+    threshold: float = 0.5
+    max_replans: int = 1
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.window < 1 or self.max_replans < 0:
+            raise ValueError(f"retune needs warmup >= 0, window >= 1, max_replans >= 0, got {self}")
+        if not self.threshold > 0:
+            raise ValueError(f"retune threshold must be > 0, got {self.threshold}")
+
+
+@dataclasses.dataclass
+class _Watch:
+    """What re-planning one signature needs, and the times measured so far."""
+
+    lowered: Any
+    text: str
+    hw: hardware_lib.HardwareProfile
+    plan: Plan
+    calls: int = 0
+    last: float | None = None
+    intervals: list[float] = dataclasses.field(default_factory=list)
+    replans: int = 0
+
+
 class Tuned:
     """A jitted function that compiles each input signature once, with its tuned Plan.
 
@@ -131,7 +178,8 @@ class Tuned:
 
     def __init__(self, fn: Callable, *, hardware="auto", strategy: str = "lagom",
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool = True,
-                 with_profile: bool = False, verbose: bool = False) -> None:
+                 with_profile: bool = False, verbose: bool = False,
+                 retune: Retune | bool | None = None) -> None:
         if strategy not in search_lib.STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(search_lib.STRATEGIES)})")
         self._jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
@@ -144,6 +192,10 @@ class Tuned:
         self._verbose = verbose
         self._statics = _Statics.of(self._jitted)
         self._entries: dict[tuple, tuple[Callable, Plan | None]] = {}
+        self._retune = Retune() if retune is True else (retune or None)
+        self._watch: dict[tuple, _Watch] = {}
+        self.replans = 0  # re-plans made on measured drift, over all signatures
+        self.recalibrated: list[hardware_lib.HardwareProfile] = []  # the profiles they used
 
     # -- the jit surface ------------------------------------------------------------------
     def lower(self, *args, **kwargs):
@@ -162,28 +214,33 @@ class Tuned:
         key = _signature(dyn_args, dyn_kwargs, static)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._tune(args, kwargs)
+            entry = self._entries[key] = self._tune(args, kwargs, key)
         executable = entry[0]
         if executable is self._jitted:
             return executable(*args, **kwargs)
         try:
-            return executable(*dyn_args, **dyn_kwargs)
+            out = executable(*dyn_args, **dyn_kwargs)
         except TypeError as err:  # the executable refuses these arguments: jit decides
             warnings.warn(f"lagom-jax: the tuned executable refused this call ({err}); "
                           "running the step untuned", TuningWarning, stacklevel=2)
             self._entries[key] = (self._jitted, None)
+            self._watch.pop(key, None)
             return self._jitted(*args, **kwargs)
+        watch = self._watch.get(key)
+        if watch is not None:
+            self._observe(key, watch)
+        return out
 
     def plan(self, *args, **kwargs) -> Plan | None:
         """The Plan of this input signature (tuning first if needed); None if tuning failed."""
         dyn_args, dyn_kwargs, static = self._statics.split(args, kwargs)
         key = _signature(dyn_args, dyn_kwargs, static)
         if key not in self._entries:
-            self._entries[key] = self._tune(args, kwargs)
+            self._entries[key] = self._tune(args, kwargs, key)
         return self._entries[key][1]
 
     # -- tuning -------------------------------------------------------------------------
-    def _tune(self, args, kwargs) -> tuple[Callable, Plan | None]:
+    def _tune(self, args, kwargs, key: tuple = ()) -> tuple[Callable, Plan | None]:
         try:
             lowered = self._jitted.lower(*args, **kwargs)
             baseline = lowered.compile()
@@ -196,16 +253,57 @@ class Tuned:
             hw, note = resolved.hardware, resolved.note
             if self._verbose:
                 print(f"lagom-jax: {note}")
-            plan = self._plan_for(self._module_text(baseline, args, kwargs, hw), hw)
-            options = plan.compiler_options(with_profile=self._with_profile)
-            flags_lib.validate("", options)
-            tuned = lowered.compile(compiler_options=options)
+            text = self._module_text(baseline, args, kwargs, hw)
+            plan = self._plan_for(text, hw)
+            tuned = self._compile(lowered, plan)
         except Exception as err:
             warnings.warn(f"lagom-jax: tuning failed, running the step untuned: "
                           f"{type(err).__name__}: {err}", TuningWarning, stacklevel=3)
             return baseline, None
         apply_nccl_env(plan)
+        if self._retune is not None:
+            self._watch[key] = _Watch(lowered, text, hw, plan)
         return tuned, plan
+
+    def _compile(self, lowered, plan: Plan):
+        options = plan.compiler_options(with_profile=self._with_profile)
+        flags_lib.validate("", options)
+        return lowered.compile(compiler_options=options)
+
+    def _observe(self, key: tuple, w: _Watch) -> None:
+        """Count one finished call of ``key``; at the end of a window, compare and decide."""
+        assert self._retune is not None
+        now = time.perf_counter()
+        if w.last is not None and w.calls > self._retune.warmup:
+            w.intervals.append(now - w.last)
+        w.last, w.calls = now, w.calls + 1
+        if len(w.intervals) < self._retune.window:
+            return
+        intervals, w.intervals, w.calls, w.last = w.intervals, [], 0, None
+        measured = sharing.one_value_for_all_processes(
+            f"{w.plan.fingerprint}/{w.hw.name}/{w.replans}", lambda: statistics.median(intervals) * 1e6)
+        predicted = dict(w.plan.predicted_us).get(w.plan.strategy, 0.0)
+        ratio = measured / predicted if predicted > 0 else 1.0
+        if abs(ratio - 1) <= self._retune.threshold or w.replans >= self._retune.max_replans:
+            del self._watch[key]  # agrees, or re-planned as often as allowed: stop watching
+            return
+        try:
+            hw = _recalibrated(w, measured)
+            plan = self._plan_for(w.text, hw)
+            tuned = self._compile(w.lowered, plan)
+        except Exception as err:  # keep the running executable; never break the step
+            warnings.warn(f"lagom-jax: re-planning on drift failed, keeping the current plan: "
+                          f"{type(err).__name__}: {err}", TuningWarning, stacklevel=4)
+            del self._watch[key]
+            return
+        warnings.warn(f"lagom-jax: measured step {measured / 1e3:.3f} ms against {predicted / 1e3:.3f} ms "
+                      f"predicted (x{ratio:.2f}, beyond the {self._retune.threshold:.0%} threshold): "
+                      f"hardware recalibrated by that factor and the step re-planned "
+                      f"({w.replans + 1} of at most {self._retune.max_replans})", TuningWarning, stacklevel=4)
+        self._entries[key] = (tuned, plan)
+        w.hw, w.plan, w.replans = hw, plan, w.replans + 1
+        self.replans += 1
+        self.recalibrated.append(hw)
 
     def _module_text(self, baseline, args, kwargs, hw: hardware_lib.HardwareProfile) -> str:
         """The module to tune: the one XLA compiled for these GPUs.
@@ -256,6 +354,25 @@ class Tuned:
                 warnings.warn(f"lagom-jax: could not write the plan cache ({err}); "
                               "the plan is used but not cached", TuningWarning, stacklevel=4)
         return plan
+
+
+def _recalibrated(w: _Watch, measured_us: float) -> hardware_lib.HardwareProfile:
+    """``w.hw`` slowed (or sped up) uniformly until its prediction of the step is the
+    measured time: a few multiplicative fixed-point steps on `calibrate.scaled`, since
+    launch costs and overlap make the predicted time not proportional to the factor. The
+    prediction under XLA/NCCL defaults is fitted to what the measurement implies for it
+    (measured x default / planned, both as the Plan predicted them)."""
+    predicted = dict(w.plan.predicted_us)
+    chosen = predicted.get(w.plan.strategy, 0.0)
+    target = measured_us * predicted.get("xla-default", chosen) / chosen if chosen > 0 else measured_us
+    graph = graph_lib.from_hlo_text(w.text)
+    name = f"{w.hw.name.removesuffix('-measured')}-measured"
+    factor = measured_us / chosen if chosen > 0 else 1.0
+    for _ in range(4):
+        got = planning.plan(graph, calibrate_lib.scaled(w.hw, factor), strategy="xla-default",
+                            baselines=()).plan.predicted_us
+        factor *= target / dict(got)["xla-default"]
+    return calibrate_lib.scaled(w.hw, factor, name=name)
 
 
 def _platform(compiled) -> str:

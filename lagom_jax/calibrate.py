@@ -201,6 +201,17 @@ def _fit_scale(graph: graph_lib.StepGraph, hw: HardwareProfile, fields: tuple[st
     return math.exp((lo + hi) / 2)
 
 
+def scaled(hw: HardwareProfile, factor: float, *, name: str | None = None) -> HardwareProfile:
+    """``hw`` running everything ``factor`` times slower: compute rates and link bandwidths
+    divided, launch cost multiplied (what one measured step time says)."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor must be positive and finite, got {factor}")
+    fields = ("achieved_tflops", "achieved_hbm_gbps", "intra_busbw_gbps", "intra_channel_gbps",
+              "net_busbw_gbps", "net_channel_gbps")
+    return dataclasses.replace(hw, name=name or hw.name, launch_us=hw.launch_us * factor,
+                               **{f: getattr(hw, f) / factor for f in fields})
+
+
 def module_text(path: str | pathlib.Path) -> str:
     """The HLO text of ``path``, checked to parse."""
     text = pathlib.Path(path).read_text()

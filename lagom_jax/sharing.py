@@ -38,6 +38,21 @@ def one_plan_for_all_processes(key: str, search: Callable[[], Plan]) -> Plan:
     return plan
 
 
+def one_value_for_all_processes(key: str, measure: Callable[[], float]) -> float:
+    """``measure()`` on process 0, its value read from the key-value store elsewhere: the
+    number every process bases a decision on (the decorator's re-tune), so all of them
+    decide the same at the same step."""
+    client, process_id, num_processes = jax_internals.distributed_state()
+    if client is None or num_processes <= 1:
+        return measure()
+    store_key = f"lagom_jax/value/{key}"
+    if process_id != 0:
+        return float(client.blocking_key_value_get(store_key, _SHARE_TIMEOUT_MS))
+    value = measure()
+    _publish(client, store_key, repr(float(value)))
+    return value
+
+
 def _publish(client, key: str, value: str) -> None:
     try:
         client.key_value_set(key, value)

@@ -248,3 +248,34 @@ def test_auto_hardware_maps_gpu_names_to_presets():
     odd = [types.SimpleNamespace(platform="gpu", device_kind="Mystery GPU")]
     hw, note = api.auto_hardware(odd)
     assert "no preset for 'Mystery GPU'" in note
+
+
+def test_drift_from_a_far_preset_replans_once_and_agreement_never(tmp_path, inputs):
+    # An H100 predicts this tiny step in microseconds; the CPU takes far longer.
+    policy = api.Retune(warmup=1, window=3, threshold=0.5, max_replans=1)
+    tuned = _tuned(tmp_path, retune=policy)
+    expected = jax.jit(_step)(*inputs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(12):
+            got = jax.block_until_ready(tuned(*inputs))
+    assert tuned.replans == 1
+    assert any("re-planned (1 of at most 1)" in str(w.message) for w in caught)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    slow = tuned.recalibrated[0]
+    assert slow.achieved_tflops < hardware.get("h100-sxm-8").achieved_tflops
+
+    # Planned for the recalibrated hardware, prediction and measurement agree: no re-plan.
+    again = lagom_jax.tune(jax.jit(_step), hardware=slow, cache_dir=tmp_path,
+                           retune=api.Retune(warmup=1, window=3, threshold=0.5))
+    for _ in range(12):
+        jax.block_until_ready(again(*inputs))
+    assert again.replans == 0
+
+
+def test_retune_policy_is_checked():
+    with pytest.raises(ValueError, match="threshold"):
+        api.Retune(threshold=0)
+    with pytest.raises(ValueError, match="window >= 1"):
+        api.Retune(window=0)
