@@ -85,14 +85,18 @@ def allgather_matmul(x: jax.Array, w: jax.Array, axis_name: str, *,
     # multiplies its own block, then one new block from each side per step.
     by_offset: dict[int, jax.Array] = {0: (x @ w).astype(dtype)}
     left = right = x
+    previous = [0]  # the offsets multiplied in the last step: the next transfers run beside them
     for s in range(1, t // 2 + 1):
         last = 2 * s == t  # with t even, the last step's block from the left is the only one left
         left_next = _shift(left, axis_name, t, 1)
         right_next = right if last else _shift(right, axis_name, t, -1)
-        by_offset[0], left, right = _barrier(by_offset[0], left_next, right_next)
+        *tied, left, right = _barrier(*(by_offset[j] for j in previous), left_next, right_next)
+        by_offset.update(zip(previous, tied))
         by_offset[s] = (left @ w).astype(dtype)  # owner i - s
+        previous = [s]
         if not last:
             by_offset[t - s] = (right @ w).astype(dtype)  # owner i + s = i - (t - s)
+            previous.append(t - s)
     return _in_owner_order([by_offset[s] for s in range(t)], i, t, r)
 
 
