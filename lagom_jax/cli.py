@@ -280,6 +280,7 @@ def _with_commfuse(args: argparse.Namespace, recipe: str, shape: dict[str, int],
         return recipe
     if args.commfuse == "on":
         print("lagom-jax: CommFuse: the MLP runs rings (--commfuse on)", file=sys.stderr)
+        args.decisions = (("commfuse", "the MLP runs rings (--commfuse on)"),)
         return recipe + "+cf"
     cfg = models.FAMILIES[args.model].configs.get(config)
     t = shape.get("model", 1)
@@ -291,6 +292,7 @@ def _with_commfuse(args: argparse.Namespace, recipe: str, shape: dict[str, int],
                                     d_ff=cfg.d_ff, t=t, hw=hw, nodes=nodes,
                                     itemsize=2 if args.dtype == "bfloat16" else 4)
     print(f"lagom-jax: {why}", file=sys.stderr)
+    args.decisions = (("commfuse", why.removeprefix("CommFuse: ")),)
     return recipe + "+cf" if ring else recipe
 
 
@@ -341,6 +343,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     except ValueError as err:  # e.g. exhaustive refusing a step too large to enumerate
         raise _UsageError(str(err)) from None
     plan, results = planned.plan, planned.results
+    plan = dataclasses.replace(plan, decisions=getattr(args, "decisions", ()))
     flags.validate(plan.xla_flags(), plan.compiler_options())
     if recompile is not None:
         from lagom_jax import verify
@@ -364,6 +367,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                            for name, r in results.items()},
             "xla_flags": plan.xla_flags(), "nccl_env": env, "compiled_by": where,
             "verification": [list(v) for v in plan.verification],
+            "decisions": [list(d) for d in plan.decisions],
             "collectives": plan.to_dict()["collectives"],
         }))
     else:

@@ -66,6 +66,9 @@ class Plan:
     # A collective's parameters changed only for a predicted gain above this fraction of
     # its own time (the search's ``Space.min_gain``: the model's error on a collective).
     min_gain: float = 0.0
+    # (subject, decision and why) of choices about the program made before the search,
+    # e.g. CommFuse rings for a built-in model's MLP (``lagom-jax tune --commfuse``).
+    decisions: tuple[tuple[str, str], ...] = ()
 
     # -- what the plan predicts --------------------------------------------------------
     @property
@@ -97,6 +100,7 @@ class Plan:
             lines.append("speedup: " + ", ".join(
                 f"{self.speedup_over(n):.3f}x over {n} ({times[n] / 1e3:.3f} ms)" for n in others))
         lines.append(f"search: {self.evaluations} evaluations in {self.search_seconds:.2f} s")
+        lines += [f"{subject}: {decision}" for subject, decision in self.decisions]
         if self.verification:
             lines.append("verified by recompiling with the plan's options:")
             lines += [f"  {subject}: {outcome}" for subject, outcome in self.verification]
@@ -247,6 +251,7 @@ class Plan:
                     "predicted_us": tuple((k, float(v)) for k, v in raw["predicted_us"]),
                     "costs": tuple((k, float(v)) for k, v in raw["costs"]),
                     "verification": tuple((str(a), str(b)) for a, b in raw.get("verification", ())),
+                    "decisions": tuple((str(a), str(b)) for a, b in raw.get("decisions", ())),
                 }
             )
         except (KeyError, TypeError, ValueError) as err:

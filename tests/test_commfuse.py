@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import jax
@@ -126,3 +127,14 @@ def test_tune_applies_the_choice_to_the_recipe(capsys):
     assert recipe("auto", base="dp+tp") == "dp+tp"  # no sequence parallelism: nothing to decompose
     with pytest.raises(cli._UsageError, match="needs a tp\\+sp recipe"):
         recipe("on", base="dp+tp")
+
+
+def test_the_plan_records_the_commfuse_decision(capsys):
+    from lagom_jax import cli
+
+    args = ["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "model=4", "--recipe", "tp+sp",
+            "--commfuse", "on", "--json"]
+    assert cli.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decisions"] == [["commfuse", "the MLP runs rings (--commfuse on)"]]
+    assert sum(c["kind"] == "collective-permute" for c in out["collectives"]) > 0
