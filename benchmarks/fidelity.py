@@ -1,7 +1,8 @@
 """Predicted against measured iteration times of public Megatron-style GPT training runs.
 
 Run: ``python -m benchmarks.fidelity``. Replays every row of ``benchmarks/data/
-megatron_runs.csv`` (sources and caveats in ``megatron_runs.md``) through
+megatron_runs.csv`` and ``megatron_small_runs.csv`` (sources and caveats in the ``.md``
+beside each) through
 ``lagom_jax.advise.predict_step`` and reports, per set of rows:
 
 * median and mean absolute error of the predicted iteration time, the share within 10%,
@@ -14,8 +15,13 @@ The **calibration** set is what the model's constants were checked against while
 built (Narayanan et al. 2021 and Korthikanti et al. 2022, A100 80GB on Selene, plus the
 per-layer times of Korthikanti Table 4, reported on their own). The **held-out** sets were
 not looked at until the model was fixed: BLOOM-176B's topology sweep on Jean Zay (A100
-80GB, Omni-Path, Megatron-DeepSpeed ZeRO-1), MT-NLG 530B, and Megatron-LM's H100 table
-(whose micro-batch, recompute and overlap settings are partly unknown).
+80GB, Omni-Path, Megatron-DeepSpeed ZeRO-1), MT-NLG 530B, one node of 8 A100 under
+pipeline parallelism (the Megatron-LM baselines of the Zero Bubble and Vocabulary
+Parallelism papers; interleaved rows with one layer per chunk are left out, the model
+needs whole chunks), and Megatron-LM's H100 table (whose micro-batch, recompute and
+overlap settings are partly unknown). The collective model is checked against the A100
+nccl-tests logs of NetX-lab/Echo and the contention model against Echo-slowdown's
+kernels timed alone and beside an all-reduce.
 
 Settings a row does not give are filled the way a user of the tool would: an unknown
 micro-batch is the one the model predicts fastest among 1, 2, 4, 8; an unknown vocab is
@@ -134,28 +140,33 @@ def _source_key(url: str) -> str:
     return url
 
 
+def _rows(paths: Iterable[pathlib.Path]):
+    for path in paths:
+        with open(path, newline="", encoding="utf-8") as f:
+            yield from csv.DictReader(f)
+
+
 def load(paths: Iterable[pathlib.Path] = (DATA, SMALL)) -> list[Row]:
     rows = []
-    for r in (r for path in paths for r in csv.DictReader(open(path, newline="", encoding="utf-8"))):
-        if True:
-            if not r["gpu"].startswith(("a100", "h100")):
-                continue
-            if "1F1B-I" in r["table"]:
-                continue  # one layer per chunk over 22 or 30 layers: no whole number of chunks per stage
-            source = _source_key(r["source"])
-            opts, hw = _options(source, r)
-            filled = []
-            vocab = _int(r["vocab"])
-            if vocab is None:
-                vocab = 51200
-                filled.append("vocab")
-            cfg = dict(hidden=int(r["hidden"]), heads=int(r["heads"]), layers=int(r["layers"]),
-                       seq_len=int(r["seq_len"]), vocab=vocab, gpus=int(r["gpus"]), tp=int(r["tp"]),
-                       dp=int(r["dp"]), pp=int(r["pp"]), global_batch=int(r["global_batch"]),
-                       micro_batch=_int(r["micro_batch"]), **opts)
-            if cfg["micro_batch"] is None:
-                filled.append("micro-batch")
-            rows.append(Row(source, r["table"], float(r["measured_ms"]), cfg, hw, ", ".join(filled)))
+    for r in _rows(paths):
+        if not r["gpu"].startswith(("a100", "h100")):
+            continue
+        if "1F1B-I" in r["table"]:
+            continue  # one layer per chunk over 22 or 30 layers: no whole number of chunks per stage
+        source = _source_key(r["source"])
+        opts, hw = _options(source, r)
+        filled = []
+        vocab = _int(r["vocab"])
+        if vocab is None:
+            vocab = 51200
+            filled.append("vocab")
+        cfg = dict(hidden=int(r["hidden"]), heads=int(r["heads"]), layers=int(r["layers"]),
+                   seq_len=int(r["seq_len"]), vocab=vocab, gpus=int(r["gpus"]), tp=int(r["tp"]),
+                   dp=int(r["dp"]), pp=int(r["pp"]), global_batch=int(r["global_batch"]),
+                   micro_batch=_int(r["micro_batch"]), **opts)
+        if cfg["micro_batch"] is None:
+            filled.append("micro-batch")
+        rows.append(Row(source, r["table"], float(r["measured_ms"]), cfg, hw, ", ".join(filled)))
     return rows
 
 
