@@ -135,7 +135,7 @@ def _predicted(graph: graph_lib.StepGraph, hw: HardwareProfile) -> dict[str, tup
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
     if len(values) == 1:
         return values[0], values[0], values[0]
-    q = statistics.quantiles(values, n=4)
+    q = statistics.quantiles(values, n=4, method="inclusive")
     return q[0], statistics.median(values), q[2]
 
 
