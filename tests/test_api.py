@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
 from unittest import mock
 
@@ -266,12 +267,18 @@ def test_drift_from_a_far_preset_replans_once_and_agreement_never(tmp_path, inpu
     slow = tuned.recalibrated[0]
     assert slow.achieved_tflops < hardware.get("h100-sxm-8").achieved_tflops
 
-    # Planned for the recalibrated hardware, prediction and measurement agree: no re-plan.
+    # Planned for the recalibrated hardware it predicts what was measured; when the steps
+    # take exactly the predicted time (a clock that advances by it), nothing re-plans.
     again = lagom_jax.tune(jax.jit(_step), hardware=slow, cache_dir=tmp_path,
-                           retune=api.Retune(warmup=1, window=3, threshold=0.5))
-    for _ in range(12):
-        jax.block_until_ready(again(*inputs))
-    assert again.replans == 0
+                           retune=api.Retune(warmup=1, window=3, threshold=0.1))
+    jax.block_until_ready(again(*inputs))
+    plan = again.plan(*inputs)
+    clock = (i * plan.makespan_us / 1e6 for i in itertools.count(1))
+    with mock.patch.object(api.time, "perf_counter", lambda: next(clock)):
+        for _ in range(12):
+            jax.block_until_ready(again(*inputs))
+    assert again.replans == 0 and not again._watch  # compared once, agreed, stopped watching
+    assert slow.name == "h100-sxm-8-measured"
 
 
 def test_retune_policy_is_checked():
