@@ -276,8 +276,7 @@ def collective_rows() -> list[str]:
             if n < 2 or r["collective"] != "all-reduce" or size < 1024:
                 continue
             hw = hardware.get("a100-sxm-8", nodes=nodes)
-            params = cost.nccl_default_params("all-reduce", size, n, nodes, hw)
-            pred = cost.collective_time_us("all-reduce", size, n, nodes, params, hw)
+            pred = cost.default_time_us("all-reduce", size, n, nodes, hw)
             band = "< 1 MiB" if size < 1 << 20 else "1-64 MiB" if size < 64 << 20 else ">= 64 MiB"
             by[(n, band)].append(pred / float(r["time_us"]) - 1)
     rows = ["| ranks (nodes x 8) | size | points | median error | median abs error |", "|---:|---|---:|---:|---:|"]

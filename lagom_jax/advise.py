@@ -380,15 +380,14 @@ def feasibility(model_cfg: ModelConfig, pc: ParallelConfig, *, global_batch: int
 def _group_nodes(pc: ParallelConfig, axis: str, gpus_per_node: int) -> int:
     """Nodes one group of ``axis`` spans (the first group; mesh order ``AXES``, row-major)."""
     stride = math.prod(pc.sizes[a] for a in AXES[AXES.index(axis) + 1:])
-    return len({(i * stride) // gpus_per_node for i in range(pc.sizes[axis])})
+    return megatron.group_nodes(pc.sizes[axis], stride, gpus_per_node)
 
 
 def _coll_us(kind: str, nbytes: float, n: int, nodes: int, hw: hardware_lib.HardwareProfile) -> float:
     """One collective under NCCL's own choice of parameters."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    params = cost_lib.nccl_default_params(kind, nbytes, n, nodes, hw)
-    return cost_lib.collective_time_us(kind, nbytes, n, nodes, params, hw)
+    return cost_lib.default_time_us(kind, nbytes, n, nodes, hw)
 
 
 def estimate(model_cfg: ModelConfig, pc: ParallelConfig, hw: hardware_lib.HardwareProfile, *,

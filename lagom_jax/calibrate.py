@@ -123,8 +123,7 @@ def _predicted(graph: graph_lib.StepGraph, hw: HardwareProfile) -> dict[str, tup
     for t in graph.tasks:
         if t.is_collective:
             shape = graph.shape(t, hw.gpus_per_node)
-            params = cost.nccl_default_params(shape.kind, shape.bytes, shape.ranks, shape.nodes, hw)
-            us = cost.collective_time_us(shape.kind, shape.bytes, shape.ranks, shape.nodes, params, hw)
+            us = cost.default_time_us(shape.kind, shape.bytes, shape.ranks, shape.nodes, hw)
         else:
             us = cost.compute_time_us(t.flops, t.bytes, hw, gemm=t.gemm, itemsize=t.itemsize)
         cls, prev = out.get(t.name, (_class(t), 0.0))

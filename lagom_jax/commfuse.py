@@ -168,8 +168,7 @@ def choose(kind: str, *, rows: int, k: int, n: int, t: int, hw: HardwareProfile,
     whole = kernels.gemm_time_us(batch * rows, n, k, hw, itemsize=itemsize)
     coll = "all-gather" if kind == "allgather" else "reduce-scatter"
     nbytes = block * t
-    plain_params = cost.nccl_default_params(coll, nbytes, t, nodes, hw)
-    plain_comm = cost.collective_time_us(coll, nbytes, t, nodes, plain_params, hw)
+    plain_comm = cost.default_time_us(coll, nbytes, t, nodes, hw)
     # One ring step: a permute of one block to the neighbour (across nodes where the ring
     # leaves one: the slowest link paces the ring).
     hop_nodes = min(nodes, 2)

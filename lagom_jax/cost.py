@@ -347,6 +347,13 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
     return dataclasses.replace(p, nchannels=nc, nthreads=nt)
 
 
+def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                    cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """A collective's time alone under NCCL's own choice of parameters."""
+    params = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
+    return collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
+
+
 _CHANNEL_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 

@@ -282,8 +282,7 @@ def _measured_points(hw: HardwareProfile, ranks: int) -> tuple[tuple[float, ...]
         n, size, us = line.split(",")
         if int(n) != ranks:
             continue
-        params = cost_lib.nccl_default_params("all-reduce", int(size), ranks, 1, one)
-        model = cost_lib.collective_time_us("all-reduce", int(size), ranks, 1, params, one)
+        model = cost_lib.default_time_us("all-reduce", int(size), ranks, 1, one)
         points.append((math.log(int(size)), float(us) / model))
     points.sort()
     return tuple(p[0] for p in points), tuple(p[1] for p in points)
@@ -305,7 +304,7 @@ def measured_ratio(hw: HardwareProfile, ranks: int, nbytes: float) -> float:
     return ys[j - 1] + f * (ys[j] - ys[j - 1])
 
 
-def _group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
+def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
     """Nodes the first group of ``size`` ranks ``stride`` apart spans."""
     return len({(i * stride) // gpus_per_node for i in range(size)})
 
@@ -320,7 +319,7 @@ class _Cluster:
     def time_us(self, kind: str, nbytes: float, size: int, stride: int) -> float:
         if size <= 1 or nbytes <= 0:
             return 0.0
-        nodes = _group_nodes(size, stride, self.gpn)
+        nodes = group_nodes(size, stride, self.gpn)
         hw = self.hw
         if nodes > 1:
             # Groups side by side on a node share its network: each gets the share of its
@@ -328,8 +327,7 @@ class _Cluster:
             per_node = size / nodes
             share = min(1.0, per_node / self.gpn)
             hw = dataclasses.replace(hw, net_busbw_gbps=hw.net_busbw_gbps * share)
-        params = cost_lib.nccl_default_params(kind, nbytes, size, nodes, hw)
-        t = cost_lib.collective_time_us(kind, nbytes, size, nodes, params, hw)
+        t = cost_lib.default_time_us(kind, nbytes, size, nodes, hw)
         if nodes == 1 and kind in ("all-reduce", "all-gather", "reduce-scatter"):
             # An all-gather or reduce-scatter moves the bus bytes of an all-reduce of half its size.
             t *= measured_ratio(hw, size, nbytes if kind == "all-reduce" else nbytes / 2)
