@@ -3,6 +3,10 @@
 The public surface; everything else is reached through these modules.
 """
 
+from lagom_jax.quiet import import_jax_quietly as _import_jax_quietly
+
+_import_jax_quietly()  # before any module below imports JAX
+
 from lagom_jax.api import Tuned as Tuned
 from lagom_jax.api import TuningWarning as TuningWarning
 from lagom_jax.api import auto_hardware as auto_hardware

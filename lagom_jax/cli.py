@@ -187,6 +187,25 @@ def _run_simulate(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- tune
 
 
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """The built-in model options shared by ``tune --model`` and ``predict --model``."""
+    from lagom_jax.models import FAMILIES, pipeline
+
+    p.add_argument("--model", choices=sorted(FAMILIES), help="tune a built-in model instead of PATH")
+    p.add_argument("--config", default=None,
+                   help="model size: " + "; ".join(f"{m}: {' '.join(f.configs)}" for m, f in FAMILIES.items())
+                   + "; or dimensions 'layers=80,d_model=8192,heads=64,kv_heads=8,d_ff=28672,vocab=128256' "
+                   "(default: the smallest real size)")
+    p.add_argument("--mesh", default="data=2,model=4",
+                   help="mesh axes for --model: data, fsdp, model, stage, expert (default data=2,model=4)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--remat", default="none", choices=tuple(pipeline.REMAT_POLICIES),
+                   help="rematerialisation policy of each layer, by MaxText's names (default none)")
+    p.add_argument("--attention", default="xla", choices=("xla", "flash"),
+                   help="xla: scores materialised; flash: the fused flash-attention kernel (llama, mixtral)")
+    p.add_argument("--unroll", action="store_true", help="unroll the layers instead of a scan")
+
+
 def _add_tune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune",
@@ -196,19 +215,12 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         "(PATH) or a built-in model compiled on this machine's devices (--model).",
     )
     _add_input_args(p)
-    p.add_argument("--model", choices=("gpt2", "bert", "t5"),
-                   help="tune a built-in model instead of PATH")
-    p.add_argument("--config", default=None,
-                   help="model size (gpt2: 124M 355M 774M 1.5B tiny; bert: base large tiny; "
-                   "t5: small base tiny); default: the smallest real size")
-    p.add_argument("--mesh", default="data=2,model=4",
-                   help="mesh axes for --model: data, fsdp, model, stage (default data=2,model=4)")
+    _add_model_args(p)
     p.add_argument("--recipe", default=None,
                    help="sharding recipe for --model (default: from the mesh axes, e.g. dp+tp)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=None,
                    help="sequence length (default: 512, or the model's maximum if shorter)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--commfuse", default="auto", choices=("auto", "off", "on"),
                    help="with a tp+sp recipe: run the MLP's all-gather/reduce-scatter as CommFuse "
                    "rings (recipe part cf) when the cost model predicts it faster (auto), never, "
@@ -220,109 +232,38 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    "tuner config, LHS profile, trace) into DIR")
 
 
-_AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp"}
+def _log(message: str) -> None:
+    print(f"lagom-jax: {message}", file=sys.stderr)
 
 
-def _model_graph(args: argparse.Namespace):
-    """Compile a built-in model's train step for the GPU cluster (``--hardware``, ``--nodes``).
-
-    Returns (StepGraph, HLO text, hardware, where, recompile): XLA's GPU pipeline compiles the step
-    for abstract GPUs of the preset (nothing runs, no GPU needed); when that route is
-    missing, XLA:CPU compiles it on fake CPU devices, with a warning of what is lost.
-    ``recompile(options)`` compiles the same step again with compile options (None on
-    the XLA:CPU fallback: XLA:CPU ignores the GPU options, so recompiling proves nothing).
-    """
+def _model_source(args: argparse.Namespace):
+    """The built-in model of ``--model`` and the cluster its mesh runs on (--hardware, --nodes:
+    a mesh larger than one node fills mesh / gpus_per_node nodes unless they say otherwise)."""
     import math
 
-    from lagom_jax import gpu_compile, models
+    from lagom_jax import job, models
 
-    gpu_compile.prepare()  # before anything starts JAX's backends ("auto" hardware does)
     try:
         shape = models.parse_mesh(args.mesh)
+        config = args.config or models.DEFAULT_CONFIG[args.model]
+        source = job.ModelSource(args.model, config, shape, args.recipe, args.batch_size, args.seq_len,
+                                 args.dtype, args.remat, not args.unroll, args.attention, args.commfuse)
+        n = math.prod(shape.values())
+        given = _hardware(args, n)
+        hw = job.mesh_cluster(given, n, grow=args.nodes is None and ":" not in args.hardware)
     except ValueError as err:
         raise _UsageError(str(err)) from None
-    recipe = args.recipe or "+".join(_AXIS_PART[a] for a in shape if a in _AXIS_PART)
-    n = math.prod(shape.values())
-    hw = _cluster_for_mesh(args, n)
-    try:
-        target = gpu_compile.step_devices(hw, n)
-    except gpu_compile.DevicelessUnavailable as err:
-        raise _UsageError(str(err)) from None
-    if target.warning:
-        print(f"lagom-jax: warning: {target.warning}.", file=sys.stderr)
-    config = args.config or models.DEFAULT_CONFIG[args.model]
-    try:
-        seq_len = args.seq_len
-        if seq_len is None and config in models.FAMILIES[args.model].configs:
-            seq_len = min(512, models.FAMILIES[args.model].configs[config].max_len)
-        recipe = _with_commfuse(args, recipe, shape, config, seq_len, hw)
-        built = models.build(args.model, config, recipe, shape, batch_size=args.batch_size,
-                             seq_len=seq_len, dtype=args.dtype, devices=target.devices)
-    except ValueError as err:  # unknown config, infeasible mesh, bad sizes: say which
-        raise _UsageError(str(err)) from None
-    print(f"lagom-jax: {target.where} ({args.model} {config}, {recipe}, mesh {args.mesh}) ...",
-          file=sys.stderr)
-    text = built.compiled_text()
-    recompile = built.compiled_text if target.deviceless else None
-    return graph.from_hlo_text(text), text, hw, target.where, recompile
-
-
-def _with_commfuse(args: argparse.Namespace, recipe: str, shape: dict[str, int], config: str,
-                   seq_len: int | None, hw: hardware.HardwareProfile) -> str:
-    """The recipe with CommFuse rings (part ``cf``) where ``--commfuse`` and the cost model
-    say so; the decision and its reason go to stderr."""
-    from lagom_jax import commfuse, models
-
-    parts = models.parse_recipe(recipe)
-    if args.commfuse == "off" or "cf" in parts or not {"tp", "sp"} <= parts:
-        if args.commfuse == "on" and not {"tp", "sp"} <= parts:
-            raise _UsageError(f"--commfuse on needs a tp+sp recipe, got {recipe!r}")
-        return recipe
-    if args.commfuse == "on":
-        print("lagom-jax: CommFuse: the MLP runs rings (--commfuse on)", file=sys.stderr)
-        args.decisions = (("commfuse", "the MLP runs rings (--commfuse on)"),)
-        return recipe + "+cf"
-    cfg = models.FAMILIES[args.model].configs.get(config)
-    t = shape.get("model", 1)
-    if cfg is None or t < 2 or cfg.d_ff % t or (args.batch_size * (seq_len or 0)) % t:
-        return recipe
-    gpn = hw.gpus_per_node
-    nodes = max(1, min(hw.nodes, -(-t // gpn)))
-    ring, why = commfuse.choose_mlp(tokens=args.batch_size * (seq_len or 0), d_model=cfg.d_model,
-                                    d_ff=cfg.d_ff, t=t, hw=hw, nodes=nodes,
-                                    itemsize=2 if args.dtype == "bfloat16" else 4)
-    print(f"lagom-jax: {why}", file=sys.stderr)
-    args.decisions = (("commfuse", why.removeprefix("CommFuse: ")),)
-    return recipe + "+cf" if ring else recipe
-
-
-def _cluster_for_mesh(args: argparse.Namespace, n: int) -> hardware.HardwareProfile:
-    """The cluster a mesh of ``n`` devices runs on: the mesh, the preset and --nodes agree.
-
-    Without --nodes, a mesh larger than one node fills ``n / gpus_per_node`` nodes.
-    """
-    hw = _hardware(args, n)
-    fits = n == hw.num_gpus or (hw.nodes == 1 and n < hw.gpus_per_node)
-    if not fits:
-        raise _UsageError(
-            f"mesh {args.mesh} has {n} devices but {hw.name} with {hw.nodes} node(s) has "
-            f"{hw.num_gpus} GPUs ({hw.gpus_per_node} per node); give a mesh of "
-            f"{hw.num_gpus} devices or --nodes to match "
-            + (f"({n // hw.gpus_per_node})" if n % hw.gpus_per_node == 0
-               else f"(a mesh of a multiple of {hw.gpus_per_node} devices)"))
     if n < hw.gpus_per_node:
-        print(f"lagom-jax: mesh {args.mesh} uses {n} of the {hw.gpus_per_node} GPUs of one "
-              f"{hw.name} node; the plan is for those {n}", file=sys.stderr)
-    elif hw.nodes > 1 and args.nodes is None and ":" not in args.hardware:
-        print(f"lagom-jax: mesh {args.mesh} has {n} devices: {hw.name} grown to {hw.nodes} nodes of "
-              f"{hw.gpus_per_node} GPUs", file=sys.stderr)
-    return hw
+        _log(f"mesh {args.mesh} uses {n} of the {hw.gpus_per_node} GPUs of one {hw.name} node; "
+             f"the plan is for those {n}")
+    elif hw.nodes != given.nodes:
+        _log(f"mesh {args.mesh} has {n} devices: {hw.name} grown to {hw.nodes} nodes of "
+             f"{hw.gpus_per_node} GPUs")
+    return source, hw
 
 
 def _run_tune(args: argparse.Namespace) -> int:
-    import hashlib
-
-    from lagom_jax import api, flags, planning
+    from lagom_jax import api, gpu_compile, job
 
     _require_positive(args, "batch_size", "seq_len")
     if args.out is not None and pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
@@ -330,32 +271,18 @@ def _run_tune(args: argparse.Namespace) -> int:
     if args.model is not None:
         if args.path is not None or args.example is not None:
             raise _UsageError("give PATH, --example or --model, not several")
-        step, text, hw, where, recompile = _model_graph(args)
+        source, hw = _model_source(args)
     else:
         text = _read_text(args)
-        step = _parse_graph(text, args)
-        hw, where, recompile = _hardware(args), _where(args), None
-    print(f"lagom-jax: hardware: {hw.name}; {len(step.collectives)} collectives, "
-          f"{len(step.tasks)} tasks; searching ...", file=sys.stderr)
+        _parse_graph(text, args)  # unreadable HLO: one line, exit 2
+        source, hw = job.HloSource(text, _where(args)), _hardware(args)
     try:
-        planned = planning.plan(step, hw, strategy=args.strategy,
-                                fingerprint=hashlib.sha256(text.encode()).hexdigest())
-    except ValueError as err:  # e.g. exhaustive refusing a step too large to enumerate
+        tuned = job.run(source, hw, strategy=args.strategy, log=_log)
+    except (ValueError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
-    plan, results = planned.plan, planned.results
-    plan = dataclasses.replace(plan, decisions=getattr(args, "decisions", ()))
-    flags.validate(plan.xla_flags(), plan.compiler_options())
-    if recompile is not None:
-        from lagom_jax import verify
-
-        if plan.compiler_options():
-            print(f"lagom-jax: verifying: recompiling with the plan's "
-                  f"{len(plan.compiler_options())} option(s), each left out once ...", file=sys.stderr)
-        plan, _ = verify.verify_plan(plan, planned.chosen.graph, text, recompile)
-    else:
-        plan = dataclasses.replace(plan, verification=(("plan", f"not recompiled: {where} cannot "
-                                   "be compiled again here; its options passed the installed XLA's "
-                                   "flag parser"),))
+    for warning in tuned.compiled.warnings:
+        _log(f"warning: {warning}.")
+    plan, results = tuned.plan, tuned.planned.results
     env = api.nccl_env(plan)
     if args.json:
         print(json.dumps({
@@ -365,13 +292,13 @@ def _run_tune(args: argparse.Namespace) -> int:
                                   "search_time_s": r.search_time_s,
                                   "speedup": r.makespan_us and plan.speedup_over(name)}
                            for name, r in results.items()},
-            "xla_flags": plan.xla_flags(), "nccl_env": env, "compiled_by": where,
+            "xla_flags": plan.xla_flags(), "nccl_env": env, "compiled_by": tuned.where,
             "verification": [list(v) for v in plan.verification],
             "decisions": [list(d) for d in plan.decisions],
             "collectives": plan.to_dict()["collectives"],
         }))
     else:
-        print(f"module: {where}")
+        print(f"module: {tuned.where}")
         print(plan.report())
         if plan.flags:
             print("\nXLA_FLAGS (checked by the installed XLA):")
@@ -387,71 +314,13 @@ def _run_tune(args: argparse.Namespace) -> int:
             f"{plan.speedup_over(n):.3f}x over {n}" for n in results if n != plan.strategy)
             + "  (predicted by the cost model, not measured)")
     if args.out:
-        launch = _write_artifacts(pathlib.Path(args.out), plan, planned.chosen)
+        launch = tuned.write(args.out, _log)
         if not args.json:
             print(f"\nto run with this plan: {launch} python train.py   (sets XLA_FLAGS, the NCCL "
                   "environment and the NCCL tuner plugin with its config)")
     elif not args.json:
         print("\nto run with this plan: add --out DIR, then DIR/launch.sh python train.py")
     return 0
-
-
-def _write_artifacts(out: pathlib.Path, plan, result) -> pathlib.Path:
-    """Every artifact of a plan in ``out``, and ``launch.sh``, which applies all of them.
-
-    The tuner plugin is built into ``out`` too (when a C compiler is there), so the folder
-    can be copied to the cluster as it is: ``launch.sh`` finds the plugin and its config
-    beside itself. Returns the path of ``launch.sh``.
-    """
-    from lagom_jax import nccl_tuner, trace
-
-    out.mkdir(parents=True, exist_ok=True)
-    plan.save(out / "plan.json")
-    (out / "report.txt").write_text(plan.report(top=10_000, why_width=None) + "\n")
-    (out / "xla_flags.txt").write_text(plan.xla_flags() + "\n" if plan.flags else "")
-    (out / "nccl_tuner.conf").write_text(plan.nccl_tuner_config())
-    (out / "lhs_profile.pbtxt").write_text(plan.lhs_profile())
-    try:
-        plugin = nccl_tuner.build_tuner(out)
-        plugin_note = ""
-    except nccl_tuner.TunerBuildError as err:
-        plugin = None
-        plugin_note = f"the NCCL tuner plugin was not built ({str(err).splitlines()[0]}); " \
-                      "per-collective choices are not applied"
-        print(f"lagom-jax: {plugin_note}", file=sys.stderr)
-    env = plan.nccl_env(config_path=out / "nccl_tuner.conf", plugin_path=plugin or out / "missing.so")
-    env.pop("NCCL_TUNER_PLUGIN", None)
-    env.pop(nccl_tuner.CONFIG_ENV, None)
-    (out / "nccl_env.sh").write_text(
-        "# NCCL environment of this plan, for every rank, before the first communicator:\n"
-        + ("".join(f"export {k}={v}\n" for k, v in sorted(env.items())) or "# (none beyond the tuner plugin)\n"))
-    launch = out / "launch.sh"
-    lines = ["#!/usr/bin/env bash",
-             f"# lagom-jax plan: {plan.module} on {plan.hardware} ({plan.nodes} node(s) x {plan.gpus_per_node} "
-             f"GPUs), strategy {plan.strategy}, predicted step {plan.makespan_us / 1e3:.3f} ms (cost model).",
-             "# Usage, on every rank: ./launch.sh python train.py ...",
-             "set -euo pipefail",
-             'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
-    if plan.flags:
-        lines.append(f'export XLA_FLAGS="${{XLA_FLAGS:-}} {plan.xla_flags()}"')
-    lines += [f"export {k}={v}" for k, v in sorted(env.items())]
-    if plugin is not None:
-        lines += [f'export NCCL_TUNER_PLUGIN="$here/{plugin.name}"',
-                  f'export {nccl_tuner.CONFIG_ENV}="$here/nccl_tuner.conf"']
-    else:
-        lines.append(f"# {plugin_note}")
-    lines.append('exec "$@"')
-    launch.write_text("\n".join(lines) + "\n")
-    launch.chmod(0o755)
-    trace.write_perfetto(result.timeline, result.graph, out / "trace.json")
-    try:
-        trace.to_png(result.timeline, result.graph, out / "timeline.png",
-                     title=f"predicted by the cost model: {plan.strategy} plan")
-    except ImportError as err:
-        print(f"lagom-jax: no timeline.png ({err})", file=sys.stderr)
-    print(f"lagom-jax: wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}",
-          file=sys.stderr)
-    return launch
 
 
 # ----------------------------------------------------------------------------- build-tuner

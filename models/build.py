@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .families import FAMILIES
-from .pipeline import Pipeline, Stack
+from . import attention as attention_lib
+from .families import FAMILIES, resolve_config
+from .layers import ModelConfig
+from .pipeline import Pipeline, Stack, check_remat
 from .sharding import (Layout, activation_rules, check_mesh, default_mesh_shape, make_mesh,
                        param_rules, parse_mesh, parse_recipe, to_mesh_spec)
 
@@ -82,7 +84,7 @@ def _init_params(model: str, config: str, dtype: str) -> Callable[[jax.Array], A
     Parameters are created unsharded and then placed with `device_put`; random values do
     not depend on the sharding, so every recipe starts from the same weights.
     """
-    family, cfg = FAMILIES[model], FAMILIES[model].configs[config]
+    family, cfg = FAMILIES[model], resolve_config(model, config)
     return jax.jit(lambda rng: nn.meta.unbox(family.init(cfg, rng, DTYPES[dtype])))
 
 
@@ -118,27 +120,45 @@ def _check_divisible(abstract: Any, specs: Any, mesh: Mesh, what: str) -> None:
                     "axis sizes divide it, or another config/recipe")
 
 
+def _check_model_axes(model: str, cfg: ModelConfig, shape: Mapping[str, int]) -> None:
+    """Heads over ``model`` and experts over ``expert`` must divide evenly: say which not."""
+    t, e = shape.get("model", 1), shape.get("expert", 1)
+    for what, n in (("heads", cfg.heads), ("kv heads", cfg.kv)):
+        if n % t:
+            raise ValueError(f"{model}: {what} {n} not divisible by the model axis {t}; choose "
+                             f"model in {[d for d in range(1, n + 1) if n % d == 0]}")
+    if e > 1 and (not cfg.experts or cfg.experts % e):
+        raise ValueError(f"{model}: experts {cfg.experts} not divisible by the expert axis {e}")
+
+
 def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, int] | None = None,
           *, batch_size: int = 8, seq_len: int | None = None, dtype: str = "float32",
           learning_rate: float = 1e-3, microbatches: int | None = None,
-          devices: Sequence[jax.Device] | None = None) -> Built:
+          devices: Sequence[jax.Device] | None = None, remat: str = "none", scan: bool = True,
+          attention: str = "xla") -> Built:
     """Build a sharded AdamW train step for ``model``/``config`` under ``recipe`` on a mesh.
 
-    model: ``gpt2`` | ``bert`` | ``t5``; config: e.g. ``tiny``, ``124M``, ``1.5B``, ``large``,
-    ``base``; recipe: parts ``dp fsdp tp sp pp`` joined by ``+`` (see sharding.py);
-    mesh_shape: ``"data=2,model=4"`` or a dict (default: all devices on the recipe's one
-    axis); seq_len defaults to the config's maximum length; dtype is the compute dtype
-    (weights and optimizer state stay float32); microbatches (``pp`` only) defaults to
-    twice the number of stages.
+    model: ``gpt2`` | ``bert`` | ``t5`` | ``llama`` | ``mixtral``; config: a name (e.g.
+    ``tiny``, ``124M``, ``llama3-8b``, ``mixtral-8x7b``) or dimensions
+    ``"layers=80,d_model=8192,..."`` (families.resolve_config); recipe: parts
+    ``dp fsdp tp sp ep pp`` joined by ``+`` (see sharding.py); mesh_shape:
+    ``"data=2,model=4"`` or a dict (default: all devices on the recipe's one axis); seq_len
+    defaults to the config's maximum length; dtype is the compute dtype (weights and
+    optimizer state stay float32); microbatches (``pp`` only) defaults to twice the number
+    of stages; remat: a policy of ``pipeline.REMAT_POLICIES`` (MaxText's names); scan:
+    layers under `lax.scan` (else unrolled); attention: ``xla`` or ``flash``
+    (models/attention.py).
     """
-    if model not in FAMILIES:
+    family = FAMILIES.get(model)
+    if family is None:
         raise _known("model", model, sorted(FAMILIES))
-    family = FAMILIES[model]
-    if config not in family.configs:
-        raise _known(f"{model} config", config, list(family.configs))
+    cfg = resolve_config(model, config)
     if dtype not in DTYPES:
         raise _known("dtype", dtype, list(DTYPES))
-    cfg, cdt = family.configs[config], DTYPES[dtype]
+    check_remat(remat)
+    if attention not in attention_lib.IMPLS:
+        raise _known("attention", attention, list(attention_lib.IMPLS))
+    cdt = DTYPES[dtype]
     seq_len = cfg.max_len if seq_len is None else seq_len
     if not 0 < seq_len <= cfg.max_len:
         raise ValueError(f"seq_len {seq_len} outside 1..{cfg.max_len} for {model} {config}")
@@ -152,6 +172,7 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     else:
         shape = parse_mesh(mesh_shape)
     check_mesh(parts, shape)
+    _check_model_axes(model, cfg, shape)
     mesh = make_mesh(shape, devices)
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -191,7 +212,8 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     batch_sh_one = NamedSharding(mesh, to_mesh_spec(("act_batch", None), arules))
     batch_shapes = family.batch_shapes(batch_size, seq_len)
     batch_sh = {k: batch_sh_one for k in batch_shapes}
-    layout, stack = Layout(mesh, arules, commfuse="cf" in parts), Stack(pipeline)
+    layout = Layout(mesh, arules, commfuse="cf" in parts, attention=attention)
+    stack = Stack(pipeline, remat=remat, scan=scan)
 
     def loss_fn(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         return family.loss(cfg, params, batch, layout, stack, cdt)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .llama import Llama, Mixtral
 from .layers import (LOGITS, RESID, Block, BlockStyle, Embed, ModelConfig, Norm, weight,
                      cross_entropy, normal)
 from .pipeline import Stack
@@ -332,7 +333,38 @@ class T5:
                 "dec_inputs": dec_inputs, "targets": targets}
 
 
-FAMILIES: dict[str, Any] = {"gpt2": GPT2(), "bert": BERT(), "t5": T5()}
+FAMILIES: dict[str, Any] = {"gpt2": GPT2(), "bert": BERT(), "t5": T5(), "llama": Llama(),
+                            "mixtral": Mixtral()}
 
 # The smallest real size of each model: what tools use when no size is given.
-DEFAULT_CONFIG: dict[str, str] = {"gpt2": "124M", "bert": "base", "t5": "small"}
+DEFAULT_CONFIG: dict[str, str] = {"gpt2": "124M", "bert": "base", "t5": "small",
+                                  "llama": "llama2-7b", "mixtral": "mixtral-8x7b"}
+
+
+def resolve_config(model: str, config: str) -> ModelConfig:
+    """A named configuration of ``model``, or custom dimensions ``"layers=80,d_model=8192,..."``
+    (the fields of ModelConfig; those not given come from the model's default config)."""
+    if model not in FAMILIES:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(sorted(FAMILIES))}")
+    configs = FAMILIES[model].configs
+    if "=" not in config:
+        if config not in configs:
+            raise ValueError(f"unknown {model} config {config!r}; known: {', '.join(configs)}, "
+                             "or dimensions such as 'layers=80,d_model=8192,heads=64'")
+        return configs[config]
+    fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+    values: dict[str, Any] = {}
+    for item in config.split(","):
+        key, _, value = (part.strip() for part in item.partition("="))
+        key = {"ffn": "d_ff"}.get(key, key)
+        if key not in fields:
+            raise ValueError(f"bad {model} config {config!r}: unknown field {key!r} (known: "
+                             f"{', '.join(fields)}, ffn for d_ff)")
+        try:
+            values[key] = float(value) if fields[key] == "float" else int(value)
+        except ValueError:
+            raise ValueError(f"bad {model} config {config!r}: {key}={value!r} is not a number") from None
+    base = configs[DEFAULT_CONFIG[model]]
+    if "heads" in values and "head_dim" not in values and "d_model" in values:
+        values["head_dim"] = values["d_model"] // values["heads"]
+    return dataclasses.replace(base, **values)

@@ -40,9 +40,34 @@ class ModelConfig:
     heads: int
     head_dim: int
     d_ff: int
-    layers: int  # decoder layers for GPT-2, encoder layers for BERT and T5
+    layers: int  # decoder layers for GPT-2 and Llama, encoder layers for BERT and T5
     max_len: int
     dec_layers: int = 0  # T5 only
+    kv_heads: int = 0  # grouped-query attention (Llama); 0: as many as ``heads``
+    experts: int = 0  # routed experts per MoE layer (Mixtral); 0: a dense MLP
+    top_k: int = 0  # experts each token is routed to
+    capacity_factor: float = 1.25  # expert capacity over an even share; extra tokens drop
+    rope_theta: float = 10000.0  # rotary position base (Llama)
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for f in ("vocab", "d_model", "heads", "head_dim", "d_ff", "layers", "max_len"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"model config: {f} must be >= 1, got {getattr(self, f)}")
+        if self.kv_heads < 0 or self.kv_heads and self.heads % self.kv_heads:
+            raise ValueError(f"model config: heads {self.heads} must be a multiple of kv_heads "
+                             f"{self.kv_heads}")
+        if self.experts < 0 or self.experts and not 0 < self.top_k <= self.experts:
+            raise ValueError(f"model config: top_k {self.top_k} must be in 1..experts "
+                             f"({self.experts})")
+        if self.experts and not self.capacity_factor > 0:
+            raise ValueError(f"model config: capacity_factor must be positive, got "
+                             f"{self.capacity_factor}")
+
+    @property
+    def kv(self) -> int:
+        """Key/value heads (``heads`` unless grouped-query attention)."""
+        return self.kv_heads or self.heads
 
 
 def weight(mod: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...],

@@ -26,13 +26,45 @@ from jax.sharding import Mesh, PartitionSpec as P
 # layer(params_of_one_layer, x, enc, bias) -> x
 LayerFn = Callable[[Any, jax.Array, jax.Array | None, jax.Array | None], jax.Array]
 
+_cp = jax.checkpoint_policies
+_PROJ = ("query_proj", "key_proj", "value_proj", "qkv_proj")
+# Rematerialisation policies by MaxText's names (AI-Hypercomputer/maxtext, the decoder's
+# remat policy table): what each layer keeps for the backward pass; the rest is recomputed.
+# The names refer to `checkpoint_name` tags in the layers (llama.py). None: no remat.
+REMAT_POLICIES: dict[str, Any] = {
+    "none": None,  # keep everything (no jax.checkpoint)
+    "minimal": _cp.checkpoint_dots_with_no_batch_dims,  # every weight matmul's output
+    "minimal_flash": _cp.save_from_both_policies(_cp.checkpoint_dots_with_no_batch_dims,
+                                                 _cp.save_only_these_names("context")),
+    "save_dot_except_mlpwi": _cp.save_only_these_names(*_PROJ, "out_proj", "mlpwo"),
+    "save_dot_except_mlp": _cp.save_only_these_names(*_PROJ, "out_proj"),
+    "save_qkv_proj": _cp.save_only_these_names(*_PROJ),
+    "full": _cp.nothing_saveable,  # only the layer's input
+}
+
+
+def check_remat(remat: str) -> None:
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"unknown remat policy {remat!r}; known: {', '.join(REMAT_POLICIES)}")
+
 
 def scan_layers(layer: LayerFn, params: Any, x: jax.Array, enc: jax.Array | None,
-                bias: jax.Array | None) -> jax.Array:
+                bias: jax.Array | None, *, remat: str = "none", scan: bool = True) -> jax.Array:
+    """The layers one after another: a `lax.scan` over the stacked parameters (one while
+    loop in HLO), or unrolled (``scan=False``), each layer rematerialised by ``remat``."""
+    check_remat(remat)
+    if remat != "none":
+        layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=not scan)
+
     def body(h: jax.Array, p: Any) -> tuple[jax.Array, None]:
         return layer(p, h, enc, bias), None
 
-    return jax.lax.scan(body, x, params)[0]
+    if scan:
+        return jax.lax.scan(body, x, params)[0]
+    n = jax.tree.leaves(params)[0].shape[0]
+    for i in range(n):
+        x = body(x, jax.tree.map(lambda a: a[i], params))[0]
+    return x
 
 
 def _split(x: jax.Array, m: int) -> jax.Array:
@@ -81,12 +113,18 @@ class Pipeline:
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
-    """How a model runs its layer stacks: plain scan, or `pipeline` when ``pp`` is on."""
+    """How a model runs its layer stacks: scanned (or unrolled) with a remat policy, or
+    `pipeline` when ``pp`` is on."""
 
     pipeline: Pipeline | None = None
+    remat: str = "none"
+    scan: bool = True
+
+    def __post_init__(self) -> None:
+        check_remat(self.remat)
 
     def __call__(self, layer: LayerFn, params: Any, x: jax.Array, enc: jax.Array | None = None,
                  bias: jax.Array | None = None) -> jax.Array:
         if self.pipeline is None:
-            return scan_layers(layer, params, x, enc, bias)
+            return scan_layers(layer, params, x, enc, bias, remat=self.remat, scan=self.scan)
         return self.pipeline(layer, params, x, enc, bias)

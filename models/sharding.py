@@ -12,6 +12,8 @@ part        mesh axis  what it shards
 ``sp``      ``model``  with ``tp``: the residual stream along the sequence, so
                        layer norms run on sequence shards (all-gather before and
                        reduce-scatter after each tensor-parallel sublayer)
+``ep``      ``expert`` the experts of MoE layers (Mixtral), and the batch outside
+                       them: tokens reach their experts by all-to-all
 ``pp``      ``stage``  the stacked layer dimension; GPipe schedule (pipeline.py)
 ``cf``      ``model``  with ``tp+sp``: the MLP's all-gather + matmul and matmul +
                        reduce-scatter run as CommFuse rings of point-to-point
@@ -34,8 +36,12 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 PART_AXIS: dict[str, str] = {"dp": "data", "fsdp": "fsdp", "tp": "model", "sp": "model",
-                             "pp": "stage", "cf": "model"}
-BATCH_AXES = ("data", "fsdp")
+                             "pp": "stage", "cf": "model", "ep": "expert"}
+BATCH_AXES = ("data", "fsdp", "expert")
+# The order of mesh axes, slowest-varying first: with devices numbered host by host, the
+# last axes (``model``, ``expert``) stay inside a node and ``data``/``fsdp`` span nodes, the
+# split MaxText makes between its DCN and ICI meshes.
+AXIS_ORDER = ("data", "stage", "fsdp", "model", "expert")
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
@@ -115,8 +121,10 @@ def param_rules(parts: frozenset[str]) -> Rules:
     rules: list[tuple[str, str]] = []
     if "pp" in parts:
         rules.append(("layers", "stage"))
+    if "ep" in parts:
+        rules.append(("exp", "expert"))
     if "tp" in parts:
-        rules += [("heads", "model"), ("mlp", "model"), ("vocab", "model")]
+        rules += [("heads", "model"), ("kv_heads", "model"), ("mlp", "model"), ("vocab", "model")]
     if "fsdp" in parts:
         rules.append(("embed", "fsdp"))
     return tuple(rules)
@@ -125,6 +133,11 @@ def param_rules(parts: frozenset[str]) -> Rules:
 def activation_rules(parts: frozenset[str], mesh_axes: Sequence[str]) -> Rules:
     batch = tuple(a for a in BATCH_AXES if a in mesh_axes)
     rules: list[tuple[str, str | tuple[str, ...] | None]] = [("act_batch", batch or None)]
+    if "ep" in parts:
+        # Tokens dispatched to experts: [experts, groups, capacity, d_model], the experts
+        # over ``expert`` and the groups over the other batch axes (the all-to-all's output).
+        rules += [("act_exp", "expert"),
+                  ("act_exp_batch", tuple(a for a in batch if a != "expert") or None)]
     if "tp" in parts:
         rules += [("act_heads", "model"), ("act_mlp", "model"), ("act_vocab", "model")]
     if "sp" in parts:
@@ -148,6 +161,9 @@ class Layout:
     rules: Rules = ()
     # Recipe part ``cf``: the MLP's sequence-parallel collectives run as CommFuse rings.
     commfuse: bool = False
+    # How attention runs (models/attention.py): "xla" materialises the scores, "flash" runs
+    # the fused flash-attention kernel.
+    attention: str = "xla"
 
     def constrain(self, x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
         if self.mesh is None:

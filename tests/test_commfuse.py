@@ -109,23 +109,22 @@ def test_the_choice_follows_compute_against_transfer():
         commfuse.choose("allreduce", rows=64, k=8, n=8, t=8, hw=hw)
 
 
-def test_tune_applies_the_choice_to_the_recipe(capsys):
-    import argparse
-
-    from lagom_jax import cli, hardware
+def test_tune_applies_the_choice_to_the_recipe():
+    from lagom_jax import hardware, job
 
     hw = hardware.get("h100-sxm-8")
+    said = []
 
     def recipe(mode, base="tp+sp", model="gpt2", config="1.5B", batch=8):
-        args = argparse.Namespace(commfuse=mode, model=model, batch_size=batch, dtype="bfloat16")
-        return cli._with_commfuse(args, base, {"model": 8}, config, 1024, hw)
+        src = job.ModelSource(model, config, {"model": 8}, base, batch, 1024, commfuse=mode)
+        return job._with_commfuse(src, hw, said.append)[0]
 
     assert recipe("on") == "tp+sp+cf"
     assert recipe("off") == "tp+sp"
     assert recipe("auto") == "tp+sp"  # comm-bound at TP 8: the cost model keeps the plain collectives
-    assert "CommFuse: the MLP runs plain collectives" in capsys.readouterr().err
+    assert any("CommFuse: the MLP runs plain collectives" in s for s in said)
     assert recipe("auto", base="dp+tp") == "dp+tp"  # no sequence parallelism: nothing to decompose
-    with pytest.raises(cli._UsageError, match="needs a tp\\+sp recipe"):
+    with pytest.raises(ValueError, match="needs a tp\\+sp recipe"):
         recipe("on", base="dp+tp")
 
 
@@ -136,5 +135,5 @@ def test_the_plan_records_the_commfuse_decision(capsys):
             "--commfuse", "on", "--json"]
     assert cli.main(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["decisions"] == [["commfuse", "the MLP runs rings (--commfuse on)"]]
+    assert out["decisions"] == [["commfuse", "the MLP runs rings (commfuse on)"]]
     assert sum(c["kind"] == "collective-permute" for c in out["collectives"]) > 0

@@ -1,0 +1,229 @@
+"""One pipeline from a step to a verified Plan, whatever the step's source.
+
+``run(source, hardware, strategy=...)`` is the tuning pipeline of every face: the CLI's
+``tune``, the prediction contract (``lagom_jax.predict``), ``advise`` and the benchmark
+suite. Its steps, in order:
+
+1. **compile** the source for the cluster: a built-in model (:class:`ModelSource`) is built
+   on abstract GPUs of the cluster and compiled by XLA's GPU pipeline (deviceless), with
+   XLA:CPU as the stated fallback; an HLO text (:class:`HloSource`) is read as it is;
+2. **read** the module into a StepGraph;
+3. **plan**: the strategy and the baselines (``planning.plan``);
+4. **validate** every flag and option with the installed XLA (``flags.validate``);
+5. **verify** by recompiling with the Plan's options where the source can be compiled
+   again (``verify.verify_plan``); otherwise the Plan says why not.
+
+The result, a :class:`Job`, holds the Plan and everything behind it, and writes the
+artifacts (``Job.write``). Progress goes to ``log`` (the CLI passes stderr); nothing else is
+printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import pathlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lagom_jax import flags as flags_lib
+from lagom_jax import graph as graph_lib
+from lagom_jax import hardware as hardware_lib
+from lagom_jax import planning
+from lagom_jax.plan import Plan
+
+__all__ = ["HloSource", "Job", "ModelSource", "compile_source", "mesh_cluster", "run"]
+
+Log = Callable[[str], None]
+_AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp", "expert": "ep"}
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """A built-in model's train step (``lagom_jax.models.build``) on a mesh.
+
+    ``recipe`` defaults to one part per mesh axis (data: dp, fsdp: fsdp, model: tp,
+    stage: pp, expert: ep). ``commfuse`` (auto|off|on) applies to tp+sp recipes: whether
+    the MLP runs CommFuse rings (``commfuse.choose_mlp`` decides under auto).
+    """
+
+    model: str
+    config: str
+    mesh: str | Mapping[str, int] = "data=2,model=4"
+    recipe: str | None = None
+    batch_size: int = 8
+    seq_len: int | None = None
+    dtype: str = "bfloat16"
+    remat: str = "none"
+    scan: bool = True
+    attention: str = "xla"
+    commfuse: str = "off"
+    compiler_options: tuple[tuple[str, Any], ...] = ()
+
+    def shape(self) -> dict[str, int]:
+        from lagom_jax import models
+
+        return models.parse_mesh(self.mesh)
+
+    def resolved_recipe(self) -> str:
+        return self.recipe or "+".join(_AXIS_PART[a] for a in self.shape() if a in _AXIS_PART)
+
+    def describe(self) -> str:
+        mesh = ",".join(f"{a}={n}" for a, n in self.shape().items())
+        return f"{self.model} {self.config}, {self.resolved_recipe()}, mesh {mesh}"
+
+
+@dataclasses.dataclass(frozen=True)
+class HloSource:
+    """An HLO module's text (``compiled.as_text()`` or an XLA dump), and where it came from."""
+
+    text: str
+    where: str = "HLO module"
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """A source compiled for a cluster: its module, who made it, and how to remake it."""
+
+    text: str
+    where: str
+    hardware: hardware_lib.HardwareProfile
+    warnings: tuple[str, ...] = ()
+    decisions: tuple[tuple[str, str], ...] = ()
+    # options -> HLO text of the same step compiled with them; None: cannot compile again.
+    recompile: Callable[[Mapping[str, Any]], str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A tuned step: the Plan (validated, verified where possible) and what it came from."""
+
+    plan: Plan
+    planned: planning.Planned
+    compiled: Compiled
+
+    @property
+    def where(self) -> str:
+        return self.compiled.where
+
+    def predicted_ms(self, strategy: str) -> float:
+        return dict(self.plan.predicted_us)[strategy] / 1e3
+
+    def write(self, out: str | pathlib.Path, log: Log = _quiet) -> pathlib.Path:
+        """Every artifact of the Plan in ``out``; returns the path of ``launch.sh``."""
+        from lagom_jax import artifacts
+
+        return artifacts.write(pathlib.Path(out), self.plan, self.planned.chosen, log)
+
+
+def mesh_cluster(hw: hardware_lib.HardwareProfile, n: int, *, grow: bool) -> hardware_lib.HardwareProfile:
+    """The cluster a mesh of ``n`` devices runs on; ``grow``: fill ``n / gpus_per_node``
+    nodes when the mesh is larger than ``hw``. Raises ValueError when they disagree."""
+    if grow and hw.nodes == 1 and n > hw.gpus_per_node and n % hw.gpus_per_node == 0:
+        hw = hw.with_nodes(n // hw.gpus_per_node)
+    if not (n == hw.num_gpus or (hw.nodes == 1 and n < hw.gpus_per_node)):
+        fix = (f"({n // hw.gpus_per_node})" if n % hw.gpus_per_node == 0
+               else f"(a mesh of a multiple of {hw.gpus_per_node} devices)")
+        raise ValueError(f"mesh has {n} devices but {hw.name} with {hw.nodes} node(s) has "
+                         f"{hw.num_gpus} GPUs ({hw.gpus_per_node} per node); give a mesh of "
+                         f"{hw.num_gpus} devices or nodes to match {fix}")
+    return hw
+
+
+def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log) -> Compiled:
+    from lagom_jax import gpu_compile, models
+
+    gpu_compile.prepare()  # before anything starts JAX's backends
+    shape = src.shape()
+    n = math.prod(shape.values())
+    target = gpu_compile.step_devices(hw, n)
+    warnings = (target.warning,) if target.warning else ()
+    recipe, decisions = _with_commfuse(src, hw, log)
+    seq_len = src.seq_len
+    if seq_len is None:
+        seq_len = min(512, models.families.resolve_config(src.model, src.config).max_len)
+    built = models.build(src.model, src.config, recipe, shape, batch_size=src.batch_size,
+                         seq_len=seq_len, dtype=src.dtype, devices=target.devices,
+                         remat=src.remat, scan=src.scan, attention=src.attention)
+    log(f"{target.where} ({dataclasses.replace(src, recipe=recipe).describe()}) ...")
+    base = dict(src.compiler_options)
+    text = built.compiled_text(base)
+    recompile = (lambda options: built.compiled_text({**base, **options})) if target.deviceless else None
+    return Compiled(text, target.where, hw, warnings, decisions, recompile)
+
+
+def _with_commfuse(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log
+                   ) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The recipe with CommFuse rings (part ``cf``) where ``src.commfuse`` and the cost
+    model say so, and the decision with its reason."""
+    from lagom_jax import commfuse, models
+
+    recipe = src.resolved_recipe()
+    parts = models.parse_recipe(recipe)
+    if src.commfuse not in ("auto", "off", "on"):
+        raise ValueError(f"commfuse must be auto, off or on, got {src.commfuse!r}")
+    tp_sp = {"tp", "sp"} <= parts
+    if src.commfuse == "on" and not tp_sp:
+        raise ValueError(f"commfuse on needs a tp+sp recipe, got {recipe!r}")
+    if src.commfuse == "off" or "cf" in parts or not tp_sp:
+        return recipe, ()
+    if src.commfuse == "on":
+        log("CommFuse: the MLP runs rings (commfuse on)")
+        return recipe + "+cf", (("commfuse", "the MLP runs rings (commfuse on)"),)
+    cfg = models.families.resolve_config(src.model, src.config)
+    t = src.shape().get("model", 1)
+    tokens = src.batch_size * (src.seq_len or min(512, cfg.max_len))
+    if t < 2 or cfg.d_ff % t or tokens % t:
+        return recipe, ()
+    nodes = max(1, min(hw.nodes, -(-t // hw.gpus_per_node)))
+    ring, why = commfuse.choose_mlp(tokens=tokens, d_model=cfg.d_model, d_ff=cfg.d_ff, t=t, hw=hw,
+                                    nodes=nodes, itemsize=2 if src.dtype == "bfloat16" else 4)
+    log(why)
+    return (recipe + "+cf" if ring else recipe), (("commfuse", why.removeprefix("CommFuse: ")),)
+
+
+def compile_source(source: ModelSource | HloSource, hw: hardware_lib.HardwareProfile,
+                   log: Log = _quiet) -> Compiled:
+    """Step 1 of the pipeline: the module of ``source`` for the cluster ``hw``."""
+    if isinstance(source, HloSource):
+        return Compiled(source.text, source.where, hw)
+    if isinstance(source, ModelSource):
+        return _compile_model(source, hw, log)
+    raise TypeError(f"unknown source {type(source).__name__} (ModelSource or HloSource)")
+
+
+def run(source: ModelSource | HloSource, hardware: hardware_lib.HardwareProfile, *,
+        strategy: str = "lagom", baselines: tuple[str, ...] = planning.BASELINES,
+        verify: bool = True, log: Log = _quiet) -> Job:
+    """The pipeline (module docstring): compile, read, plan, validate, verify.
+
+    Raises ValueError for bad input (a model, mesh or config that cannot be built, an
+    unknown strategy, a step ``exhaustive`` refuses) and ``HloParseError`` for HLO it cannot
+    read; ``flags.FlagError`` when the installed XLA rejects a planned flag.
+    """
+    compiled = compile_source(source, hardware, log)
+    step = graph_lib.from_hlo_text(compiled.text)
+    hw = compiled.hardware
+    log(f"hardware: {hw.name}; {len(step.collectives)} collectives, {len(step.tasks)} tasks; searching ...")
+    planned = planning.plan(step, hw, strategy=strategy, baselines=baselines,
+                            fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest())
+    plan = dataclasses.replace(planned.plan, decisions=compiled.decisions)
+    flags_lib.validate(plan.xla_flags(), plan.compiler_options())
+    if verify and compiled.recompile is not None:
+        from lagom_jax import verify as verify_lib
+
+        if plan.compiler_options():
+            log(f"verifying: recompiling with the plan's {len(plan.compiler_options())} option(s), "
+                "each left out once ...")
+        plan, _ = verify_lib.verify_plan(plan, planned.chosen.graph, compiled.text, compiled.recompile)
+    else:
+        why = ("verification not asked for" if not verify else
+               f"not recompiled: {compiled.where} cannot be compiled again here")
+        plan = dataclasses.replace(plan, verification=(("plan", f"{why}; its options passed the "
+                                                        "installed XLA's flag parser"),))
+    return Job(plan, dataclasses.replace(planned, plan=plan), compiled)
