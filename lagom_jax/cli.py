@@ -15,6 +15,7 @@ import pathlib
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from lagom_jax import graph, hardware, hlo, report
 
@@ -413,33 +414,65 @@ def _run_advise(args: argparse.Namespace) -> int:
 
 _PREDICT_INTS = ("hidden", "heads", "layers", "seq_len", "vocab", "gpus", "tp", "dp", "pp",
                  "micro_batch", "global_batch")
+# predict --model: the contract's arguments (lagom_jax.predict_train_step_ms).
+_CONTRACT_INTS = ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab", "seq_len", "global_batch",
+                  "experts", "top_k")
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="predict the iteration time of a Megatron-LM GPT configuration",
-                       description="Predicted milliseconds per training iteration of a GPT "
-                       "configuration in Megatron-LM's terms (tensor x data x pipeline "
-                       "parallel, micro-batch, global batch), with its parts. Predicted by "
-                       "the cost model, never measured.")
-    for name in _PREDICT_INTS:
-        p.add_argument("--" + name.replace("_", "-"), type=int, required=name != "vocab",
-                       default=51200 if name == "vocab" else None)
+    from lagom_jax import predict
+    from lagom_jax.models import pipeline
+
+    p = sub.add_parser("predict", help="predict the step time of a Llama/Mixtral/GPT job, or of a "
+                       "Megatron-LM GPT configuration",
+                       description="With --model llama|mixtral|gpt: compile the family's training step "
+                       "with XLA's GPU pipeline for the cluster (deviceless) and predict its step time "
+                       "(lagom_jax.predict_train_step_ms). Without --model: milliseconds per iteration "
+                       "of a GPT configuration in Megatron-LM's terms (tensor x data x pipeline "
+                       "parallel, micro-batch, global batch), with its parts. Predicted by the cost "
+                       "model, never measured.")
+    p.add_argument("--model", choices=tuple(predict.FAMILY_MODELS),
+                   help="predict a built-in family's step compiled for the cluster (the contract)")
+    for name in dict.fromkeys(_PREDICT_INTS + _CONTRACT_INTS):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.add_argument("--ffn-hidden", type=int, default=None, help="FFN width (default 4 x hidden)")
     p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
     p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
                    help="activation recomputation; auto: the cheapest that fits in memory")
     p.add_argument("--sequence-parallel", action="store_true")
-    p.add_argument("--hardware", default="a100-sxm-8",
-                   help="a preset, NAME:nodes=N, or a HardwareProfile JSON file")
+    p.add_argument("--mesh", help="--model: e.g. fsdp=16 or data=2,fsdp=8 (axes data, fsdp, model, expert)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--remat", default="full", choices=tuple(pipeline.REMAT_POLICIES),
+                   help="--model: remat policy by MaxText's name (default full)")
+    p.add_argument("--xla-flag", action="append", default=[], metavar="NAME=VALUE",
+                   help="--model: an XLA flag applied to the compile (repeatable)")
+    p.add_argument("--strategy", default="xla-default", choices=("xla-default", "lagom"),
+                   help="--model: the step as XLA compiles it, or as lagom-jax tunes it")
+    p.add_argument("--hardware", default=None,
+                   help="a preset, NAME:nodes=N, or a HardwareProfile JSON file (default a100-sxm-8; "
+                   "with --model h100-sxm-8, nodes from the mesh)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
+def _flag_value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    return int(low) if low.lstrip("-").isdigit() else text.strip()
+
+
 def _run_predict(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        return _run_predict_model(args)
+    missing = [n for n in _PREDICT_INTS if n != "vocab" and getattr(args, n) is None]
+    if missing:
+        raise _UsageError("without --model, give " + ", ".join("--" + n.replace("_", "-") for n in missing))
     from lagom_jax import advise
 
     kw = {name: getattr(args, name) for name in _PREDICT_INTS}
+    kw["vocab"] = kw["vocab"] or 51200
     try:
-        step = advise.predict_step(**kw, hardware=args.hardware, schedule=args.schedule,
+        step = advise.predict_step(**kw, hardware=args.hardware or "a100-sxm-8", schedule=args.schedule,
                                    recompute=args.recompute, ffn_hidden=args.ffn_hidden,
                                    sequence_parallel=args.sequence_parallel)
     except (ValueError, OSError) as err:
@@ -448,6 +481,39 @@ def _run_predict(args: argparse.Namespace) -> int:
         print(json.dumps(dataclasses.asdict(step) | {"config": kw}, indent=2))
     else:
         print(f"predicted {step.total_ms:.1f} ms per iteration: {step.describe()}")
+    return 0
+
+
+def _run_predict_model(args: argparse.Namespace) -> int:
+    from lagom_jax import gpu_compile, models, predict
+
+    need = ("layers", "d_model", "heads", "ffn", "vocab", "seq_len", "global_batch")
+    missing = [n for n in need if getattr(args, n) is None]
+    if missing or not args.mesh:
+        raise _UsageError("--model needs " + ", ".join("--" + n.replace("_", "-") for n in (*missing, "mesh")
+                                                       if n != "mesh" or not args.mesh))
+    flags = {}
+    for item in args.xla_flag:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise _UsageError(f"--xla-flag {item!r}: expected NAME=VALUE")
+        flags[name.strip()] = _flag_value(value)
+    kw = {n: getattr(args, n) for n in need}
+    kw.update(kv_heads=args.kv_heads or args.heads, experts=args.experts or 0, top_k=args.top_k or 0)
+    try:
+        mesh = models.parse_mesh(args.mesh)
+        ms = predict.predict_train_step_ms(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",
+                                           dtype=args.dtype, remat=args.remat, xla_flags=flags,
+                                           strategy=args.strategy)
+    except (ValueError, OSError, gpu_compile.DevicelessUnavailable) as err:
+        raise _UsageError(str(err)) from None
+    if args.json:
+        print(json.dumps({"family": args.model, **kw, "mesh": mesh, "hardware": args.hardware or "h100-sxm-8",
+                          "dtype": args.dtype, "remat": args.remat, "xla_flags": flags,
+                          "strategy": args.strategy, "predicted_ms": ms}, indent=2))
+    else:
+        print(f"predicted {ms:.1f} ms per step ({args.model}, mesh {args.mesh}, {args.strategy}; "
+              "compiled by XLA's GPU pipeline for the cluster, predicted by the cost model)")
     return 0
 
 

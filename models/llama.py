@@ -37,7 +37,10 @@ from .pipeline import Stack
 from .sharding import Layout
 
 _NO_LAYOUT = Layout()
-# [experts, groups, capacity, d_model]: the tokens dispatched to the experts.
+# [experts, groups, capacity, d_model]: the tokens dispatched to the experts, first where
+# their group lives (batch over every batch axis), then where their expert lives; the
+# change between the two is one all-to-all over ``expert``.
+GROUP_TOKENS = (None, "act_batch", None, None)
 EXPERT_TOKENS = ("act_exp", "act_exp_batch", None, None)
 EXPERT_HIDDEN = ("act_exp", "act_exp_batch", None, "act_mlp")
 
@@ -146,9 +149,10 @@ class MoE(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         c, dt, lay = self.cfg, self.dtype, self.layout
         router = weight(self, "router", (c.d_model, c.experts), ("embed", None), normal(0.02))
-        logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32), router)
+        logits = lay.constrain(jnp.einsum("btd,de->bte", x.astype(jnp.float32), router),
+                               ("act_batch", None, None))
         dispatch, combine = route(logits, c.top_k, capacity(c, x.shape[1]))
-        tokens = jnp.einsum("btd,btec->ebcd", x, dispatch.astype(dt))
+        tokens = lay.constrain(jnp.einsum("btd,btec->ebcd", x, dispatch.astype(dt)), GROUP_TOKENS)
         tokens = lay.constrain(tokens, EXPERT_TOKENS)  # the all-to-all to the experts
         wi = [weight(self, f"wi_{i}", (c.experts, c.d_model, c.d_ff), ("exp", "embed", "mlp"),
                      normal(0.02)).astype(dt) for i in (0, 1)]
@@ -157,7 +161,8 @@ class MoE(nn.Module):
                     normal(0.02)).astype(dt)
         out = checkpoint_name(lay.constrain(jnp.einsum("ebcf,efd->ebcd", h, wo), EXPERT_TOKENS),
                               "mlpwo")
-        y = jnp.einsum("ebcd,btec->btd", out, combine.astype(dt))  # the all-to-all back
+        out = lay.constrain(out, GROUP_TOKENS)  # the all-to-all back
+        y = jnp.einsum("ebcd,btec->btd", out, combine.astype(dt))
         return lay.constrain(y, RESID)
 
 

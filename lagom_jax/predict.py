@@ -1,0 +1,149 @@
+"""The prediction contract: the step time of a built-in family's training step on a cluster.
+
+``predict_train_step_ms`` is the one call used to compare predictions with measured runs
+(``benchmarks/workloads.py``): it builds the family at the given dimensions on a mesh,
+compiles the train step with XLA's GPU pipeline for abstract GPUs of the cluster
+(deviceless: nothing runs), and predicts the step with the cost model, as XLA compiles it
+(``strategy="xla-default"``) or as lagom-jax would tune it (``"lagom"``). It is the
+pipeline of every other face (``lagom_jax.job.run``) with a model source.
+
+What the step is, so that it matches how MaxText/Paxml run these models on GPUs: bf16
+compute with float32 master weights and AdamW, layers under ``scan``, the fused
+flash-attention kernel (the score matrix is never materialised), a remat policy by
+MaxText's name, batch over ``data``/``fsdp``/``expert``, weights over ``fsdp`` (ZeRO-3),
+heads/MLP/vocab over ``model`` and experts over ``expert``; axes laid out data, fsdp, model,
+expert with the last varying fastest, so ``model`` and ``expert`` stay inside a node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from lagom_jax import flags as flags_lib
+from lagom_jax import hardware as hardware_lib
+
+__all__ = ["COMPILE_PRICED_FLAGS", "predict_train_step_ms", "train_step_source"]
+
+FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
+MESH_AXES = ("data", "fsdp", "model", "expert")
+# Flags that change the program XLA compiles, so compiling with them prices them: the
+# module the cost model reads is the one they make. The NCCL channel cap changes no
+# program; it caps the cost model's NCCL channels instead.
+COMPILE_PRICED_FLAGS = frozenset(
+    name for name, spec in flags_lib.KNOWN_FLAGS.items()
+    if spec.per_compile and name not in ("xla_gpu_nccl_collective_max_nchannels",
+                                         "xla_gpu_nccl_p2p_max_nchannels",
+                                         "xla_gpu_pgle_accuracy_checker")
+) | {"xla_gpu_enable_triton_gemm", "xla_disable_hlo_passes"}
+MODEL_PRICED_FLAGS = frozenset({"xla_gpu_nccl_collective_max_nchannels"})
+
+
+def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], int | None]:
+    """(compile options, NCCL channel cap) of ``xla_flags``; ValueError on a flag the cost
+    model cannot price (it would be silently ignored otherwise)."""
+    options: dict[str, Any] = {}
+    cap = None
+    for name, value in (xla_flags or {}).items():
+        name = name.removeprefix("--")
+        if name in MODEL_PRICED_FLAGS:
+            cap = int(value)
+        elif name in COMPILE_PRICED_FLAGS:
+            options[name] = value
+        else:
+            raise ValueError(
+                f"xla flag {name!r} cannot be priced: the cost model sees a flag only through the "
+                f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}) or as "
+                f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))})")
+    return options, cap
+
+
+def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
+                      vocab: int, seq_len: int, global_batch: int, mesh: Mapping[str, int],
+                      dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
+                      attention: str = "flash", compiler_options: Mapping[str, Any] | None = None):
+    """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
+    from lagom_jax import job
+
+    if family not in FAMILY_MODELS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
+    unknown = sorted(set(mesh) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"unknown mesh axes {unknown}; known: {', '.join(MESH_AXES)}")
+    if any(int(n) < 1 for n in mesh.values()):
+        raise ValueError(f"mesh {dict(mesh)}: every axis needs size >= 1")
+    for name, value in (("layers", layers), ("d_model", d_model), ("heads", heads), ("ffn", ffn),
+                        ("vocab", vocab), ("seq_len", seq_len), ("global_batch", global_batch)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if d_model % heads:
+        raise ValueError(f"d_model {d_model} not divisible by heads {heads}")
+    if (family == "mixtral") != (experts > 0):
+        raise ValueError(f"family {family!r} with experts={experts}: mixtral needs experts >= 1 "
+                         "and top_k >= 1; llama and gpt have none")
+    if family == "gpt" and kv_heads not in (0, heads):
+        raise ValueError(f"family 'gpt' has no grouped-query attention: kv_heads must equal heads {heads}")
+    shape = {a: int(mesh[a]) for a in MESH_AXES if mesh.get(a, 1) > 1} or {"data": 1}
+    ways = math.prod(shape.get(a, 1) for a in ("data", "fsdp", "expert"))
+    if global_batch % ways:
+        raise ValueError(f"global batch {global_batch} not divisible by data x fsdp x expert = {ways}")
+    dims = dict(layers=layers, d_model=d_model, heads=heads, head_dim=d_model // heads, d_ff=ffn,
+                vocab=vocab, max_len=seq_len)
+    if family != "gpt":
+        dims.update(kv_heads=kv_heads, experts=experts, top_k=top_k)
+    config = ",".join(f"{k}={v}" for k, v in dims.items())
+    return job.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
+                           remat, True, attention, "off", tuple(sorted((compiler_options or {}).items())))
+
+
+def _cluster(hardware: str | hardware_lib.HardwareProfile, gpus: int) -> hardware_lib.HardwareProfile:
+    hw = hardware_lib.resolve_cluster(hardware).hardware
+    if gpus <= hw.gpus_per_node:
+        return hw.with_nodes(1)
+    if gpus % hw.gpus_per_node:
+        raise ValueError(f"{gpus} GPUs are not whole nodes of {hw.name} ({hw.gpus_per_node} GPUs each)")
+    return hw.with_nodes(gpus // hw.gpus_per_node)
+
+
+def predict_train_step_ms(
+    family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+    seq_len: int, global_batch: int, mesh: Mapping[str, int], hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
+    dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
+    xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default",
+) -> float:
+    """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
+
+    family: "llama" | "mixtral" | "gpt" (GPT-2's layer: LayerNorm, GeLU, learned positions,
+    tied embedding); mesh: {"data": D, "fsdp": F, "model": T, "expert": E}, whose product is
+    the number of GPUs; hardware: a preset (``nodes = GPUs / GPUs per node``); xla_flags:
+    applied to the compile (and the NCCL channel cap to the cost model); a flag the cost
+    model cannot price is a ValueError naming it. strategy "xla-default": the program as XLA
+    compiles it with ``xla_flags`` and NCCL's own choices; "lagom": as lagom-jax tunes it.
+
+    Raises ValueError for a configuration that does not fit (naming the numbers) and
+    ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
+    """
+    from lagom_jax import gpu_compile, job
+
+    if strategy not in ("xla-default", "lagom"):
+        raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+    options, cap = _split_flags(xla_flags)
+    source = train_step_source(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads,
+                               ffn=ffn, vocab=vocab, seq_len=seq_len, global_batch=global_batch, mesh=mesh,
+                               dtype=dtype, remat=remat, experts=experts, top_k=top_k,
+                               compiler_options=options)
+    hw = _cluster(hardware, math.prod(source.shape().values()))
+    if cap is not None:
+        if cap < 1:
+            raise ValueError(f"xla_gpu_nccl_collective_max_nchannels must be >= 1 to price, got {cap}")
+        hw = dataclasses.replace(hw, nccl_channels=min(cap, hw.nccl_channels))
+    compiled = job.compile_source(source, hw)
+    if compiled.warnings:
+        raise gpu_compile.DevicelessUnavailable(
+            f"{source.describe()} was not compiled for GPUs ({'; '.join(compiled.warnings)}); "
+            "a prediction from XLA:CPU's module would not be a GPU prediction")
+    tuned = job.run(job.HloSource(compiled.text, compiled.where), hw, strategy=strategy,
+                    baselines=("xla-default",), verify=False)
+    return tuned.predicted_ms(strategy)

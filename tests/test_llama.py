@@ -1,0 +1,128 @@
+"""Llama and Mixtral: they train sharded as on one device, route tokens as specified, and the
+prediction contract compiles them for GPU clusters."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lagom_jax import models
+from lagom_jax.models import llama, pipeline
+
+
+@functools.cache
+def _losses(model, recipe, mesh, steps=3, **kw):
+    devices = jax.devices()[: math.prod(models.parse_mesh(mesh).values())]
+    built = models.build(model, "tiny", recipe, mesh, batch_size=8, devices=devices, **kw)
+    state, batch = built.init(jax.random.key(0))
+    out = []
+    for _ in range(steps):
+        state, metrics = built.train_step(state, batch)
+        out.append(float(metrics["loss"]))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("model,recipe,mesh,remat", [
+    ("llama", "fsdp", "fsdp=8", "none"),
+    ("llama", "dp+tp", "data=4,model=2", "minimal_flash"),
+    ("mixtral", "fsdp+ep", "fsdp=2,expert=4", "save_dot_except_mlp"),
+    ("mixtral", "dp+tp+ep", "data=2,model=2,expert=2", "none"),
+])
+def test_sharded_training_matches_one_device(model, recipe, mesh, remat):
+    one = _losses(model, "dp", "data=1")
+    sharded = _losses(model, recipe, mesh, remat=remat)
+    np.testing.assert_allclose(sharded, one, rtol=2e-5)
+    assert one[2] < one[0]  # it learns
+
+
+def test_unrolled_layers_and_full_remat_compute_the_same_step():
+    np.testing.assert_allclose(_losses("llama", "fsdp", "fsdp=8", scan=False, remat="full"),
+                               _losses("llama", "fsdp", "fsdp=8", remat="none"), rtol=1e-5)
+
+
+def _module(model, recipe, mesh, **kw):
+    devices = jax.devices()[: math.prod(models.parse_mesh(mesh).values())]
+    return models.build(model, "tiny", recipe, mesh, batch_size=8, devices=devices, **kw).compiled_text()
+
+
+def test_scan_is_one_loop_and_unrolling_removes_it():
+    assert _module("llama", "fsdp", "fsdp=8").count(" while(") >= 1
+    assert " while(" not in _module("llama", "fsdp", "fsdp=8", scan=False)
+
+
+def test_experts_reach_their_devices_by_all_to_all():
+    def moe_all_to_alls(text):
+        return [ln for ln in text.splitlines() if " all-to-all(" in ln and "LlamaBlock/mlp/" in ln]
+
+    assert len(moe_all_to_alls(_module("mixtral", "fsdp+ep", "fsdp=2,expert=4"))) >= 2  # there and back
+    assert not moe_all_to_alls(_module("mixtral", "fsdp", "fsdp=8"))  # experts not split: none
+
+
+def test_remat_policies_save_less_as_they_get_stricter():
+    """Full remat recomputes the whole layer in the backward pass: more FLOPs than none."""
+    from lagom_jax import graph
+
+    def flops(remat):
+        return sum(t.flops * t.trip_count for t in graph.from_hlo_text(
+            _module("llama", "dp", "data=8", remat=remat)).tasks)
+
+    none, minimal, full = flops("none"), flops("minimal"), flops("full")
+    assert none < full and minimal < full
+
+
+def test_routing_keeps_capacity_and_drops_the_rest():
+    # 4 tokens all preferring expert 0, then expert 1; 2 experts, top-1, capacity 2.
+    logits = jnp.array([[[3.0, 1.0]] * 4])
+    dispatch, combine = llama.route(logits, top_k=1, slots=2)
+    assert dispatch.shape == (1, 4, 2, 2)
+    per_token = dispatch.sum(axis=(2, 3))[0]
+    np.testing.assert_array_equal(per_token, [1, 1, 0, 0])  # the first two fit, the rest drop
+    np.testing.assert_array_equal(dispatch[0, :2, 0].argmax(-1), [0, 1])  # slots in token order
+    np.testing.assert_allclose(combine.sum(axis=(2, 3))[0], [1, 1, 0, 0], rtol=1e-6)  # top-1 weight is 1
+
+
+def test_top2_weights_are_renormalised_and_second_choices_queue_after_first():
+    logits = jnp.log(jnp.array([[[0.5, 0.3, 0.2], [0.2, 0.5, 0.3]]]))
+    dispatch, combine = llama.route(logits, top_k=2, slots=4)
+    np.testing.assert_allclose(combine.sum(axis=(2, 3))[0], [1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(combine[0, 0].sum(-1), [0.625, 0.375, 0.0], rtol=1e-5)
+    # Expert 1: token 1's first choice takes slot 0 before token 0's second choice (slot 1).
+    assert dispatch[0, 1, 1, 0] == 1 and dispatch[0, 0, 1, 1] == 1
+
+
+def test_capacity_formula():
+    cfg = models.families.resolve_config("mixtral", "mixtral-8x7b")
+    assert llama.capacity(cfg, 4096) == math.ceil(4096 * 2 / 8 * 1.25)
+
+
+def test_configs_match_the_published_shapes():
+    c = models.families.resolve_config
+    assert (c("llama", "llama3-70b").layers, c("llama", "llama3-70b").kv) == (80, 8)
+    assert c("llama", "llama3.1-405b").d_ff == 53248 and c("llama", "llama2-7b").kv == 32
+    m = c("mixtral", "mixtral-8x7b")
+    assert (m.experts, m.top_k, m.vocab) == (8, 2, 32000)
+    custom = c("llama", "layers=80,d_model=8192,heads=64,kv_heads=8,ffn=28672")
+    assert (custom.layers, custom.head_dim, custom.d_ff, custom.kv) == (80, 128, 28672, 8)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: models.build("llama", "tiny", "tp", "model=4", devices=jax.devices()[:4]),
+     "kv heads 2 not divisible by the model axis 4"),
+    (lambda: models.build("mixtral", "tiny", "ep", "expert=8"), "experts 4 not divisible by the expert axis 8"),
+    (lambda: models.build("llama", "tiny", "dp", "data=8", batch_size=4), "multiple of the data-parallel"),
+    (lambda: models.build("llama", "huge", "dp", "data=8"), "unknown llama config 'huge'"),
+    (lambda: models.build("llama", "tiny", "dp", "data=8", remat="most"), "unknown remat policy 'most'"),
+    (lambda: models.build("llamas", "tiny", "dp", "data=8"), "unknown model 'llamas'"),
+    (lambda: models.families.resolve_config("llama", "layers=x"), "layers='x' is not a number"),
+])
+def test_bad_input_names_the_numbers(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_remat_names_are_maxtexts():
+    assert set(pipeline.REMAT_POLICIES) >= {"none", "minimal", "save_qkv_proj", "save_dot_except_mlp",
+                                            "save_dot_except_mlpwi", "full"}
