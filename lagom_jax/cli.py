@@ -577,6 +577,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lagom-jax``; returns the exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
+    if argv is None:  # the console script: a process of its own, whose stderr we may filter
+        from lagom_jax import quiet
+
+        quiet.filter_stderr()
     if argv is None and hasattr(signal, "SIGPIPE"):
         # `lagom-jax ... | head` should end quietly, like other command-line tools.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from typing import Literal, NamedTuple
 
 from lagom_jax import deprecation, hlo
@@ -282,6 +283,101 @@ def _gemm_flops(inst: hlo.Instruction, lhs: hlo.Shape) -> float:
     return 2.0 * result.elements * _contracted(inst, lhs, dims)
 
 
+# ------------------------------------------------------------- flash attention kernels
+
+# XLA:GPU's custom call for a Pallas (Triton) kernel. Its backend_config is an MLIR
+# dictionary, not JSON: ``{debug = false, grid_x = 32 : i32, grid_y = 4 : i32, grid_z = 8 :
+# i32, ir = "<MLIR bytecode>", name = "mha_forward", num_stages = 2 : i32, num_warps = 8 :
+# i32}``; the metadata's op_name ends ``.../mha_forward/pallas_call``.
+TRITON_TARGET = "__gpu$xla.gpu.triton"
+# The kernels of JAX's Pallas GPU flash attention (jax 0.10.2,
+# jax/experimental/pallas/ops/gpu/attention.py: ``pallas_call(..., name=...)``).
+FLASH_KERNELS = ("mha_forward", "mha_preprocess_backward", "mha_backward")
+# The named scope `models.attention` runs a causal kernel under (it shows in the op_name of
+# the forward and backward kernels); the causal mask itself is invisible in the HLO.
+FLASH_CAUSAL_SCOPE = "flash_attention_causal"
+# The scope as one op_name component, maybe inside transform names: "jvp(<scope>)".
+_CAUSAL_IN_OP_NAME = re.compile(rf"(?:^|[/(]){FLASH_CAUSAL_SCOPE}(?:$|[/)])")
+_MLIR_IR_STRING = re.compile(r'\bir\s*=\s*"(?:[^"\\]|\\.)*"')
+_MLIR_NAME = re.compile(r'\bname\s*=\s*"([^"]*)"')
+_MLIR_GRID = re.compile(r'\bgrid_([xyz])\s*=\s*(\d+)')
+
+
+def triton_kernel(inst: hlo.Instruction) -> tuple[str, dict[str, int]]:
+    """(kernel name, grid {"x": .., "y": .., "z": ..}) of a Triton custom call; ("", {})
+    for anything else. The name is the ``pallas_call``'s, from backend_config, else the
+    op_name component before ``pallas_call``."""
+    target = inst.attributes.get("custom_call_target", "").strip('"')
+    if inst.opcode != "custom-call" or target != TRITON_TARGET:
+        return "", {}
+    raw = _MLIR_IR_STRING.sub("", inst.attributes.get("backend_config", ""))
+    m = _MLIR_NAME.search(raw)
+    name = m.group(1) if m else ""
+    if not name:
+        parts = inst.metadata().get("op_name", "").split("/")
+        name = parts[-2] if len(parts) > 1 and parts[-1] == "pallas_call" else ""
+    return name, {axis: int(n) for axis, n in _MLIR_GRID.findall(raw)}
+
+
+def flash_attention_flops(inst: hlo.Instruction, operands: list[hlo.Shape]) -> float | None:
+    """FLOPs one kernel of JAX's Pallas GPU flash attention executes; None for any other.
+
+    From the kernels' code (jax 0.10.2, ``jax/experimental/pallas/ops/gpu/attention.py``),
+    per (batch, head) and per pair of a query row and a key row that the kernel visits,
+    with ``D`` the head dim padded to a power of two (the kernel's ``head_dim_padded``;
+    the tensor cores run it) and ``b, s_q, h`` from q and ``s_k`` from k:
+
+    * ``mha_forward``: two matmuls, ``q k^T`` and ``p v``: 4 D FLOPs, so ``4 b h s_q s_k D``
+      over all pairs: the count of FlashAttention-2 (Dao, arXiv 2307.08691, section 4.1).
+    * ``mha_backward``: the dK/dV scan runs four matmuls per block pair (``q k^T`` again,
+      ``p^T do``, ``do v^T``, ``ds^T q``) and the dQ scan three (``q k^T`` and ``do v^T``
+      again, ``ds k``): 7 matmuls, ``3.5 x`` the forward. (FlashAttention-2 counts its
+      backward as 2.5x the forward, 5 matmuls: it accumulates dQ in the dK/dV loop; this
+      kernel recomputes two matmuls instead.)
+    * ``mha_preprocess_backward``: ``delta = rowsum(o * do)``: ``2 b s h D`` (memory-bound).
+
+    Causal (an op_name component is ``FLASH_CAUSAL_SCOPE``, maybe wrapped as
+    ``jvp(...)``/``transpose(jvp(...))``): the kernels skip the key blocks past
+    each query block but compute the diagonal blocks whole, so a fraction
+    ``(1 + B / s_k) / 2`` of the pairs runs, ``B`` the block along the outer loop's
+    dimension, read from the grid (forward: ``B = s_q / grid_x``; backward ``B = s_k /
+    grid_z``, the dK/dV scan's kv block, which the dQ scan's query block equals);
+    exactly half when the grid is unknown. FlashAttention-2 quotes causal as half.
+
+    Only the FLOPs are set here. The task's bytes stay what every custom call gets, its
+    operands read and results written once (q, k, v, and for the backward also o, do,
+    lse, delta; o and lse, or dq, dk, dv out); the kernels re-read k/v once per query block
+    (q/do once per kv block in the backward), which is assumed to hit L2 and is not
+    counted. The task gets no ``gemm`` shape: the matmul model's memory term would charge
+    the ``s_q x s_k`` scores, which a flash kernel never writes. So `cost.compute_time_us`
+    times these kernels by the roofline of FLOPs at the hardware's achieved (best-shape
+    matmul) rate: compute-bound for any real length, and optimistic, since attention
+    kernels run below the matmul rate (FlashAttention-2, section 4.1, reports up to 335
+    TFLOP/s forward+backward on an H100 for its CUDA kernels, against the ~790 TFLOP/s bf16
+    matmul rate of the h100 profile); no measurement of this Triton kernel exists here to
+    calibrate a factor.
+    """
+    name, grid = triton_kernel(inst)
+    if name not in FLASH_KERNELS or not operands:
+        return None
+    q = operands[0]
+    if q.is_tuple or len(q.dims) != 4:
+        return None
+    b, s_q, h, d = q.dims
+    dpad = 1 << max(d - 1, 0).bit_length()
+    if name == "mha_preprocess_backward":
+        return 2.0 * b * s_q * h * dpad
+    k = operands[1] if len(operands) > 1 else q
+    s_k = k.dims[1] if not k.is_tuple and len(k.dims) == 4 else s_q
+    pairs = float(s_q * s_k)
+    if _CAUSAL_IN_OP_NAME.search(inst.metadata().get("op_name", "")):
+        outer = grid.get("x") if name == "mha_forward" else grid.get("z")
+        block = (s_q if name == "mha_forward" else s_k) / outer if outer else 0.0
+        pairs *= (1.0 + block / s_k) / 2.0
+    forward = 4.0 * b * h * pairs * dpad
+    return forward if name == "mha_forward" else 3.5 * forward
+
+
 def _gemm_dims(lhs: hlo.Shape, result: hlo.Shape, batch_dims: tuple[int, ...],
                contracting: tuple[int, ...]) -> tuple[int, int, int, int]:
     """(batch, m, n, k) of a matmul from its lhs, result and the lhs batch/contracting dims:
@@ -391,7 +487,10 @@ class _Builder:
             target = inst.attributes.get("custom_call_target", "").strip('"')
             if target in _GEMM_TARGETS:
                 return _gemm_flops(inst, shapes[0])
-            return 0.0
+            attention = flash_attention_flops(inst, shapes)
+            # Any other custom call (XLA's and others' kernels) stays at 0 FLOPs: timed by
+            # the bytes it reads and writes.
+            return attention if attention is not None else 0.0
         if op == "conditional":
             # One branch runs; without the predicate, charge the most expensive one.
             return max(self.called_flops(inst), default=0.0)

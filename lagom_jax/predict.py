@@ -25,7 +25,7 @@ from typing import Any
 from lagom_jax import flags as flags_lib
 from lagom_jax import hardware as hardware_lib
 
-__all__ = ["COMPILE_PRICED_FLAGS", "predict_train_step_ms", "train_step_source"]
+__all__ = ["COMPILE_PRICED_FLAGS", "predict_train_step_ms", "train_step_job", "train_step_source"]
 
 FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
 MESH_AXES = ("data", "fsdp", "model", "expert")
@@ -63,7 +63,8 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
 def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
                       vocab: int, seq_len: int, global_batch: int, mesh: Mapping[str, int],
                       dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
-                      attention: str = "flash", compiler_options: Mapping[str, Any] | None = None):
+                      attention: str = "flash", scan: bool = True,
+                      compiler_options: Mapping[str, Any] | None = None):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     from lagom_jax import job
 
@@ -95,7 +96,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
         dims.update(kv_heads=kv_heads, experts=experts, top_k=top_k)
     config = ",".join(f"{k}={v}" for k, v in dims.items())
     return job.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
-                           remat, True, attention, "off", tuple(sorted((compiler_options or {}).items())))
+                           remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))
 
 
 def _cluster(hardware: str | hardware_lib.HardwareProfile, gpus: int) -> hardware_lib.HardwareProfile:
@@ -111,7 +112,7 @@ def predict_train_step_ms(
     family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int, vocab: int,
     seq_len: int, global_batch: int, mesh: Mapping[str, int], hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
     dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
-    xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default",
+    xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default", scan: bool = True,
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -121,19 +122,31 @@ def predict_train_step_ms(
     applied to the compile (and the NCCL channel cap to the cost model); a flag the cost
     model cannot price is a ValueError naming it. strategy "xla-default": the program as XLA
     compiles it with ``xla_flags`` and NCCL's own choices; "lagom": as lagom-jax tunes it.
+    scan (beyond the issue's contract, default as MaxText): layers under ``scan``, else
+    unrolled (MaxText's ``scan_layers=False``).
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
     """
-    from lagom_jax import gpu_compile, job
-
     if strategy not in ("xla-default", "lagom"):
         raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+    job = train_step_job(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                         vocab=vocab, seq_len=seq_len, global_batch=global_batch, mesh=mesh,
+                         hardware=hardware, dtype=dtype, remat=remat, experts=experts, top_k=top_k,
+                         xla_flags=xla_flags, strategy=strategy, scan=scan)
+    return job.predicted_ms(strategy)
+
+
+def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
+                   xla_flags: Mapping[str, Any] | None = None, strategy: str = "lagom",
+                   **dims: Any):
+    """The contract's step through the pipeline: a ``job.Job`` whose Plan holds the
+    predicted step of ``strategy`` and of ``xla-default`` (``Job.predicted_ms``), and the
+    compile and search behind them. ``dims``: the contract's other keywords."""
+    from lagom_jax import gpu_compile, job
+
     options, cap = _split_flags(xla_flags)
-    source = train_step_source(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads,
-                               ffn=ffn, vocab=vocab, seq_len=seq_len, global_batch=global_batch, mesh=mesh,
-                               dtype=dtype, remat=remat, experts=experts, top_k=top_k,
-                               compiler_options=options)
+    source = train_step_source(family, **dims, compiler_options=options)
     hw = _cluster(hardware, math.prod(source.shape().values()))
     if cap is not None:
         if cap < 1:
@@ -144,6 +157,5 @@ def predict_train_step_ms(
         raise gpu_compile.DevicelessUnavailable(
             f"{source.describe()} was not compiled for GPUs ({'; '.join(compiled.warnings)}); "
             "a prediction from XLA:CPU's module would not be a GPU prediction")
-    tuned = job.run(job.HloSource(compiled.text, compiled.where), hw, strategy=strategy,
-                    baselines=("xla-default",), verify=False)
-    return tuned.predicted_ms(strategy)
+    return job.run(job.HloSource(compiled.text, compiled.where), hw, strategy=strategy,
+                   baselines=("xla-default",), verify=False)

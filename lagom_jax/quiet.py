@@ -47,3 +47,43 @@ def import_jax_quietly() -> None:
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
+
+
+def filter_stderr() -> None:
+    """For the rest of this process, drop the start-up noise from file descriptor 2.
+
+    The CUDA plugin logs its notice again when JAX's backends start, which happens at a
+    different moment in every command, so the command line filters the whole process:
+    file descriptor 2 becomes a pipe that a thread copies to the real stderr line by line,
+    leaving the noise out. At exit the pipe is drained before the process ends.
+    """
+    import atexit
+    import threading
+
+    try:
+        sys.stderr.flush()
+        real = os.dup(2)
+        read_end, write_end = os.pipe()
+    except (OSError, ValueError):
+        return
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def copy() -> None:
+        with os.fdopen(read_end, "rb") as src:
+            for line in src:
+                if not NOISE.match(line.decode(errors="replace").rstrip("\n")):
+                    os.write(real, line)
+
+    thread = threading.Thread(target=copy, name="lagom-jax-stderr", daemon=True)
+    thread.start()
+
+    def drain() -> None:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(real, 2)  # closes the pipe's last write end: the thread sees EOF
+        thread.join(timeout=5)
+
+    atexit.register(drain)

@@ -1,0 +1,238 @@
+"""Attention cores: plain XLA attention and JAX's Pallas (Triton) flash attention.
+
+``attend(q, k, v, causal=..., impl=..., layout=...)`` is what the model families call
+between their q/k/v projections and the output projection. Both implementations compute
+``softmax(q k^T * head_dim**-0.5) v`` with the softmax in float32 and grouped-query
+attention (``heads`` query heads share ``kv_heads`` key/value heads, ``heads % kv_heads
+== 0``).
+
+``impl="xla"``
+    Einsums with the scores materialised (``[batch, kv_heads, group, seq, seq]`` in
+    float32). GQA groups the query heads (``q`` reshaped to ``[.., kv_heads, group, ..]``)
+    so k/v are never copied. Under a mesh GSPMD partitions it like any other einsum.
+
+``impl="flash"``
+    JAX's Pallas GPU flash attention, ``jax.experimental.pallas.ops.gpu.attention.mha``
+    (jax 0.10.2: layout ``[batch, seq, heads, head_dim]``, causal masking, an optional
+    segment-ids mask, a ``custom_vjp`` whose backward runs two Pallas kernels:
+    ``mha_preprocess_backward`` (``delta = rowsum(o * do)``) and ``mha_backward`` (dK/dV
+    and dQ recomputing the probabilities from the saved log-sum-exp), FlashAttention-2,
+    arXiv 2307.08691). The kernel has no GQA: k/v heads must equal q heads, so each kv head
+    is repeated ``group`` times on the device before the call (its gradient sums the
+    group back). The kernel lowers to a Triton custom call (``__gpu$xla.gpu.triton``) on
+    CUDA only; where the step is lowered for the CPU (tests), the same kernels run in
+    Pallas interpret mode. The choice is ``jax.lax.platform_dependent`` on the platform
+    being *lowered for*, not where the arrays live: a step traced on CPU devices and
+    lowered with ``lowering_platforms=("cuda",)`` (lagom-jax's deviceless compile) gets
+    the Triton kernels. Only CPU and CUDA are supported; lowering for another platform
+    fails with ``platform_dependent``'s error.
+
+    A ``pallas_call`` cannot be partitioned by GSPMD (XLA would replicate its operands),
+    so under a mesh the kernel runs inside ``jax.shard_map`` over the mesh, q/k/v split as
+    the recipe splits ``HEADS`` (``act_batch`` -> batch axes, ``act_heads`` -> the
+    tensor-parallel axis): each device attends its own batch rows and heads and no
+    collective touches q/k/v. When ``kv_heads`` does not divide over the heads axis, k/v
+    enter replicated along it and each device slices the kv heads its query heads use
+    (their gradient is then all-reduced over that axis). With no mesh in the layout but
+    inside a shard_map that is manual over some axes (the GPipe pipeline's ``stage``), the
+    kernel gets a nested shard_map over the remaining automatic axes, batch over the
+    batch axes and heads over ``model``; at top level with no mesh it is called as is.
+
+    The kernels' HLO does not show the causal mask, so the call runs under the named scope
+    ``flash_attention_causal`` (or ``flash_attention``); `lagom_jax.graph` reads it from the
+    kernels' op_name to price them (``graph.flash_attention_flops``).
+
+Restrictions of ``flash``: q and k/v have the same sequence length (self-attention), a
+multiple of 16 (Triton blocks are powers of two of at least 16), and ``head_dim >= 16``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from .layers import HEADS
+from .sharding import BATCH_AXES, PART_AXIS, Layout, to_mesh_spec
+
+IMPLS = ("xla", "flash")
+
+# Tiles for H100 (and A100) with head_dim 128: FlashAttention-2's own choice on those GPUs
+# (Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h and
+# flash_bwd_launch_template.h, ``run_mha_fwd_hdim128``: 128 query x 64 key rows;
+# ``run_mha_bwd_hdim128``: 64 query x 128 kv rows). Here: forward block_q=128, block_k=64;
+# backward dK/dV scan 64 query rows against 128 kv rows, dQ scan 128 query rows against 64
+# kv rows (the kernel needs s_q/block_q_dq == s_k/block_kv_dkv); that backward set is one
+# jax's own GPU tests run (tests/pallas/gpu_ops_test.py, test_fused_attention_bwd). Warps:
+# mha's defaults (8 in the forward for head_dim > 64, 4 in the backward for these tiles).
+# Each block is cut to the largest power of two dividing the sequence length. Not timed on
+# a GPU here (no autotuning without one).
+_BLOCKS = dict(block_q=128, block_k=64, block_q_dkv=64, block_kv_dkv=128, block_q_dq=128,
+               block_kv_dq=64)
+_MIN_BLOCK = 16
+# Named scopes around the kernel call; `lagom_jax.graph` (FLASH_CAUSAL_SCOPE) matches the
+# first to price causal kernels at about half the work of full ones.
+CAUSAL_SCOPE = "flash_attention_causal"
+FULL_SCOPE = "flash_attention"
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, impl: str,
+           layout: Layout) -> jax.Array:
+    """q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim] with heads % kv_heads == 0 (grouped-query attention).
+    Returns [batch, seq, heads, head_dim] in q.dtype. Softmax in float32, logits scaled by head_dim**-0.5."""
+    _check(q, k, v, impl)
+    if impl == "xla":
+        return _xla_attention(q, k, v, causal)
+    return _flash(q, k, v, causal, layout)
+
+
+def _check(q: jax.Array, k: jax.Array, v: jax.Array, impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown attention impl {impl!r} (known: {', '.join(IMPLS)})")
+    if q.ndim != 4 or k.shape != v.shape or k.ndim != 4:
+        raise ValueError(f"attention wants q [batch, seq, heads, head_dim] and k, v of one "
+                         f"shape [batch, seq, kv_heads, head_dim]; got q {q.shape}, k {k.shape}, "
+                         f"v {v.shape}")
+    b, s, h, d = q.shape
+    if k.shape[0] != b or k.shape[1] != s or k.shape[3] != d:
+        raise ValueError(f"k/v {k.shape} do not match q {q.shape} in batch, seq or head_dim")
+    if h % k.shape[2]:
+        raise ValueError(f"heads {h} must be a multiple of kv_heads {k.shape[2]}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if impl == "flash" and (s % _MIN_BLOCK or d < _MIN_BLOCK):
+        raise ValueError(f"flash attention needs seq a multiple of {_MIN_BLOCK} and head_dim >= "
+                         f"{_MIN_BLOCK} (Triton tiles); got seq {s}, head_dim {d}; use impl='xla'")
+
+
+# ------------------------------------------------------------------------------- xla
+
+
+def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
+    b, s, h, d = q.shape
+    kvh = k.shape[2]
+    qg = q.reshape(b, s, kvh, h // kvh, d)
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32)
+    logits = logits * (d ** -0.5)
+    if causal:
+        mask = jnp.tril(jnp.ones((s, s), bool))
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    o = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32)
+    return o.reshape(b, s, h, d).astype(q.dtype)
+
+
+# ----------------------------------------------------------------------------- flash
+
+
+def _block(target: int, n: int) -> int:
+    """The largest power of two <= target dividing n (n is a multiple of 16)."""
+    return math.gcd(target, n & -n)
+
+
+def _mha(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, interpret: bool) -> jax.Array:
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    s, d = q.shape[1], q.shape[3]
+    blocks = pallas_attention.BlockSizes(**{n: _block(t, s) for n, t in _BLOCKS.items()})
+    return pallas_attention.mha(q, k, v, None, sm_scale=d ** -0.5, causal=causal,
+                                block_sizes=blocks, interpret=interpret)
+
+
+def _kernel(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
+    """The Pallas kernel on equal q and k/v heads: Triton on CUDA, interpret mode on CPU.
+
+    The kernels' HLO carries no sign of the causal mask (it is baked into the Triton IR),
+    so the call runs under a named scope that lands in their ``metadata.op_name``, forward
+    and backward: the cost model (`lagom_jax.graph`) reads causal-ness from it.
+    """
+    with jax.named_scope(CAUSAL_SCOPE if causal else FULL_SCOPE):
+        return jax.lax.platform_dependent(
+            q, k, v,
+            cpu=functools.partial(_mha, causal=causal, interpret=True),
+            cuda=functools.partial(_mha, causal=causal, interpret=False))
+
+
+def _repeat_kv(x: jax.Array, heads: int) -> jax.Array:
+    g = heads // x.shape[2]
+    return x if g == 1 else jnp.repeat(x, g, axis=2)
+
+
+def _flash(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, layout: Layout) -> jax.Array:
+    h = q.shape[2]
+    if layout.mesh is not None:
+        spec = to_mesh_spec(HEADS, layout.rules)
+        return _sharded(q, k, v, causal, layout.mesh, spec, frozenset())
+    ctx = jax.sharding.get_abstract_mesh()
+    if ctx.empty or not ctx.manual_axes:
+        return _kernel(q, _repeat_kv(k, h), _repeat_kv(v, h), causal)
+    # Inside a shard_map manual over some axes (the pipeline's, over ``stage``), with no
+    # layout: the other axes are GSPMD's, which would replicate the kernel's operands, and
+    # jax's mha cannot be traced under check_vma=True (its lse out_shape carries no vma).
+    # A nested shard_map over the automatic axes with the recipes' usual split of HEADS
+    # (batch over the batch axes, heads over the tensor-parallel axis) does both.
+    auto = tuple(a for a in ctx.axis_names if a not in ctx.manual_axes)
+    if not auto:
+        raise NotImplementedError(
+            "flash attention inside a shard_map that is manual over every mesh axis: jax's "
+            "Pallas mha cannot be traced there under check_vma=True (its out_shape has no "
+            "vma); use check_vma=False on that shard_map, or impl='xla'")
+    # Axes whose split does not divide (a micro-batch smaller than the batch axes) stay
+    # replicated.
+    batch = tuple(a for a in BATCH_AXES if a in auto)
+    if q.shape[0] % math.prod(ctx.shape[a] for a in batch):
+        batch = ()
+    heads = PART_AXIS["tp"] if PART_AXIS["tp"] in auto else None
+    if heads is not None and h % ctx.shape[heads]:
+        heads = None
+    spec = PartitionSpec(batch or None, None, heads, None)
+    return _sharded(q, k, v, causal, ctx, spec, frozenset(auto))
+
+
+def _sharded(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, mesh, spec: PartitionSpec,
+             axis_names: frozenset[str]) -> jax.Array:
+    """The kernel in a shard_map over ``mesh`` (all axes, or ``axis_names``), q split by
+    ``spec`` ([batch, seq, heads, head_dim]) and k/v too when their heads divide."""
+    h, kvh = q.shape[2], k.shape[2]
+    batch_axes, heads_axes = _axes(spec[0]), _axes(spec[2])
+    n_batch = math.prod(mesh.shape[a] for a in batch_axes)
+    n_heads = math.prod(mesh.shape[a] for a in heads_axes)
+    if q.shape[0] % n_batch or h % n_heads:
+        raise ValueError(f"flash attention: batch {q.shape[0]} / heads {h} do not divide over "
+                         f"the mesh axes {batch_axes} ({n_batch}) / {heads_axes} ({n_heads})")
+    local_h = h // n_heads
+    group = h // kvh
+    kv_split = kvh % n_heads == 0
+    kv_spec = spec if kv_split else PartitionSpec(spec[0], None, None, None)
+
+    def local(q, k, v):
+        if kv_split:
+            return _kernel(q, _repeat_kv(k, local_h), _repeat_kv(v, local_h), causal)
+        # k/v are whole along heads: take the kv heads of this device's query heads.
+        first = _heads_index(heads_axes, mesh) * local_h
+        if local_h % group == 0 or group % local_h == 0:
+            n = max(local_h // group, 1)
+            k, v = (jax.lax.dynamic_slice_in_dim(x, first // group, n, axis=2) for x in (k, v))
+            return _kernel(q, _repeat_kv(k, local_h), _repeat_kv(v, local_h), causal)
+        idx = (first + jnp.arange(local_h)) // group
+        return _kernel(q, jnp.take(k, idx, axis=2), jnp.take(v, idx, axis=2), causal)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, kv_spec, kv_spec), out_specs=spec,
+                         axis_names=axis_names, check_vma=False)(q, k, v)
+
+
+def _axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _heads_index(axes: tuple[str, ...], mesh) -> jax.Array:
+    """This device's position along the (possibly several) mesh axes that split heads."""
+    idx = jnp.int32(0)
+    for a in axes:
+        idx = idx * mesh.shape[a] + jax.lax.axis_index(a)
+    return idx

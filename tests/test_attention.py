@@ -1,0 +1,302 @@
+"""Attention cores (models/attention.py) and how the cost model prices flash attention.
+
+On the 8 fake CPU devices the flash kernels run in Pallas interpret mode and must agree
+with XLA attention (and with a plain reference); a deviceless compile for abstract H100s
+must hold JAX's Triton flash kernels, no collective on q/k/v, and tasks priced by the
+kernels' FLOP counts (lagom_jax.graph.flash_attention_flops).
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+from lagom_jax import cost, gpu_compile, graph, hardware, hlo
+from models import attention, sharding
+from models.sharding import Layout
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
+H100 = hardware.get("h100-sxm-8")
+
+
+def _layout(mesh_spec: str | None, recipe: str, devices=None) -> Layout:
+    if mesh_spec is None:
+        return Layout()
+    mesh = sharding.make_mesh(sharding.parse_mesh(mesh_spec), devices)
+    return Layout(mesh, sharding.activation_rules(sharding.parse_recipe(recipe), mesh.axis_names))
+
+
+def _qkvw(dtype, b=8, s=64, h=4, kvh=2, d=32, seed=0):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q = jax.random.normal(ks[0], (b, s, h, d), jnp.float32).astype(dtype)
+    k = jax.random.normal(ks[1], (b, s, kvh, d), jnp.float32).astype(dtype)
+    v = jax.random.normal(ks[2], (b, s, kvh, d), jnp.float32).astype(dtype)
+    w = jax.random.normal(ks[3], (b, s, h, d), jnp.float32)
+    return q, k, v, w
+
+
+def _value_and_grads(impl, layout, causal, q, k, v, w):
+    def loss(q, k, v):
+        o = attention.attend(q, k, v, causal=causal, impl=impl, layout=layout)
+        assert o.shape == q.shape and o.dtype == q.dtype
+        return jnp.sum(o.astype(jnp.float32) * w)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+
+def _reference(q, k, v, causal):
+    """Plain numpy attention: k/v repeated per query head, float64."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    g = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+# ------------------------------------------------------------------------------- API
+
+
+def test_impls_and_argument_checks():
+    assert attention.IMPLS == ("xla", "flash")
+    q, k, v, _ = _qkvw(jnp.float32, b=1, s=32)
+    with pytest.raises(ValueError, match="unknown attention impl"):
+        attention.attend(q, k, v, causal=True, impl="cudnn", layout=Layout())
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        attention.attend(q, k[:, :, :1].repeat(3, 2), v[:, :, :1].repeat(3, 2), causal=True,
+                         impl="xla", layout=Layout())
+    with pytest.raises(ValueError, match="multiple of 16"):
+        attention.attend(q[:, :24], k[:, :24], v[:, :24], causal=True, impl="flash",
+                         layout=Layout())
+    with pytest.raises(ValueError, match="share a dtype"):
+        attention.attend(q, k.astype(jnp.bfloat16), v, causal=True, impl="xla", layout=Layout())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_xla_attention_matches_a_plain_reference(causal):
+    q, k, v, _ = _qkvw(jnp.float32, b=2, s=24, h=6, kvh=2, d=8)
+    o = attention.attend(q, k, v, causal=causal, impl="xla", layout=Layout())
+    np.testing.assert_allclose(o, _reference(q, k, v, causal), rtol=1e-5, atol=1e-5)
+
+
+def test_xla_gqa_does_not_copy_kv():
+    q, k, v, _ = _qkvw(jnp.float32, b=1, s=16, h=8, kvh=2, d=8)
+    jaxpr = jax.make_jaxpr(functools.partial(attention.attend, causal=True, impl="xla",
+                                             layout=Layout()))(q, k, v).jaxpr
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    # Both matmuls read k and v as given: the query heads are grouped instead.
+    assert len(dots) == 2
+    assert jaxpr.invars[1] in dots[0].invars and jaxpr.invars[2] in dots[1].invars
+
+
+# ------------------------------------------------- flash == xla on 8 CPU devices (interpret)
+
+
+@pytest.mark.parametrize("mesh_spec, recipe", [(None, "dp"), ("data=2,model=4", "dp+tp"),
+                                               ("fsdp=8", "fsdp")])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_flash_matches_xla_forward_and_gradient(mesh_spec, recipe, dtype):
+    # heads 4 / kv_heads 2: on model=4 the kv heads do not divide, so k/v enter the kernel's
+    # shard_map whole along heads and each device slices its own.
+    layout = _layout(mesh_spec, recipe)
+    q, k, v, w = _qkvw(dtype)
+    lf, gf = _value_and_grads("flash", layout, True, q, k, v, w)
+    lx, gx = _value_and_grads("xla", Layout(), True, q, k, v, w)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    assert float(lf) == pytest.approx(float(lx), rel=tol, abs=tol * 10)
+    for a, b in zip(gf, gx):
+        assert a.dtype == dtype and _rel(a, b) < tol
+    of = jax.jit(functools.partial(attention.attend, causal=True, impl="flash",
+                                   layout=layout))(q, k, v)
+    assert _rel(of, _reference(q, k, v, True)) < (1e-5 if dtype == jnp.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("h, kvh", [(8, 4), (8, 8), (12, 3)])
+def test_flash_gqa_splits_over_the_heads_axis(h, kvh):
+    # kv heads divide over model=4 (k/v sharded), no GQA, and neither dividing the other.
+    layout = _layout("data=2,model=4", "dp+tp")
+    q, k, v, w = _qkvw(jnp.float32, b=4, s=32, h=h, kvh=kvh, d=16)
+    causal = kvh != 8
+    lf, gf = _value_and_grads("flash", layout, causal, q, k, v, w)
+    lx, gx = _value_and_grads("xla", layout, causal, q, k, v, w)
+    assert float(lf) == pytest.approx(float(lx), rel=1e-5, abs=1e-4)
+    assert max(_rel(a, b) for a, b in zip(gf, gx)) < 1e-5
+
+
+def test_flash_inside_a_pipeline_shard_map_matches_xla():
+    # The pipeline runs blocks in a shard_map manual over `stage` with no layout: attend
+    # nests its own shard_map over the automatic axes.
+    mesh = sharding.make_mesh({"data": 2, "stage": 2, "model": 2})
+    q, k, v, w = _qkvw(jnp.float32, b=4, s=32, h=4, kvh=2, d=16)
+
+    def run(impl):
+        def loss(q, k, v):
+            o = jax.shard_map(
+                lambda q, k, v: attention.attend(q, k, v, causal=True, impl=impl, layout=Layout()),
+                mesh=mesh, in_specs=(P(), P(), P()), out_specs=P(), axis_names={"stage"})(q, k, v)
+            return jnp.sum(o * w)
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    (lf, gf), (lx, gx) = run("flash"), run("xla")
+    assert float(lf) == pytest.approx(float(lx), rel=1e-5)
+    assert max(_rel(a, b) for a, b in zip(gf, gx)) < 1e-5
+
+
+def test_flash_on_cpu_is_the_interpreted_kernel_not_a_custom_call():
+    q, k, v, _ = _qkvw(jnp.float32, b=1, s=32)
+    text = jax.jit(functools.partial(attention.attend, causal=True, impl="flash",
+                                     layout=Layout())).lower(q, k, v).as_text()
+    assert "triton" not in text and "custom_call" not in text
+
+
+# --------------------------------------------------------------------------- pricing
+
+
+def _kernels(text: str) -> tuple[graph.StepGraph, dict[str, graph.Task]]:
+    """The step graph of ``text`` and its Triton tasks by kernel name."""
+    module = hlo.parse(text)
+    insts = {i.name: i for c in module.computations for i in c.instructions}
+    g = graph.from_module(module)
+    return g, {graph.triton_kernel(insts[t.name])[0]: t for t in g.tasks
+               if t.opcode == "custom-call"}
+
+
+def _fraction(s: int, block: int, causal: bool) -> float:
+    return (1 + block / s) / 2 if causal else 1.0
+
+
+def test_fixture_kernels_are_priced_by_their_flops():
+    # tests/fixtures/hlo/gpu_flash_attention.hlo: value_and_grad of a causal flash attention,
+    # b=2 s=256 heads=4 kv_heads=2 head_dim=64 bf16, compiled for one abstract H100 (the
+    # Triton IR strings shortened). Kernel blocks: 128 rows on the outer loop.
+    _, tasks = _kernels((FIXTURES / "gpu_flash_attention.hlo").read_text())
+    assert sorted(tasks) == sorted(graph.FLASH_KERNELS)
+    b, s, h, d = 2, 256, 4, 64
+    full = 4.0 * b * h * s * s * d
+    assert tasks["mha_forward"].flops == full * _fraction(s, 128, True)  # (1 + 1/2) / 2
+    assert tasks["mha_backward"].flops == 3.5 * full * _fraction(s, 128, True)
+    assert tasks["mha_preprocess_backward"].flops == 2.0 * b * s * h * d
+    qb = b * s * h * d * 2
+    lse = b * h * s * 4
+    assert tasks["mha_forward"].bytes == 3 * qb + qb + lse
+    assert tasks["mha_backward"].bytes == 5 * qb + 2 * lse + 3 * qb
+    assert all(t.gemm == () for t in tasks.values())
+
+
+def test_the_causal_scope_is_the_one_the_cost_model_reads():
+    assert attention.CAUSAL_SCOPE == graph.FLASH_CAUSAL_SCOPE
+    assert attention.FULL_SCOPE != graph.FLASH_CAUSAL_SCOPE
+
+
+def test_kernel_name_comes_from_backend_config_not_the_ir_string():
+    text = (FIXTURES / "gpu_flash_attention.hlo").read_text()
+    module = hlo.parse(text)
+    names = [graph.triton_kernel(i) for i in module.entry.instructions if i.opcode == "custom-call"]
+    assert [n for n, _ in names] == ["mha_forward", "mha_preprocess_backward", "mha_backward"]
+    assert names[0][1] == {"x": 2, "y": 2, "z": 4} and names[2][1] == {"x": 2, "y": 4, "z": 2}
+
+
+def test_non_causal_kernels_and_other_custom_calls():
+    text = (FIXTURES / "gpu_flash_attention.hlo").read_text()
+    full = 4.0 * 2 * 4 * 256 * 256 * 64
+    # Without the causal scope the whole score matrix is priced.
+    _, tasks = _kernels(text.replace("flash_attention_causal", "flash_attention"))
+    assert tasks["mha_forward"].flops == full
+    assert tasks["mha_backward"].flops == 3.5 * full
+    # Another Pallas kernel, and custom calls XLA does not know, keep 0 FLOPs: they are
+    # timed by the bytes they read and write (memory-bound), as before.
+    _, other = _kernels(text.replace('name = "mha_forward"', 'name = "rms_norm"'))
+    assert other["rms_norm"].flops == 0.0 and other["rms_norm"].bytes > 0
+    foreign, _ = _kernels(text.replace('custom_call_target="__gpu$xla.gpu.triton"',
+                                       'custom_call_target="my_kernel"'))
+    assert [t.flops for t in foreign.tasks if t.opcode == "custom-call"] == [0.0, 0.0, 0.0]
+
+
+# --------------------------------------------------------- deviceless compile for H100s
+
+_NO_GPU_COMPILE = gpu_compile.unavailable_reason()
+deviceless = pytest.mark.skipif(_NO_GPU_COMPILE is not None,
+                                reason=f"no deviceless GPU compile here: {_NO_GPU_COMPILE}")
+
+
+def _gpu_step_text(b, s, h, kvh, d, causal, mesh_shape=(2, 4)):
+    devs = gpu_compile.devices(H100, 8)
+    mesh = Mesh(np.array(devs).reshape(mesh_shape), ("data", "model"))
+    rules = sharding.activation_rules(sharding.parse_recipe("dp+tp"), mesh.axis_names)
+    layout = Layout(mesh, rules)
+    spec = NamedSharding(mesh, P("data", None, "model", None))
+    q = jax.ShapeDtypeStruct((b, s, h, d), jnp.bfloat16, sharding=spec)
+    kv = jax.ShapeDtypeStruct((b, s, kvh, d), jnp.bfloat16, sharding=spec)
+
+    def loss(q, k, v):
+        o = attention.attend(q, k, v, causal=causal, impl="flash", layout=layout)
+        return jnp.sum(o.astype(jnp.float32) ** 2)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile().as_text()
+
+
+@deviceless
+@pytest.mark.parametrize("causal", [True, False])
+def test_deviceless_h100_step_runs_the_triton_kernels_on_local_shards(causal):
+    b, s, h, kvh, d = 4, 512, 8, 4, 128
+    text = _gpu_step_text(b, s, h, kvh, d, causal)
+    calls = re.findall(r'custom_call_target="([^"]+)"', text)
+    assert calls.count(graph.TRITON_TARGET) == 3
+    g, tasks = _kernels(text)
+    assert sorted(tasks) == sorted(graph.FLASH_KERNELS)
+    # Each device runs its own batch rows and heads: batch / data, heads / model.
+    lb, lh = b // 2, h // 4
+    full = 4.0 * lb * lh * s * s * d
+    fwd = full * _fraction(s, 128, causal)
+    assert tasks["mha_forward"].flops == fwd
+    assert tasks["mha_backward"].flops == 3.5 * fwd
+    # No collective touches q/k/v: the only one is the scalar loss's all-reduce.
+    assert [(t.kind, t.bytes) for t in g.collectives] == [("all-reduce", 4.0)]
+    # Compute-bound on the tensor cores: the FLOPs, not the bytes, set the time.
+    t = tasks["mha_backward"]
+    assert cost.compute_time_us(t.flops, t.bytes, H100) == pytest.approx(
+        H100.launch_us + t.flops / (H100.achieved_tflops * 1e6))
+
+
+@deviceless
+def test_step_traced_on_cpu_devices_and_lowered_for_cuda_gets_the_triton_kernels():
+    # lagom-jax's route: trace on the CPU devices, lower with lowering_platforms=("cuda",).
+    layout = _layout("data=2,model=4", "dp+tp")
+    spec = NamedSharding(layout.mesh, P("data", None, "model", None))
+    q = jax.device_put(jnp.ones((2, 128, 4, 32), jnp.bfloat16), spec)
+
+    def loss(q, k, v):
+        return jnp.sum(attention.attend(q, k, v, causal=True, impl="flash", layout=layout)
+                       .astype(jnp.float32))
+
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    text = gpu_compile.compile_for_cluster(fn, (q, q, q), {}, H100)
+    assert sorted(_kernels(text)[1]) == sorted(graph.FLASH_KERNELS)
+    value, _ = fn(q, q, q)  # and the same jitted step runs on the CPU devices
+    assert float(value) == pytest.approx(2 * 128 * 4 * 32)
+
+
+@deviceless
+def test_single_abstract_gpu_without_a_mesh():
+    dev = gpu_compile.devices(H100, 1)[0]
+    q = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16, sharding=SingleDeviceSharding(dev))
+    text = jax.jit(functools.partial(attention.attend, causal=True, impl="flash",
+                                     layout=Layout())).lower(q, q, q).compile().as_text()
+    (fwd,) = _kernels(text)[1].values()
+    assert fwd.flops == 4.0 * 2 * 4 * 256 * 256 * 64 * 0.75
