@@ -52,6 +52,13 @@ GPU_MEMORY_GB: dict[str, float] = {
     "h100-sxm-8": 80.0,
     "a40-pcie-8": 48.0,
     "v100-25g": 32.0,
+    "h200-sxm-8": 141.0,  # NVIDIA H200 datasheet: 141 GB HBM3e
+    "b200-sxm-8": 180.0,  # NVIDIA DGX B200 datasheet: 1,440 GB for 8 GPUs
+    "dgx-h100": 80.0,  # = h100-sxm-8
+    "a3": 80.0,  # Google Cloud a3-highgpu-8g: 8x H100 80GB
+    "a3-mega": 80.0,  # a3-megagpu-8g: 8x H100 80GB
+    "a3-ultra": 141.0,  # a3-ultragpu-8g: 8x H200 141GB
+    "a4": 180.0,  # a4-highgpu-8g: 8x B200 (as b200-sxm-8)
 }
 # Share of GPU memory XLA's allocator may use: MaxText's 8xH100 recipe sets
 # XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 (AI-Hypercomputer/maxtext,

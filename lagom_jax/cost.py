@@ -65,7 +65,7 @@ class CostConfig:
     # Simple all-reduce latency x1.4 (x1.9 before Ampere) once nBytes/(nc*n) >= 64.
     net_overhead_us: float = 1.0
     multinode_simple_lat_factor: tuple[tuple[str, float], ...] = (
-        ("volta", 1.9), ("ampere", 1.4), ("hopper", 1.4))
+        ("volta", 1.9), ("ampere", 1.4), ("hopper", 1.4), ("blackwell", 1.4))
     # Protocol efficiency on the wire: LL carries 8 B data per 16 B line (x0.5), LL128
     # 120 of 128 B (NCCL applies x0.92); Simple is the measured peak (the busBw caps of
     # HardwareProfile are Simple measurements).
@@ -76,15 +76,19 @@ class CostConfig:
     tree_ll128_factor_1node: float = 7 / 9
     tree_ll128_factor_multinode: float = 120 / 128
     # llMaxBw (GB/s): one node by GPU arch; multi-node (Intel host) 2 nodes / more.
-    ll_max_gbps: tuple[tuple[str, float], ...] = (("volta", 39.0), ("ampere", 87.7), ("hopper", 141.0))
+    ll_max_gbps: tuple[tuple[str, float], ...] = (
+        ("volta", 39.0), ("ampere", 87.7), ("hopper", 141.0), ("blackwell", 2 * 141.0))
     ll_max_multinode_gbps: tuple[float, float] = (39.0, 20.4)
     # Per *search* channel caps (GB/s), columns 1 node / 2 nodes / >2 nodes; NCCL runs
     # two CTAs per search channel, so the per-CTA cap is half.
-    per_ch_ring_ll128: tuple[tuple[str, float], ...] = (("volta", 20.0), ("ampere", 20.0), ("hopper", 36.7))
+    per_ch_ring_ll128: tuple[tuple[str, float], ...] = (
+        ("volta", 20.0), ("ampere", 20.0), ("hopper", 36.7), ("blackwell", 40.0))
     per_ch_tree: tuple[tuple[str, tuple[float, float, float]], ...] = (
-        ("volta", (26.5, 18.5, 10.0)), ("ampere", (24.0, 23.6, 17.8)), ("hopper", (38.7, 41.4, 36.0)))
+        ("volta", (26.5, 18.5, 10.0)), ("ampere", (24.0, 23.6, 17.8)), ("hopper", (38.7, 41.4, 36.0)),
+        ("blackwell", (70.0, 42.8, 24.0)))
     per_ch_tree_ll128: tuple[tuple[str, tuple[float, float, float]], ...] = (
-        ("volta", (20.0, 20.0, 20.0)), ("ampere", (20.0, 20.0, 20.0)), ("hopper", (36.7, 36.7, 29.0)))
+        ("volta", (20.0, 20.0, 20.0)), ("ampere", (20.0, 20.0, 20.0)), ("hopper", (36.7, 36.7, 29.0)),
+        ("blackwell", (55.6, 31.67, 20.0)))
     ctas_per_search_channel: int = 2
     # Threads per CTA at which one channel reaches its full rate: NCCL's defaults
     # (512 for LL and Simple, 640 for LL128). Fewer threads move proportionally less.

@@ -9,7 +9,9 @@ Every number in ``PRESETS`` cites its public source: NCCL's tuning model (NVIDIA
 ``src/graph/tuning.cc``, ``search.cc``, ``connect.cc``), published nccl-tests results
 (issues of NVIDIA/nccl and NVIDIA/nccl-tests, Azure/AI-benchmarking-guide), NVIDIA
 datasheets, and the Lagom (arXiv 2602.20656) and AutoCCL (NSDI'25) papers.
-Where no measurement was published the derivation is stated.
+Where no measurement was published the derivation is stated. Besides the single-node
+DGX/HGX boxes there are the Google Cloud nodes Llama/Mixtral-class JAX jobs run on (``a3``,
+``a3-mega``, ``a3-ultra``, ``a4``): the same GPUs and NVSwitch, with the cloud's network.
 
 This module is on the ground floor: it imports nothing from the project.
 """
@@ -22,8 +24,11 @@ import math
 import os
 from typing import Any, Literal
 
-Arch = Literal["volta", "ampere", "hopper"]
+Arch = Literal["volta", "ampere", "hopper", "blackwell"]
 LinkKind = Literal["nvlink", "pcie"]
+# In NCCL's order of compute capabilities (src/graph/tuning.cc: Volta, Ampere, Hopper,
+# Blackwell; sm_100 and newer is Blackwell).
+ARCHS: tuple[str, ...] = ("volta", "ampere", "hopper", "blackwell")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -73,8 +78,8 @@ class HardwareProfile:
     xla_target: str = ""
 
     def __post_init__(self) -> None:
-        if self.arch not in ("volta", "ampere", "hopper"):
-            raise ValueError(f"hardware {self.name!r}: unknown arch {self.arch!r} (known: volta, ampere, hopper)")
+        if self.arch not in ARCHS:
+            raise ValueError(f"hardware {self.name!r}: unknown arch {self.arch!r} (known: {', '.join(ARCHS)})")
         if self.intra_link not in ("nvlink", "pcie"):
             raise ValueError(f"hardware {self.name!r}: unknown intra_link {self.intra_link!r} (known: nvlink, pcie)")
         for f in ("gpus_per_node", "nodes", "sm_count", "nccl_channels"):
@@ -105,11 +110,14 @@ class HardwareProfile:
         ``IsLHSEnabled`` (openxla/xla xla/service/gpu/gpu_hlo_schedule.cc) also turns the
         scheduler on when the speed-of-light latency estimator supports the module
         (``xla_gpu_enable_analytical_sol_latency_estimator``, on by default), which it does
-        on Hopper and newer (``SolLatencyEstimator::IsSupportedForModule``) unless the
-        module holds ragged all-to-all, collective-broadcast or host-offloaded ops. Older
-        GPUs get XLA's memory-minimizing schedule unless the scheduler flag is set.
+        on Hopper and Blackwell (``SolLatencyEstimator::IsSupportedForModule``:
+        ``IsHopper() || IsBlackwell()``) unless the module holds ragged all-to-all,
+        collective-broadcast or host-offloaded ops. Older GPUs get XLA's memory-minimizing
+        schedule unless the scheduler flag is set. (Checked for Blackwell with the installed
+        jaxlib by compiling for ``b200`` with and without the estimator: the modules differ,
+        ``tests/test_hardware.py``.)
         """
-        return self.arch == "hopper"
+        return self.arch in ("hopper", "blackwell")
 
     def with_nodes(self, nodes: int) -> HardwareProfile:
         """The same cluster with ``nodes`` nodes."""
@@ -165,6 +173,13 @@ _LAUNCH_US = 10.1 - 7.8
 # MAMF A100 PCIe 256.4 of 312 TFLOP/s; A100 HBM achieved ~1,680 of 2,039 GB/s.
 _A100_MATMUL_RATIO = 256.4 / 312.0
 _A100_HBM_RATIO = 1680.0 / 2039.0
+# H100 SXM5 achieved / datasheet HBM (h100-sxm-8 below: 3,040 of 3,350 GB/s), for the HBM3e
+# parts (H200, B200) where no achieved-bandwidth measurement was published.
+_H100_HBM_RATIO = 3040.0 / 3350.0
+# Ring busBw per nominal NIC rate with 200 Gb/s NICs: DGX A100, 8x HDR 200G = 200 GB/s,
+# AR busBw 192 (NVIDIA, nccl #812); NVIDIA's rule of thumb is the same, "24GB/s is the peak
+# performance per 200G NIC" (sjeaugey, nccl-tests #119).
+_NET_200G_EFFICIENCY = 192.0 / 200.0
 
 PRESETS: dict[str, HardwareProfile] = {
     "a100-sxm-8": HardwareProfile(
@@ -267,13 +282,137 @@ PRESETS: dict[str, HardwareProfile] = {
         launch_us=_LAUNCH_US,
         xla_target="v100",
     ),
+    # DGX H200 / HGX H200: 8x H200 SXM 141GB, 4x NVSwitch (NVLink 4, 18 links, as H100),
+    # 8x ConnectX-7 400 Gb/s for the compute fabric (NVIDIA DGX H200 datasheet).
+    "h200-sxm-8": HardwareProfile(
+        name="h200-sxm-8",
+        gpu="H200 SXM 141GB",
+        arch="hopper",
+        gpus_per_node=8,
+        nodes=1,
+        sm_count=132,  # the H100's GH100 with HBM3e; XLA's H200 description (h200.txtpb): core_count 132
+        peak_tflops=989.4,  # datasheet: 1,979 TFLOP/s BF16 with sparsity, dense half (as H100)
+        # No separate H200 row in MAMF's BF16 table: "H200 is the same" as the H100's
+        # (stas00/ml-engineering compute/accelerator); the H100's best-shape rate.
+        achieved_tflops=792.1,
+        hbm_gbps=4800.0,  # datasheet, HBM3e 4.8 TB/s
+        # No H200 measurement published: the H100's achieved/datasheet ratio (assumption).
+        achieved_hbm_gbps=round(4800.0 * _H100_HBM_RATIO, 1),
+        intra_link="nvlink",
+        # 8x H200 all-reduce with NCCL_NVLS_ENABLE=0 (ring) busBw 367.61 @16GiB
+        # (stas00/ml-engineering network/README, "82% of spec"; NVLS reached 482).
+        intra_busbw_gbps=367.6,
+        # Same NVLink 4 x18 as H100: NCCL's 12x30 search channels, 24 CTAs => 15 per CTA.
+        intra_channel_gbps=15.0,
+        # 4 nodes x 8 H200 with 8x 400 Gb/s NICs (p5en.48xlarge, EFA), NCCL 2.27.7 ring forced
+        # (NCCL_ALGO=allreduce:ring): AR busBw 364.65 @4GiB (stas00/ml-engineering
+        # network/README). DGX H200's fabric is InfiniBand NDR at the same 8x 400 Gb/s: no
+        # nccl-tests result on it was found, the EFA measurement stands in (assumption).
+        net_busbw_gbps=364.65,
+        net_channel_gbps=15.0,  # NCCL's Hopper per-channel speed, per CTA, as inside the node
+        nccl_channels=24,  # same NVSwitch topology and NCCL search as H100 (6x60 -> 12x30 -> 24)
+        ll128_enabled=True,
+        launch_us=_LAUNCH_US,
+        xla_target="h200",  # XLA's own H200 description (h200.txtpb)
+    ),
+    # DGX B200 / HGX B200: 8x B200 (1,440 GB of HBM3e per DGX), 2x NVSwitch (NVLink 5, 1.8
+    # TB/s per GPU), 8x ConnectX-7 400 Gb/s for the compute fabric (NVIDIA DGX B200
+    # datasheet).
+    "b200-sxm-8": HardwareProfile(
+        name="b200-sxm-8",
+        gpu="B200 SXM",
+        arch="blackwell",
+        gpus_per_node=8,
+        nodes=1,
+        # NVIDIA's B200 datasheets give no SM count; XLA's B200 description (b200.txtpb):
+        # core_count 148.
+        sm_count=148,
+        # DGX B200 datasheet: 72 PFLOP/s FP8 with sparsity for 8 GPUs = 4.5 dense FP8 per GPU;
+        # dense BF16 is half of that (2,250 in stas00/ml-engineering's spec table).
+        peak_tflops=2250.0,
+        achieved_tflops=1745.0,  # MAMF best-shape BF16 matmul, B200 SXM (stas00/ml-engineering)
+        hbm_gbps=8000.0,  # DGX B200 datasheet: 64 TB/s HBM3e for 8 GPUs
+        # No B200 measurement published: the H100's achieved/datasheet ratio (assumption).
+        achieved_hbm_gbps=round(8000.0 * _H100_HBM_RATIO, 1),
+        intra_link="nvlink",
+        # NCCL's model of the link: 18 x SM100_NVLINK_BW 40.1 = 721.8 (src/graph/topo.h;
+        # "maxBw 721.8" in the log of nccl #1807), as 18 x 20.6 = 370.8 is for H100 whose
+        # ring measured 365-370. Checked: 1 node of 8x B200 (P6-B200) all-reduce busBw
+        # 723.34 @1GiB, 740.64 @4GiB (stas00/ml-engineering network/README, NCCL 2.27.7;
+        # 839-846 at 8-16GiB is above any ring: NVLS).
+        intra_busbw_gbps=721.8,
+        # NCCL's channel search on sm_100: 8 channels x 90 GB/s (sm100SpeedArrayIntra,
+        # 8 x 90 <= 721.8), ncclTopoDupChannels -> 16 x 45, connect.cc doubles -> 32 CTAs
+        # => 22.5 GB/s per CTA.
+        intra_channel_gbps=22.5,
+        # 4 nodes x 8 B200 with 8x 400 Gb/s NICs (P6-B200, EFA v4), NCCL 2.27.7: AR busBw
+        # 377.34 @4GiB, 381.80 @16GiB (stas00/ml-engineering network/README; the algorithm,
+        # chosen by AWS's tuner plugin, was not reported). DGX B200's InfiniBand NDR fabric
+        # at the same 8x 400 Gb/s has no published nccl-tests result: the EFA measurement
+        # stands in (assumption).
+        net_busbw_gbps=377.34,
+        net_channel_gbps=22.5,  # NCCL's Blackwell per-channel speed, per CTA, as inside the node
+        # Derived above; NCCL logs "32 coll channels" on a DGX B200 (nccl #1646).
+        nccl_channels=32,
+        ll128_enabled=True,  # NCCL enables LL128 by default on Hopper/Blackwell (src/graph/tuning.cc)
+        launch_us=_LAUNCH_US,
+        # XLA's own B200 description (b200.txtpb, sm_100a). The CUDA 12.9 ptxas of
+        # nvidia-cuda-nvcc-cu12 assembles sm_100a, so the deviceless compile is the real one.
+        xla_target="b200",
+    ),
 }
+
+# DGX H100 is what h100-sxm-8 already describes: 8x H100 SXM5, 4x NVSwitch and 8x
+# ConnectX-7 400 Gb/s InfiniBand per node (NVIDIA DGX H100 datasheet); its network number
+# was measured on exactly that fabric (3.2 Tb/s IB per node). "dgx-h100" is the same
+# profile under the name people search for: every number is equal, only the name differs.
+PRESETS["dgx-h100"] = dataclasses.replace(PRESETS["h100-sxm-8"], name="dgx-h100")
+
+# Google Cloud GPU nodes: the GPUs and NVSwitch inside are those of the HGX boxes above; the
+# network is the cloud's. NIC counts and rates: Google Cloud, "Networking and GPU machines"
+# (cloud.google.com/compute/docs/gpus/gpu-network-bandwidth) and GKE "Maximize GPU network
+# bandwidth" (cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx).
+# No nccl-tests result of these machine types was found published; each network number
+# below says what stands in.
+PRESETS["a3"] = dataclasses.replace(
+    # a3-highgpu-8g: 8x H100 80GB SXM with NVSwitch; for GPU traffic 4 secondary NICs of up
+    # to 200 Gb/s each with GPUDirect-TCPX (1,000 Gbps in all with the 200 Gb/s primary NIC).
+    PRESETS["h100-sxm-8"], name="a3",
+    # 4 x 200 Gb/s = 100 GB/s per node at the 200G-NIC ring efficiency measured on InfiniBand
+    # (assumption: TCPX is TCP with GPU-direct payloads, not RDMA, so this is an upper bound).
+    net_busbw_gbps=round(4 * 200 / 8 * _NET_200G_EFFICIENCY, 2),
+)
+PRESETS["a3-mega"] = dataclasses.replace(
+    # a3-megagpu-8g: 8x H100 80GB SXM with NVSwitch; 8 secondary NICs of up to 200 Gb/s each
+    # with GPUDirect-TCPXO (1,800 Gbps in all with the primary NIC).
+    PRESETS["h100-sxm-8"], name="a3-mega",
+    # 8 x 200 Gb/s = 200 GB/s at the 200G-NIC ring efficiency (assumption, as for a3; TCPXO
+    # offloads the TCP data path to the NICs).
+    net_busbw_gbps=round(8 * 200 / 8 * _NET_200G_EFFICIENCY, 2),
+)
+PRESETS["a3-ultra"] = dataclasses.replace(
+    # a3-ultragpu-8g: 8x H200 141GB with NVSwitch; 8 ConnectX-7 NICs, one per GPU, 3,200
+    # Gbps of GPUDirect RDMA over RoCE (plus 2 gVNICs, 400 Gbps, for other traffic).
+    PRESETS["h200-sxm-8"], name="a3-ultra",
+    # Same GPU and the same 8x 400 Gb/s per node as h200-sxm-8: its measured 364.65 (EFA)
+    # stands in for RoCE (assumption).
+    net_busbw_gbps=PRESETS["h200-sxm-8"].net_busbw_gbps,
+)
+PRESETS["a4"] = dataclasses.replace(
+    # a4-highgpu-8g: 8x B200 with NVSwitch; 8 ConnectX-7 NICs, 3,200 Gbps of GPUDirect RDMA
+    # over RoCE (plus 2 gVNICs).
+    PRESETS["b200-sxm-8"], name="a4",
+    # Same GPU and 8x 400 Gb/s as b200-sxm-8: its measured 377.34 (EFA) stands in (assumption).
+    net_busbw_gbps=PRESETS["b200-sxm-8"].net_busbw_gbps,
+)
 
 
 # GPU names (as in jax's ``device_kind``) -> the preset with that GPU's links and NCCL
-# tables; H200 and H800 share the H100's Hopper tables, A800 the A100's.
+# tables; H800 shares the H100's Hopper tables, A800 the A100's. The first match wins, so
+# "NVIDIA GB200" (4 GPUs per tray, NVLink across the rack) also lands on b200-sxm-8: same
+# chip, a node shape that is not the GB200's.
 GPU_PRESETS: tuple[tuple[str, str], ...] = (
-    ("H100", "h100-sxm-8"), ("H200", "h100-sxm-8"), ("H800", "h100-sxm-8"),
+    ("H100", "h100-sxm-8"), ("H200", "h200-sxm-8"), ("H800", "h100-sxm-8"), ("B200", "b200-sxm-8"),
     ("A100", "a100-sxm-8"), ("A800", "a100-sxm-8"), ("A40", "a40-pcie-8"), ("V100", "v100-25g"),
 )
 

@@ -9,7 +9,10 @@ import pytest
 from lagom_jax import hardware
 
 
-@pytest.mark.parametrize("name", ["a100-sxm-8", "h100-sxm-8", "a40-pcie-8", "v100-25g"])
+NEW_PRESETS = ("h200-sxm-8", "b200-sxm-8", "dgx-h100", "a3", "a3-mega", "a3-ultra", "a4")
+
+
+@pytest.mark.parametrize("name", ["a100-sxm-8", "h100-sxm-8", "a40-pcie-8", "v100-25g", *NEW_PRESETS])
 def test_presets_exist_and_scale_with_nodes(name):
     hw = hardware.get(name, nodes=4)
     assert hw.name == name and hw.nodes == 4
@@ -28,10 +31,14 @@ def test_datasheet_numbers():
 
 
 def test_unknown_name_lists_known():
-    with pytest.raises(ValueError, match="known: a100-sxm-8, h100-sxm-8, a40-pcie-8, v100-25g"):
+    with pytest.raises(ValueError, match="known: a100-sxm-8, h100-sxm-8, a40-pcie-8, v100-25g, h200-sxm-8, "
+                                         "b200-sxm-8, dgx-h100, a3, a3-mega, a3-ultra, a4\\)"):
         hardware.get("h10")
-    with pytest.raises(ValueError, match="h100-sxm-8"):
+    with pytest.raises(ValueError, match="h100-sxm-8") as err:
         hardware.resolve("h10")
+    assert all(name in str(err.value) for name in NEW_PRESETS)
+    with pytest.raises(ValueError, match="a3-ultra"):
+        hardware.resolve("a3-ultra-8g:nodes=2")
 
 
 def test_json_round_trip(tmp_path):
@@ -100,3 +107,179 @@ def test_resolve_cluster_auto_names_what_it_chose():
     resolved = hardware.resolve_cluster("auto", devices=gpus)
     assert resolved.hardware.name == "a100-sxm-8" and resolved.hardware.nodes == 2
     assert resolved.note.endswith("2 node(s)") and "A100" in resolved.note
+
+
+# --- The presets for Llama/Mixtral-class jobs: H200, B200, DGX H100 and Google Cloud ------
+
+
+@pytest.mark.parametrize("name", NEW_PRESETS)
+def test_new_presets_resolve_by_name_and_node_count(name):
+    hw = hardware.resolve(name)
+    assert hw == hardware.get(name) and hw.name == name and hw.nodes == 1 and hw.gpus_per_node == 8
+    assert hardware.resolve(f"{name}:nodes=3").nodes == 3
+    assert hardware.resolve(f"{name}:nodes=3", nodes=2).nodes == 2
+    with pytest.raises(ValueError, match=f"'{name}:nodes=4'"):
+        hardware.resolve(f"{name}:gpus=4")
+    grown = hardware.resolve_cluster(name, num_devices=64)
+    assert grown.hardware.nodes == 8 and grown.note == f"hardware: {name}"
+    assert hardware.resolve_cluster(f"{name}:nodes=2", num_devices=64).hardware.nodes == 2
+
+
+@pytest.mark.parametrize("name", NEW_PRESETS)
+def test_new_presets_numbers_are_positive_and_consistent(name):
+    hw = hardware.get(name)
+    for field in ("sm_count", "peak_tflops", "achieved_tflops", "hbm_gbps", "achieved_hbm_gbps",
+                  "intra_busbw_gbps", "intra_channel_gbps", "net_busbw_gbps", "net_channel_gbps",
+                  "nccl_channels"):
+        assert getattr(hw, field) > 0, field
+    assert hw.intra_link == "nvlink" and hw.ll128_enabled and hw.xla_target
+    assert hw.nccl_channels < hw.sm_count
+    # NCCL's default channel count saturates NVLink: channels x per-CTA rate is the link's
+    # busBw within 3% (24 x 15 = 360 of 367.6-370 on Hopper, 32 x 22.5 = 720 of 721.8 on B200).
+    assert hw.nccl_channels * hw.intra_channel_gbps == pytest.approx(hw.intra_busbw_gbps, rel=0.03)
+    # The network is slower than NVLink inside the node.
+    assert hw.net_busbw_gbps < hw.intra_busbw_gbps
+    assert hardware.HardwareProfile.from_dict(hw.to_dict()) == hw
+
+
+def test_blackwell_and_hbm3e_parts_against_h100():
+    h100, h200, b200 = (hardware.get(n) for n in ("h100-sxm-8", "h200-sxm-8", "b200-sxm-8"))
+    # H200: the H100's chip (same SMs and tensor-core rate) with more and faster HBM.
+    assert (h200.arch, h200.sm_count, h200.peak_tflops, h200.achieved_tflops) == (
+        h100.arch, h100.sm_count, h100.peak_tflops, h100.achieved_tflops)
+    assert h200.hbm_gbps > h100.hbm_gbps and h200.achieved_hbm_gbps > h100.achieved_hbm_gbps
+    # B200 (NVIDIA datasheets, stas00/ml-engineering MAMF): more SMs, ~2.3x the BF16 rate,
+    # 2.4x the HBM bandwidth, NVLink 5 at twice NVLink 4.
+    assert b200.arch == "blackwell" and b200.sm_count == 148
+    assert b200.peak_tflops > 2 * h100.peak_tflops and b200.achieved_tflops > 2 * h100.achieved_tflops
+    assert b200.hbm_gbps > h200.hbm_gbps > h100.hbm_gbps
+    assert b200.intra_busbw_gbps == pytest.approx(2 * h100.intra_busbw_gbps, rel=0.05)
+    assert b200.nccl_channels == 32 and b200.intra_channel_gbps > h100.intra_channel_gbps
+    # Measured on 4 nodes of 8x 400 Gb/s (50 GB/s per GPU, 400 GB/s per node): busBw below line rate.
+    for hw in (h100, h200, b200):
+        assert 300 < hw.net_busbw_gbps < 400
+
+
+def test_gpu_memory_of_every_preset_for_advise():
+    from lagom_jax import advise
+
+    assert set(hardware.PRESETS) <= set(advise.GPU_MEMORY_GB)
+    mem = advise.GPU_MEMORY_GB
+    assert mem["b200-sxm-8"] > mem["h200-sxm-8"] > mem["h100-sxm-8"]
+    assert mem["h200-sxm-8"] == 141.0 and mem["b200-sxm-8"] == 180.0
+    for alias, base in (("dgx-h100", "h100-sxm-8"), ("a3", "h100-sxm-8"), ("a3-mega", "h100-sxm-8"),
+                        ("a3-ultra", "h200-sxm-8"), ("a4", "b200-sxm-8")):
+        assert mem[alias] == mem[base]
+
+
+def test_dgx_h100_is_h100_sxm_8_under_its_own_name():
+    dgx, h100 = hardware.get("dgx-h100"), hardware.get("h100-sxm-8")
+    assert dgx.name == "dgx-h100" and dgx != h100
+    assert dataclasses.replace(dgx, name="h100-sxm-8") == h100
+
+
+@pytest.mark.parametrize("cloud, base, nominal_gbps", [
+    ("a3", "h100-sxm-8", 4 * 200 / 8),  # a3-highgpu-8g: 4 x 200 Gb/s GPUDirect-TCPX
+    ("a3-mega", "h100-sxm-8", 8 * 200 / 8),  # a3-megagpu-8g: 8 x 200 Gb/s GPUDirect-TCPXO
+    ("a3-ultra", "h200-sxm-8", 8 * 400 / 8),  # a3-ultragpu-8g: 8 x 400 Gb/s RoCE (ConnectX-7)
+    ("a4", "b200-sxm-8", 8 * 400 / 8),  # a4-highgpu-8g: 8 x 400 Gb/s RoCE (ConnectX-7)
+])
+def test_cloud_nodes_are_their_gpus_with_the_clouds_network(cloud, base, nominal_gbps):
+    hw, node = hardware.get(cloud), hardware.get(base)
+    # Inside the node: the HGX box's GPU, NVSwitch and NCCL defaults, and its XLA target.
+    inside = ("gpu", "arch", "sm_count", "peak_tflops", "achieved_tflops", "hbm_gbps", "intra_busbw_gbps",
+              "intra_channel_gbps", "nccl_channels", "xla_target")
+    assert all(getattr(hw, f) == getattr(node, f) for f in inside)
+    # Between nodes: below the GPU NICs' line rate, above 80% of it.
+    assert 0.8 * nominal_gbps < hw.net_busbw_gbps < nominal_gbps
+
+
+def test_cloud_networks_rank_as_their_nics():
+    a3, mega, ultra, a4 = (hardware.get(n).net_busbw_gbps for n in ("a3", "a3-mega", "a3-ultra", "a4"))
+    assert a3 < mega < ultra <= a4
+    assert mega == pytest.approx(2 * a3)
+
+
+def test_gpu_kinds_map_to_their_own_presets():
+    assert hardware.preset_for_device("NVIDIA H200") == "h200-sxm-8"
+    assert hardware.preset_for_device("NVIDIA H200 141GB HBM3e") == "h200-sxm-8"
+    assert hardware.preset_for_device("NVIDIA B200") == "b200-sxm-8"
+    assert hardware.preset_for_device("NVIDIA H100 80GB HBM3") == "h100-sxm-8"
+    assert hardware.preset_for_device("NVIDIA H800") == "h100-sxm-8"
+    assert dict(hardware.GPU_PRESETS)["H200"] == "h200-sxm-8"
+    assert dict(hardware.GPU_PRESETS)["B200"] == "b200-sxm-8"
+    assert all(preset in hardware.PRESETS for _, preset in hardware.GPU_PRESETS)
+
+
+def test_resolve_cluster_auto_picks_b200_for_b200_devices():
+    import types
+
+    gpus = [types.SimpleNamespace(platform="gpu", device_kind="NVIDIA B200")] * 16
+    resolved = hardware.resolve_cluster("auto", devices=gpus)
+    assert resolved.hardware.name == "b200-sxm-8" and resolved.hardware.nodes == 2
+    assert "B200 -> preset b200-sxm-8" in resolved.note
+
+
+def test_blackwell_is_a_known_arch_and_schedules_like_hopper():
+    assert hardware.ARCHS == ("volta", "ampere", "hopper", "blackwell")
+    schedules = {name: hw.xla_schedules_by_default for name, hw in hardware.PRESETS.items()}
+    assert schedules == {name: hw.arch in ("hopper", "blackwell") for name, hw in hardware.PRESETS.items()}
+    assert schedules["b200-sxm-8"] and schedules["a4"] and not schedules["a100-sxm-8"]
+    with pytest.raises(ValueError, match="known: volta, ampere, hopper, blackwell"):
+        dataclasses.replace(hardware.get("b200-sxm-8"), arch="rubin")
+
+
+def test_blackwell_profile_round_trips_through_json(tmp_path):
+    hw = hardware.get("b200-sxm-8", nodes=2)
+    path = tmp_path / "b200.json"
+    hw.save(path)
+    assert hardware.resolve(str(path)) == hw and hardware.resolve(str(path)).arch == "blackwell"
+
+
+# --- Deviceless compiles for the XLA descriptions added with these presets ----------------
+
+
+@pytest.fixture
+def deviceless():
+    from lagom_jax import gpu_compile
+
+    reason = gpu_compile.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no deviceless GPU compile here: {reason}")
+    return gpu_compile
+
+
+def _compile_tiny(gpu_compile, preset):
+    from lagom_jax import graph, models
+
+    hw = hardware.get(preset)
+    devices = gpu_compile.devices(hw)
+    assert len(devices) == 8 and {d.platform for d in devices} == {"gpu"}
+    # The abstract GPUs are XLA's description of the preset's GPU, and "auto" maps them back.
+    assert hardware.preset_for_device(devices[0].device_kind) == preset
+    built = models.build("gpt2", "tiny", "dp+tp", "data=2,model=4", devices=devices, dtype="bfloat16")
+    text = built.compiled_text()
+    assert text.startswith("HloModule") and "is_scheduled=true" in text
+    step = graph.from_hlo_text(text)
+    assert step.collectives and all(t.is_async for t in step.collectives)
+    return built, text
+
+
+def test_deviceless_compile_for_h200(deviceless):
+    text, dropped = deviceless.target_config("h200")
+    assert "NVIDIA H200 141GB HBM3e" in text and "device_memory_size: 151397597184" in text
+    assert all(f not in text for f in dropped)
+    _compile_tiny(deviceless, "h200-sxm-8")
+
+
+def test_deviceless_compile_for_b200_runs_the_latency_hiding_scheduler_unasked(deviceless):
+    # sm_100a: the installed ptxas (nvidia-cuda-nvcc-cu12) has to know Blackwell, else this fails.
+    from lagom_jax import verify
+
+    text, _ = deviceless.target_config("b200")
+    assert 'platform_version: "Compute Capability 10.0a"' in text and "core_count: 148" in text
+    built, module = _compile_tiny(deviceless, "b200-sxm-8")
+    # XLA schedules Blackwell by default (the speed-of-light estimator supports it), so
+    # turning that estimator off changes the module, as on Hopper (xla_schedules_by_default).
+    without = built.compiled_text({"xla_gpu_enable_analytical_sol_latency_estimator": False})
+    assert not verify._same_module(module, without)

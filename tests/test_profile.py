@@ -160,7 +160,7 @@ def test_contention_sweep_with_injected_probe_checks_ks():
 
 def test_base_preset_for_known_and_unknown_gpus():
     assert profile.base_preset_for("NVIDIA H100 80GB HBM3") == "h100-sxm-8"
-    assert profile.base_preset_for("NVIDIA H200") == "h100-sxm-8"
+    assert profile.base_preset_for("NVIDIA H200") == "h200-sxm-8"
     assert profile.base_preset_for("NVIDIA A100-SXM4-80GB") == "a100-sxm-8"
     with pytest.raises(ProfileError, match="no preset for GPU 'TPU v5'"):
         profile.base_preset_for("TPU v5")

@@ -1,0 +1,297 @@
+"""Llama-class workloads: predicted against measured, predicted gains, and scale.
+
+Two parts, each recorded as its own RESULTS.md section:
+
+``measured`` (section ``workloads``): every published JAX GPU run the built-in families can
+rebuild (MaxText Llama 2 7B, Paxml GPT-126M/5B/175B and Llama 2 7B; sources in ``ROWS``),
+predicted with the prediction contract (``lagom_jax.predict_train_step_ms``) under the
+flags the run used, beside the measured step. Then per row the predicted gain of lagom
+over XLA's defaults (``strategy="lagom"`` against ``"xla-default"`` on the step compiled
+with no flags) and over the run's own flags.
+
+``scale`` (section ``workloads_scale``): compile deviceless and tune the largest jobs,
+each in a fresh process: llama3-70b on 256 H100 (FSDP), llama3.1-405b on 2048 H100
+(FSDP x data), mixtral-8x7b on 64 H100 (FSDP x expert); compile time, search time and the
+process's peak RSS.
+
+    python -m benchmarks.workloads [--part measured|scale|all] [--rows NAME,...] [--no-record]
+
+Every step time here is *predicted* by the cost model except the "measured" column, which
+is the published measurement; nothing runs on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+GiB, MiB = 1 << 30, 1 << 20
+
+# Flags of the published runs, by name (openxla/xla DebugOptions fields).
+LHS = {"xla_gpu_enable_latency_hiding_scheduler": True}
+PIPELINED = {"xla_gpu_enable_pipelined_all_gather": True, "xla_gpu_enable_pipelined_reduce_scatter": True,
+             "xla_gpu_enable_pipelined_all_reduce": True}
+BY_DIM_OFF = {"xla_gpu_enable_all_gather_combine_by_dim": False,
+              "xla_gpu_enable_reduce_scatter_combine_by_dim": False}
+
+
+def thresholds(ar: int, ag: int, rs: int) -> dict[str, int]:
+    return {"xla_gpu_all_reduce_combine_threshold_bytes": ar, "xla_gpu_all_gather_combine_threshold_bytes": ag,
+            "xla_gpu_reduce_scatter_combine_threshold_bytes": rs}
+
+
+# JAX-Toolbox's MaxText flags (NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md).
+MAXTEXT_JT = {**LHS, **thresholds(GiB, GiB, 128 * MiB), **PIPELINED,
+              "xla_gpu_enable_while_loop_double_buffering": True, **BY_DIM_OFF,
+              "xla_disable_hlo_passes": "rematerialization", "xla_gpu_enable_triton_gemm": False}
+
+
+def maxtext_a3(ar_mib: int, ag_mib: int, rs_mib: int) -> dict[str, Any]:
+    """AI-Hypercomputer/maxtext's a3 llama2-7b scripts (1vm.sh .. 16vm.sh)."""
+    return {**LHS, **PIPELINED, "xla_gpu_enable_while_loop_double_buffering": True, **BY_DIM_OFF,
+            **thresholds(ar_mib * MiB, ag_mib * MiB, rs_mib * MiB)}
+
+
+# NVIDIA/dgxc-benchmarking paxml/configure.sh.
+PAX_DGXC = {**LHS, **thresholds(512 * MiB, 512 * MiB, 8 * MiB), **PIPELINED,
+            "xla_gpu_enable_while_loop_double_buffering": False, **BY_DIM_OFF}
+
+# Dimensions: AI-Hypercomputer/maxtext src/maxtext/configs/models/*.yml; Pax GPT:
+# google/paxml paxml/contrib/gpu/scripts_gpu/configs.py.
+LLAMA2_7B = dict(family="llama", layers=32, d_model=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)
+PAX_126M = dict(family="gpt", layers=12, d_model=768, heads=12, kv_heads=12, ffn=3072, vocab=50304)
+PAX_5B = dict(family="gpt", layers=24, d_model=4096, heads=32, kv_heads=32, ffn=16384, vocab=50304)
+PAX_175B = dict(family="gpt", layers=96, d_model=12288, heads=96, kv_heads=96, ffn=49152, vocab=50304)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One published run rebuilt: the contract's arguments and the measured step."""
+
+    name: str
+    model: dict[str, Any]
+    seq_len: int
+    global_batch: int
+    mesh: dict[str, int]
+    hardware: str
+    remat: str
+    flags: dict[str, Any]
+    measured_s: float
+    source: str
+    scan: bool = True
+    note: str = ""
+
+    @property
+    def gpus(self) -> int:
+        n = 1
+        for v in self.mesh.values():
+            n *= v
+        return n
+
+    def contract_kwargs(self) -> dict[str, Any]:
+        m = dict(self.model)
+        return dict(family=m.pop("family"), **m, seq_len=self.seq_len, global_batch=self.global_batch,
+                    mesh=self.mesh, hardware=self.hardware, remat=self.remat, scan=self.scan)
+
+
+_JT = "NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md"
+_A3 = "AI-Hypercomputer/maxtext src/maxtext/configs/gpu/a3/llama_2_7b/README.md"
+_DGXC = "NVIDIA/dgxc-benchmarking paxml/README_5b.md"
+_PAX = "NVIDIA/JAX-Toolbox rosetta/rosetta/projects/pax/README.md"
+_PAX_NOTE = "flags: Paxml's defaults stand in as XLA's (not listed in the source)"
+
+ROWS: tuple[Row, ...] = (
+    Row("maxtext-llama2-7b/8xH100", LLAMA2_7B, 4096, 16, {"fsdp": 8}, "h100-sxm-8", "minimal_flash",
+        MAXTEXT_JT, 0.721, _JT, scan=False),
+    *(Row(f"maxtext-llama2-7b/a3x{vms}", LLAMA2_7B, 4096, 4 * 8 * vms,
+          {"data": vms, "fsdp": 8} if vms > 1 else {"fsdp": 8}, "a3", "minimal_flash",
+          maxtext_a3(*thr), s, _A3, scan=False,
+          note="step derived from the published TFLOP/s per GPU")
+      for vms, thr, s in ((1, (128, 128, 64), 1.54), (2, (64, 128, 64), 1.79), (4, (512, 128, 64), 1.86),
+                          (8, (1024, 128, 64), 1.85), (16, (1024, 128, 128), 2.01))),
+    *(Row(f"paxml-gpt5b/{n}xH100", PAX_5B, 2048, 4 * n, {"data": n // 8, "fsdp": 8}, "dgx-h100", "minimal",
+          PAX_DGXC, s, _DGXC, note="remat SAVE_DOT_ONLY = MaxText's minimal")
+      for n, s in ((16, 0.634), (32, 0.639), (64, 0.643), (128, 0.651))),
+    Row("paxml-gpt126m/64xA100", PAX_126M, 2048, 256, {"data": 64}, "a100-sxm-8", "minimal", {}, 0.122, _PAX,
+        note=_PAX_NOTE + "; no flash attention in the measured run (the prediction uses it)"),
+    Row("paxml-gpt5b/256xA100", PAX_5B, 2048, 2048, {"fsdp": 256}, "a100-sxm-8", "minimal", {}, 3.447, _PAX,
+        note=_PAX_NOTE),
+    Row("paxml-gpt175b/256xA100-te", PAX_175B, 2048, 1536, {"fsdp": 256}, "a100-sxm-8", "minimal", {}, 75.15,
+        _PAX, note=_PAX_NOTE + "; measured with Transformer Engine"),
+    Row("paxml-gpt126m/64xH100-te", PAX_126M, 2048, 256, {"data": 64}, "h100-sxm-8", "minimal", {},
+        256 / 4709, _PAX, note=_PAX_NOTE + "; measured with Transformer Engine"),
+    Row("paxml-gpt5b/256xH100-te", PAX_5B, 2048, 2048, {"fsdp": 256}, "h100-sxm-8", "minimal", {},
+        2048 / 1657, _PAX, note=_PAX_NOTE + "; measured with Transformer Engine"),
+    Row("paxml-llama2-7b/16xH100", LLAMA2_7B, 4096, 32, {"fsdp": 16}, "h100-sxm-8", "minimal", {}, 0.740,
+        _PAX, note=_PAX_NOTE),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    name: str
+    config: str
+    model: str
+    mesh: dict[str, int]
+    seq_len: int
+    global_batch: int
+    remat: str = "full"
+
+
+SCALE: tuple[Scale, ...] = (
+    Scale("llama3-70b/256xH100 fsdp", "llama3-70b", "llama", {"fsdp": 256}, 8192, 256),
+    Scale("llama3.1-405b/2048xH100 data x fsdp", "llama3.1-405b", "llama", {"data": 8, "fsdp": 256}, 8192, 2048),
+    Scale("mixtral-8x7b/64xH100 fsdp x expert", "mixtral-8x7b", "mixtral", {"fsdp": 8, "expert": 8}, 4096, 256),
+)
+
+
+def predict_row(row: Row) -> dict[str, Any]:
+    """The row's predictions: with its flags (against measured), and lagom's gains."""
+    from lagom_jax import predict
+
+    kw = row.contract_kwargs()
+    start = time.perf_counter()
+    with_flags = predict.predict_train_step_ms(**kw, xla_flags=row.flags) / 1e3
+    defaults = predict.train_step_job(**kw, strategy="lagom")
+    default_s, lagom_s = defaults.predicted_ms("xla-default") / 1e3, defaults.predicted_ms("lagom") / 1e3
+    return {"row": row.name, "predicted_s": with_flags, "measured_s": row.measured_s,
+            "error": with_flags / row.measured_s - 1, "default_s": default_s, "lagom_s": lagom_s,
+            "gain_over_default": default_s / lagom_s, "gain_over_run_flags": with_flags / lagom_s,
+            "seconds": time.perf_counter() - start}
+
+
+def scale_one(case: Scale) -> dict[str, Any]:
+    """Compile ``case`` deviceless for its cluster and tune it; times and peak RSS."""
+    from lagom_jax import graph, hardware, job, planning
+
+    n = 1
+    for v in case.mesh.values():
+        n *= v
+    hw = hardware.get("h100-sxm-8", n // 8)
+    source = job.ModelSource(case.model, case.config, case.mesh, None, case.global_batch, case.seq_len,
+                             "bfloat16", case.remat, True, "flash")
+    start = time.perf_counter()
+    compiled = job.compile_source(source, hw)
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    step = graph.from_hlo_text(compiled.text)
+    planned = planning.plan(step, hw, strategy="lagom", baselines=("xla-default",))
+    search_s = time.perf_counter() - start
+    predicted = dict(planned.plan.predicted_us)
+    return {"case": case.name, "compiled_by": compiled.where, "warnings": list(compiled.warnings),
+            "compile_s": compile_s, "search_s": search_s,
+            "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "collectives": len(step.collectives), "tasks": len(step.tasks),
+            "xla_default_s": predicted["xla-default"] / 1e6, "lagom_s": predicted["lagom"] / 1e6}
+
+
+def _in_child(kind: str, name: str, timeout_s: float = 900) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.workloads", "--child", kind, name],
+                          capture_output=True, text=True, timeout=timeout_s)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300], "name": name}
+    return json.loads(lines[-1])
+
+
+def measured_section(rows: list[Row]) -> str:
+    from benchmarks.common import machine_line
+
+    results = []
+    for row in rows:
+        print(f"[workloads] {row.name} ...", file=sys.stderr, flush=True)
+        r = _in_child("row", row.name)
+        results.append((row, r))
+        print(f"[workloads]   {json.dumps(r)}", file=sys.stderr, flush=True)
+    ok = [r for _, r in results if "error" not in r]
+    errors = [abs(r["error"]) for r in ok]
+    lines = [
+        "## workloads (predicted against measured: published JAX GPU runs)",
+        "",
+        f"Machine: {machine_line()}. Each row is rebuilt with a built-in family and predicted by "
+        "`lagom_jax.predict_train_step_ms` (deviceless XLA:GPU compile for the row's cluster, flash "
+        "attention, layers scanned unless the run unrolled them, the run's remat policy and XLA flags), "
+        "then compared with the published step time. Gains are *predicted*: lagom against XLA's "
+        "defaults on the step compiled without flags, and against the run's own flags.",
+        "",
+        f"Median absolute error {statistics.median(errors):.1%} over {len(ok)} rows "
+        f"(goal: at most 10%); worst {max(errors):.1%}." if errors else "No row predicted.",
+        "",
+        "| row | GPUs | system | remat | predicted s | measured s | error | lagom over defaults | "
+        "lagom over the run's flags | source |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row, r in results:
+        if "error" in r:
+            lines.append(f"| {row.name} | {row.gpus} | {row.hardware} | {row.remat} | failed: {r['error']} "
+                         f"| {row.measured_s:.3f} | | | | {row.source} |")
+            continue
+        lines.append(f"| {row.name} | {row.gpus} | {row.hardware} | {row.remat} | {r['predicted_s']:.3f} | "
+                     f"{row.measured_s:.3f} | {r['error']:+.1%} | {r['gain_over_default']:.3f}x | "
+                     f"{r['gain_over_run_flags']:.3f}x | {row.source} |")
+    notes = [f"- {row.name}: {row.note}" for row, _ in results if row.note]
+    if notes:
+        lines += ["", "Notes:", *notes]
+    return "\n".join(lines)
+
+
+def scale_section(cases: list[Scale]) -> str:
+    from benchmarks.common import machine_line
+
+    lines = ["## workloads_scale (compile deviceless and tune the largest jobs)", "",
+             f"Machine: {machine_line()}. Each case in a fresh process: build the train step on abstract "
+             "H100s, compile it with XLA's GPU pipeline, read it and search (lagom and xla-default). "
+             "Goal: each within 5 minutes and 8 GB RSS. Step times are *predicted*.", "",
+             "| case | compile s | search s | peak RSS GiB | collectives | tasks | xla-default s | lagom s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for case in cases:
+        print(f"[workloads] {case.name} ...", file=sys.stderr, flush=True)
+        r = _in_child("scale", case.name, timeout_s=1800)
+        print(f"[workloads]   {json.dumps(r)}", file=sys.stderr, flush=True)
+        if "error" in r:
+            lines.append(f"| {case.name} | failed: {r['error']} | | | | | | |")
+            continue
+        lines.append(f"| {case.name} | {r['compile_s']:.1f} | {r['search_s']:.1f} | {r['rss_gib']:.2f} | "
+                     f"{r['collectives']} | {r['tasks']} | {r['xla_default_s']:.3f} | {r['lagom_s']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", default="all", choices=("measured", "scale", "all"))
+    p.add_argument("--rows", default=None, help="comma-separated row or case names (default: all)")
+    p.add_argument("--no-record", action="store_true", help="print the sections, do not write RESULTS.md")
+    p.add_argument("--child", nargs=2, metavar=("KIND", "NAME"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        kind, name = args.child
+        if kind == "row":
+            print(json.dumps(predict_row(next(r for r in ROWS if r.name == name))))
+        else:
+            print(json.dumps(scale_one(next(c for c in SCALE if c.name == name))))
+        return 0
+    wanted = set(args.rows.split(",")) if args.rows else None
+    from benchmarks.common import write_section
+
+    if args.part in ("measured", "all"):
+        section = measured_section([r for r in ROWS if wanted is None or r.name in wanted])
+        print(section)
+        if not args.no_record:
+            write_section("workloads", section)
+    if args.part in ("scale", "all"):
+        section = scale_section([c for c in SCALE if wanted is None or c.name in wanted])
+        print(section)
+        if not args.no_record:
+            write_section("workloads_scale", section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
