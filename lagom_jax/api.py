@@ -35,7 +35,7 @@ import jax
 
 from lagom_jax import calibrate as calibrate_lib
 from lagom_jax import flags as flags_lib
-from lagom_jax import deprecation, gpu_compile, jax_internals, planning, sharing
+from lagom_jax import deprecation, jax_internals, job, planning, sharing
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
@@ -306,25 +306,14 @@ class Tuned:
         self.recalibrated.append(hw)
 
     def _module_text(self, baseline, args, kwargs, hw: hardware_lib.HardwareProfile) -> str:
-        """The module to tune: the one XLA compiled for these GPUs.
-
-        On a GPU host that is the executable the step runs. Elsewhere (a CPU test host),
-        the step is compiled again by XLA's GPU pipeline for abstract GPUs of ``hw``
-        (``gpu_compile.compile_for_cluster``); if that cannot be done, XLA:CPU's module
-        stands in, with a warning of what that costs.
-        """
-        if _platform(baseline) in ("gpu", "cuda", "rocm"):
-            return baseline.as_text()
-        try:
-            text = gpu_compile.compile_for_cluster(self._jitted, args, kwargs, hw)
-        except Exception as err:  # noqa: BLE001 - any failure: the CPU module stands in
-            warnings.warn(f"lagom-jax: could not compile the step for {hw.gpu} GPUs without a "
-                          f"GPU ({type(err).__name__}: {err}); tuning XLA:CPU's module instead: "
-                          f"{gpu_compile.CPU_FALLBACK_LOSS}", TuningWarning, stacklevel=4)
-            return baseline.as_text()
-        if self._verbose:
-            print(f"lagom-jax: tuning XLA:GPU's module, compiled deviceless for {hw.gpu}")
-        return text
+        """The module to tune: the pipeline's compile step (``job.compile_source``) for the
+        step's own executable on a GPU host, else XLA's GPU pipeline deviceless for ``hw``;
+        if that cannot be done, XLA:CPU's module stands in, with a warning of what it costs."""
+        compiled = job.compile_source(job.StepSource(self._jitted, args, kwargs, baseline), hw,
+                                      log=print if self._verbose else job._quiet)
+        for warning in compiled.warnings:
+            warnings.warn(f"lagom-jax: {warning}", TuningWarning, stacklevel=4)
+        return compiled.text
 
     def _plan_for(self, text: str, hw: hardware_lib.HardwareProfile) -> Plan:
         fingerprint = hashlib.sha256(text.encode()).hexdigest()
@@ -373,13 +362,6 @@ def _recalibrated(w: _Watch, measured_us: float) -> hardware_lib.HardwareProfile
                             baselines=()).plan.predicted_us
         factor *= target / dict(got)["xla-default"]
     return calibrate_lib.scaled(w.hw, factor, name=name)
-
-
-def _platform(compiled) -> str:
-    """The platform a compiled step runs on (JAX's default when it has no array inputs)."""
-    for sharding in jax.tree_util.tree_leaves(compiled.input_shardings):
-        return next(iter(sharding.device_set)).platform
-    return jax.devices()[0].platform
 
 
 def nccl_env(plan: Plan, config_path: str | os.PathLike[str] | None = None) -> dict[str, str]:

@@ -6,7 +6,9 @@ suite. Its steps, in order:
 
 1. **compile** the source for the cluster: a built-in model (:class:`ModelSource`) is built
    on abstract GPUs of the cluster and compiled by XLA's GPU pipeline (deviceless), with
-   XLA:CPU as the stated fallback; an HLO text (:class:`HloSource`) is read as it is;
+   XLA:CPU as the stated fallback; a jitted step and its arguments (:class:`StepSource`,
+   the decorator's) is the executable XLA made on GPUs, or else compiled deviceless for
+   the cluster; an HLO text (:class:`HloSource`) is read as it is;
 2. **read** the module into a StepGraph;
 3. **plan**: the strategy and the baselines (``planning.plan``);
 4. **validate** every flag and option with the installed XLA (``flags.validate``);
@@ -33,7 +35,7 @@ from lagom_jax import hardware as hardware_lib
 from lagom_jax import planning
 from lagom_jax.plan import Plan
 
-__all__ = ["HloSource", "Job", "ModelSource", "compile_source", "mesh_cluster", "run"]
+__all__ = ["HloSource", "Job", "ModelSource", "StepSource", "compile_source", "mesh_cluster", "run"]
 
 Log = Callable[[str], None]
 _AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp", "expert": "ep"}
@@ -84,6 +86,19 @@ class HloSource:
 
     text: str
     where: str = "HLO module"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSource:
+    """A jitted step with its arguments, and the executable jit made of it here (``baseline``)."""
+
+    jitted: Any
+    args: tuple
+    kwargs: Mapping[str, Any]
+    baseline: Any
+
+    def lowered(self) -> Any:
+        return self.jitted.lower(*self.args, **self.kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,17 +202,53 @@ def _with_commfuse(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log
     return (recipe + "+cf" if ring else recipe), (("commfuse", why.removeprefix("CommFuse: ")),)
 
 
-def compile_source(source: ModelSource | HloSource, hw: hardware_lib.HardwareProfile,
+def executable_platform(compiled: Any) -> str:
+    """The platform a compiled step runs on (JAX's default when it has no array inputs)."""
+    import jax
+
+    for sharding in jax.tree_util.tree_leaves(compiled.input_shardings):
+        return next(iter(sharding.device_set)).platform
+    return jax.devices()[0].platform
+
+
+def _compile_step(src: StepSource, hw: hardware_lib.HardwareProfile, log: Log) -> Compiled:
+    """The module a GPU cluster runs for a jitted step: the executable itself on a GPU host;
+    elsewhere XLA's GPU pipeline compiles the step for abstract GPUs of ``hw``
+    (``gpu_compile.compile_for_cluster``); where that fails, XLA:CPU's module stands in
+    and a warning says what that costs."""
+    from lagom_jax import gpu_compile
+
+    platform = executable_platform(src.baseline)
+    if platform in ("gpu", "cuda", "rocm"):
+        lowered = src.lowered()
+        return Compiled(src.baseline.as_text(), f"XLA:GPU executable ({platform})", hw,
+                        recompile=lambda options: lowered.compile(compiler_options=dict(options)).as_text())
+    try:
+        text = gpu_compile.compile_for_cluster(src.jitted, src.args, src.kwargs, hw)
+    except Exception as err:  # noqa: BLE001 - any failure: the CPU module stands in
+        return Compiled(src.baseline.as_text(), "XLA:CPU module", hw,
+                        (f"could not compile the step for {hw.gpu} GPUs without a GPU "
+                         f"({type(err).__name__}: {err}); tuning XLA:CPU's module instead: "
+                         f"{gpu_compile.CPU_FALLBACK_LOSS}",))
+    log(f"tuning XLA:GPU's module, compiled deviceless for {hw.gpu}")
+    return Compiled(text, f"XLA:GPU deviceless compile for {hw.gpu}", hw,
+                    recompile=lambda options: gpu_compile.compile_for_cluster(
+                        src.jitted, src.args, src.kwargs, hw, options))
+
+
+def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_lib.HardwareProfile,
                    log: Log = _quiet) -> Compiled:
     """Step 1 of the pipeline: the module of ``source`` for the cluster ``hw``."""
     if isinstance(source, HloSource):
         return Compiled(source.text, source.where, hw)
     if isinstance(source, ModelSource):
         return _compile_model(source, hw, log)
-    raise TypeError(f"unknown source {type(source).__name__} (ModelSource or HloSource)")
+    if isinstance(source, StepSource):
+        return _compile_step(source, hw, log)
+    raise TypeError(f"unknown source {type(source).__name__} (ModelSource, StepSource or HloSource)")
 
 
-def run(source: ModelSource | HloSource, hardware: hardware_lib.HardwareProfile, *,
+def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.HardwareProfile, *,
         strategy: str = "lagom", baselines: tuple[str, ...] = planning.BASELINES,
         verify: bool = True, log: Log = _quiet) -> Job:
     """The pipeline (module docstring): compile, read, plan, validate, verify.
