@@ -125,7 +125,8 @@ def _predicted(graph: graph_lib.StepGraph, hw: HardwareProfile) -> dict[str, tup
             shape = graph.shape(t, hw.gpus_per_node)
             us = cost.default_time_us(shape.kind, shape.bytes, shape.ranks, shape.nodes, hw)
         else:
-            us = cost.compute_time_us(t.flops, t.bytes, hw, gemm=t.gemm, itemsize=t.itemsize)
+            us = cost.compute_time_us(t.flops, t.bytes, hw, gemm=t.gemm, itemsize=t.itemsize,
+                                      attention=t.fused_attention)
         cls, prev = out.get(t.name, (_class(t), 0.0))
         out[t.name] = (cls, prev + us)
     return out

@@ -119,12 +119,28 @@ def _link_kind(hw: HardwareProfile, nodes: int) -> str:
     return "net" if nodes > 1 else hw.intra_link
 
 
-def _link_caps(hw: HardwareProfile, nodes: int) -> tuple[float, float]:
-    """(busBw at saturation, busBw of one channel) for a group spanning ``nodes`` nodes."""
+def _link_caps(hw: HardwareProfile, nodes: int, share: float = 1.0) -> tuple[float, float]:
+    """(busBw at saturation, busBw of one channel) for a group spanning ``nodes`` nodes
+    that has ``share`` of each node's network (``net_share``)."""
     if nodes > 1:
-        return (min(hw.intra_busbw_gbps, hw.net_busbw_gbps),
+        return (min(hw.intra_busbw_gbps, hw.net_busbw_gbps * share),
                 min(hw.intra_channel_gbps, hw.net_channel_gbps))
     return hw.intra_busbw_gbps, hw.intra_channel_gbps
+
+
+def net_share(hw: HardwareProfile, group_size: int, nodes: int) -> float:
+    """The share of each node's network one group spanning ``nodes`` nodes gets.
+
+    In an SPMD step every device runs the same collective at the same time, so a group
+    with ``group_size / nodes`` GPUs on a node runs beside the groups of the node's other
+    GPUs, and each GPU drives its own NIC (rail-optimised nodes: one NIC per GPU, or a
+    NIC shared by a fixed pair of GPUs). The group gets its GPUs' part of the node's
+    network: a data-parallel all-reduce with one GPU per node gets 1/8 of an 8-GPU node's
+    bandwidth, the other seven GPUs' groups the rest.
+    """
+    if nodes <= 1:
+        return 1.0
+    return min(1.0, group_size / nodes / hw.gpus_per_node)
 
 
 def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams) -> None:
@@ -201,20 +217,21 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
 
 
 def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
-               cfg: CostConfig = DEFAULT_COSTS) -> float:
-    """Bus bandwidth of one collective with ``params`` on the link its group spans.
+               cfg: CostConfig = DEFAULT_COSTS, share: float = 1.0) -> float:
+    """Bus bandwidth of one collective with ``params`` on the link its group spans, with
+    ``share`` of each node's network (``net_share``) when it spans nodes.
 
     Grows by one channel's rate per channel (scaled by threads per CTA) until the link
     saturates, then the protocol's efficiency and NCCL's per-protocol caps apply.
     """
-    return _busbw(params.algorithm, params.protocol, params.nchannels, params.nthreads, hw, nodes, cfg)
+    return _busbw(params.algorithm, params.protocol, params.nchannels, params.nthreads, hw, nodes, cfg, share)
 
 
 @functools.lru_cache(maxsize=1 << 12)
 def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwareProfile, nodes: int,
-           cfg: CostConfig) -> float:
+           cfg: CostConfig, share: float = 1.0) -> float:
     """``busbw_gbps`` by fields, so one channel's rate needs no new CollectiveParams."""
-    cap, per_ch = _link_caps(hw, nodes)
+    cap, per_ch = _link_caps(hw, nodes, share)
     p = PROTOCOL_INDEX[protocol]
     per_ch *= min(1.0, nthreads / cfg.full_rate_threads[p])
     col = 0 if nodes <= 1 else 1 if nodes == 2 else 2
@@ -261,8 +278,9 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
     steps, and the latency with its size-dependent factor (``_latency_parts``). The
     search times every candidate of every collective size, so these are tabulated once
     per (kind, group, params) instead of once per size."""
-    bw = busbw_gbps(params, hw, nodes, cfg) * 1e3  # bytes per us
-    one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg) * 1e3
+    share = net_share(hw, n, nodes)
+    bw = busbw_gbps(params, hw, nodes, cfg, share) * 1e3  # bytes per us
+    one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg, share) * 1e3
     p = PROTOCOL_INDEX[params.protocol]
     hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
     hop = cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
@@ -288,7 +306,8 @@ def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: Coll
                       hw: HardwareProfile, cfg: CostConfig) -> float:
     """NCCL's own prediction ``lat + nBytes / algBw`` (no chunk terms), used to pick algo/proto."""
     wire = nbytes * bus_factor(kind, params.algorithm, n)
-    return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (busbw_gbps(params, hw, nodes, cfg) * 1e3)
+    bw = busbw_gbps(params, hw, nodes, cfg, net_share(hw, n, nodes))
+    return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (bw * 1e3)
 
 
 # NCCL's per-protocol defaults (NVIDIA/nccl v2.30.7: threads in src/graph/tuning.cc and
@@ -431,7 +450,7 @@ def fastest_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
 
 def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
                     sms_taken: float = 0.0, hbm_gbps_taken: float = 0.0,
-                    gemm: tuple[int, ...] = (), itemsize: int = 2,
+                    gemm: tuple[int, ...] = (), itemsize: int = 2, attention: bool = False,
                     cfg: CostConfig = DEFAULT_COSTS) -> float:
     """Time of one compute kernel on the SMs and HBM bandwidth left over.
 
@@ -451,7 +470,8 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
         batch, m, n, k = gemm
         return max(kernels.gemm_time_us(m, n, k, hw, batch=batch, itemsize=itemsize,
                                         sm_fraction=sm_left, hbm_gbps=hbm), memory)
-    return max(hw.launch_us + flops / (hw.achieved_tflops * 1e6 * sm_left), memory)
+    rate = hw.attention_tflops if attention and hw.attention_tflops else hw.achieved_tflops
+    return max(hw.launch_us + flops / (rate * 1e6 * sm_left), memory)
 
 
 @functools.lru_cache(maxsize=1 << 12)
@@ -493,6 +513,6 @@ class ResourceTracker:
         return self.sms <= 0.0 and self.hbm <= 0.0
 
     def compute_time_us(self, flops: float, nbytes: float, gemm: tuple[int, ...] = (),
-                        itemsize: int = 2) -> float:
+                        itemsize: int = 2, attention: bool = False) -> float:
         return compute_time_us(flops, nbytes, self.hw, sms_taken=self.sms, hbm_gbps_taken=self.hbm,
-                               gemm=gemm, itemsize=itemsize)
+                               gemm=gemm, itemsize=itemsize, attention=attention)

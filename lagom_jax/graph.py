@@ -75,6 +75,9 @@ class Task:
     # Compute only: (batch, m, n, k) of the matmul the kernel runs (a dot, a cuBLAS call,
     # or the largest dot of a fusion), so the cost model can time it by shape; () if none.
     gemm: tuple[int, int, int, int] = ()
+    # Compute only: a fused attention kernel (flash attention), which the cost model times
+    # at the hardware's measured fused-attention rate rather than its matmul rate.
+    fused_attention: bool = False
 
     @property
     def itemsize(self) -> int:
@@ -696,6 +699,7 @@ class _Builder:
             return self.emit(
                 name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,
                 gemm=self.gemm(comp, inst) if flops else (),
+                fused_attention=op == "custom-call" and triton_kernel(inst)[0] in FLASH_KERNELS,
                 opcode=op, deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,
                 computation="/".join(self.scope), post_order=self.post_order(comp)[inst.name],
             )

@@ -76,6 +76,11 @@ class HardwareProfile:
     # openxla/xla xla/backends/gpu/target_config/specs): what a deviceless GPU compile
     # targets. Empty: no description, the step can only be compiled on real GPUs.
     xla_target: str = ""
+    # Dense BF16 TFLOP/s a fused (flash) attention kernel sustains, forward and backward:
+    # its softmax, masking and rescaling run on the SMs between the matmuls, so it stays
+    # far below the matmul rate. Measured with FlashAttention-2's benchmark (causal, batch
+    # 2, sequence 8192) where published. 0: unknown, timed at ``achieved_tflops``.
+    attention_tflops: float = 0.0
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -91,6 +96,8 @@ class HardwareProfile:
         ):
             if not getattr(self, f) > 0:
                 raise ValueError(f"hardware {self.name!r}: {f} must be positive, got {getattr(self, f)}")
+        if self.attention_tflops < 0:
+            raise ValueError(f"hardware {self.name!r}: attention_tflops must be >= 0, got {self.attention_tflops}")
         if not 0 < self.sm_share_per_channel <= 1:
             raise ValueError(f"hardware {self.name!r}: sm_share_per_channel must be in (0, 1], "
                              f"got {self.sm_share_per_channel}")
@@ -173,6 +180,9 @@ _LAUNCH_US = 10.1 - 7.8
 # MAMF A100 PCIe 256.4 of 312 TFLOP/s; A100 HBM achieved ~1,680 of 2,039 GB/s.
 _A100_MATMUL_RATIO = 256.4 / 312.0
 _A100_HBM_RATIO = 1680.0 / 2039.0
+# FlashAttention-2 (fwd+bwd, causal) against the sustained cuBLASLt rate on ND A100 v4:
+# 179.5 / 256.5 TFLOP/s (Azure/AI-benchmarking-guide, Azure_Results/ND_A100_v4_results.md).
+_A100_ATTENTION_RATIO = 179.5 / 256.5
 # H100 SXM5 achieved / datasheet HBM (h100-sxm-8 below: 3,040 of 3,350 GB/s), for the HBM3e
 # parts (H200, B200) where no achieved-bandwidth measurement was published.
 _H100_HBM_RATIO = 3040.0 / 3350.0
@@ -206,6 +216,9 @@ PRESETS: dict[str, HardwareProfile] = {
         nccl_channels=24,  # "Channel xx/24" on 8xA100 NVSwitch (nccl-tests #100)
         ll128_enabled=True,  # NVLink path (NCCL enables LL128 on NVLink)
         launch_us=_LAUNCH_US,
+        # FlashAttention-2 fwd+bwd, causal, head dim 64: 179.5 (Azure/AI-benchmarking-guide,
+        # Azure_Results/ND_A100_v4_results.md).
+        attention_tflops=179.5,
         xla_target="a100_sxm_80",
     ),
     "h100-sxm-8": HardwareProfile(
@@ -230,6 +243,9 @@ PRESETS: dict[str, HardwareProfile] = {
         nccl_channels=24,  # 6x60 -> 12x30 search channels, 24 CTAs (NCCL search.cc/connect.cc)
         ll128_enabled=True,
         launch_us=_LAUNCH_US,
+        # FlashAttention-2 fwd+bwd, causal, head dim 128: 327.9 (Azure/AI-benchmarking-guide,
+        # "Azure Results/ND_H100_v5_results.md").
+        attention_tflops=327.9,
         xla_target="h100_sxm",
     ),
     "a40-pcie-8": HardwareProfile(
@@ -257,6 +273,8 @@ PRESETS: dict[str, HardwareProfile] = {
         # XLA ships no A40 description; the RTX A6000 is the same GA102 chip (84 SMs, 48 GB
         # GDDR6, 768 GB/s vs the A40's 696): the compiled module differs only where XLA
         # weighs memory bandwidth.
+        # No fused-attention measurement: A100's measured share of its achieved matmul rate.
+        attention_tflops=round(149.7 * _A100_MATMUL_RATIO * _A100_ATTENTION_RATIO, 1),
         xla_target="a6000",
     ),
     "v100-25g": HardwareProfile(
@@ -280,6 +298,9 @@ PRESETS: dict[str, HardwareProfile] = {
         nccl_channels=12,  # derived above from NCCL's channel search
         ll128_enabled=True,  # NVLink path
         launch_us=_LAUNCH_US,
+        # No fused-attention measurement (FlashAttention-2 has no Volta kernels): A100's
+        # measured share of its achieved matmul rate.
+        attention_tflops=round(125.0 * _A100_MATMUL_RATIO * _A100_ATTENTION_RATIO, 1),
         xla_target="v100",
     ),
     # DGX H200 / HGX H200: 8x H200 SXM 141GB, 4x NVSwitch (NVLink 4, 18 links, as H100),
@@ -313,6 +334,9 @@ PRESETS: dict[str, HardwareProfile] = {
         nccl_channels=24,  # same NVSwitch topology and NCCL search as H100 (6x60 -> 12x30 -> 24)
         ll128_enabled=True,
         launch_us=_LAUNCH_US,
+        # FlashAttention-2 fwd+bwd, causal, head dim 128: 329.3 (Azure/AI-benchmarking-guide,
+        # Azure_Results/ND_H200_v5_results.md).
+        attention_tflops=329.3,
         xla_target="h200",  # XLA's own H200 description (h200.txtpb)
     ),
     # DGX B200 / HGX B200: 8x B200 (1,440 GB of HBM3e per DGX), 2x NVSwitch (NVLink 5, 1.8
@@ -358,6 +382,10 @@ PRESETS: dict[str, HardwareProfile] = {
         launch_us=_LAUNCH_US,
         # XLA's own B200 description (b200.txtpb, sm_100a). The CUDA 12.9 ptxas of
         # nvidia-cuda-nvcc-cu12 assembles sm_100a, so the deviceless compile is the real one.
+        # FlashAttention-2 fwd+bwd, causal, head dim 128, on GB200 (the same B200 chip):
+        # 373.9 (Azure/AI-benchmarking-guide, Azure_Results/ND_GB200_v6_results.md); no
+        # HGX B200 measurement was published.
+        attention_tflops=373.9,
         xla_target="b200",
     ),
 }

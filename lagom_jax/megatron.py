@@ -321,12 +321,7 @@ class _Cluster:
             return 0.0
         nodes = group_nodes(size, stride, self.gpn)
         hw = self.hw
-        if nodes > 1:
-            # Groups side by side on a node share its network: each gets the share of its
-            # own GPUs on the node.
-            per_node = size / nodes
-            share = min(1.0, per_node / self.gpn)
-            hw = dataclasses.replace(hw, net_busbw_gbps=hw.net_busbw_gbps * share)
+        # Groups side by side on a node share its network (cost.net_share).
         t = cost_lib.default_time_us(kind, nbytes, size, nodes, hw)
         if nodes == 1 and kind in ("all-reduce", "all-gather", "reduce-scatter"):
             # An all-gather or reduce-scatter moves the bus bytes of an all-reduce of half its size.
