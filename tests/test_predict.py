@@ -1,0 +1,109 @@
+"""The prediction contract (lagom_jax.predict_train_step_ms) and `lagom-jax predict --model`."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lagom_jax
+from lagom_jax import cli, cost, hardware, predict
+
+# A small Llama: compiles deviceless in a few seconds.
+SMALL = dict(layers=2, d_model=256, heads=4, kv_heads=2, ffn=512, vocab=1024, seq_len=256, global_batch=16)
+
+
+def _ms(**kw):
+    return lagom_jax.predict_train_step_ms("llama", **{**SMALL, "mesh": {"fsdp": 16}, **kw})
+
+
+def test_the_contract_predicts_a_positive_step_that_grows_with_the_work():
+    base = _ms()
+    assert base > 0
+    assert _ms(layers=4) > base  # twice the layers: more compute and more all-gathers
+    assert _ms(global_batch=64) > base
+
+
+def test_lagom_is_never_predicted_slower_than_xla_default():
+    job = predict.train_step_job("llama", **SMALL, mesh={"fsdp": 16}, strategy="lagom")
+    assert job.predicted_ms("lagom") <= job.predicted_ms("xla-default") * (1 + 1e-9)
+    assert job.plan.hardware == "h100-sxm-8" and job.plan.nodes == 2  # 16 GPUs = 2 nodes of 8
+
+
+def test_flags_are_priced_by_compiling_with_them_or_refused():
+    # Combining every all-gather into one changes the compiled program, so the prediction.
+    combined = _ms(xla_flags={"xla_gpu_all_gather_combine_threshold_bytes": 1 << 30})
+    assert combined > 0
+    with pytest.raises(ValueError, match="xla_gpu_enable_command_buffer.*cannot be priced"):
+        _ms(xla_flags={"xla_gpu_enable_command_buffer": ""})
+
+
+def test_the_nccl_channel_cap_is_priced_by_the_model():
+    assert _ms(xla_flags={"xla_gpu_nccl_collective_max_nchannels": 1}) > _ms()
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(global_batch=15), "global batch 15 not divisible by data x fsdp x expert = 16"),
+    (dict(mesh={"fsdp": 8, "model": 4}, global_batch=16), "kv heads 2 not divisible by the model axis 4"),
+    (dict(family="mixtral", experts=4, top_k=2, mesh={"fsdp": 2, "expert": 8}), "experts 4 not divisible by the expert axis 8"),
+    (dict(family="mistral"), "unknown family 'mistral'"),
+    (dict(remat="most"), "unknown remat policy 'most'"),
+    (dict(mesh={"fsdp": 12}, global_batch=12), "12 GPUs are not whole nodes of h100-sxm-8"),
+    (dict(mesh={"tensor": 8}), "unknown mesh axes \\['tensor'\\]"),
+    (dict(family="llama", experts=8, top_k=2), "mixtral needs experts"),
+])
+def test_bad_input_names_the_numbers(kw, message):
+    args = {**SMALL, "mesh": {"fsdp": 16}, **kw}
+    family = args.pop("family", "llama")
+    with pytest.raises(ValueError, match=message):
+        lagom_jax.predict_train_step_ms(family, **args)
+
+
+def test_cli_mirrors_the_contract(capsys):
+    argv = ["predict", "--model", "llama", "--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2",
+            "--ffn", "512", "--vocab", "1024", "--seq-len", "256", "--global-batch", "16", "--mesh", "fsdp=16",
+            "--json"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["predicted_ms"] == pytest.approx(_ms())
+    assert out["mesh"] == {"fsdp": 16} and out["strategy"] == "xla-default"
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(capsys):
+    argv = ["predict", "--model", "llama", "--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2",
+            "--ffn", "512", "--vocab", "1024", "--seq-len", "256", "--global-batch", "15", "--mesh", "fsdp=16"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lagom-jax predict: error: global batch 15 not divisible by data x fsdp x expert = 16"]
+
+
+def test_a_group_across_nodes_shares_the_nodes_network():
+    """Eight 2-rank all-reduces across two nodes (data parallelism beside FSDP in a node) each
+    get an eighth of the network: a 1 GiB all-reduce takes about 8x as long as with all of it."""
+    hw = hardware.get("h100-sxm-8", 2)
+    assert cost.net_share(hw, 2, 2) == pytest.approx(1 / 8)
+    assert cost.net_share(hw, 16, 2) == 1.0 and cost.net_share(hw, 8, 1) == 1.0
+    one_rail = cost.default_time_us("all-reduce", 1 << 30, 2, 2, hw)
+    all_rails = cost.default_time_us("all-reduce", 1 << 30, 2, 2, dataclasses.replace(hw, gpus_per_node=1))
+    assert one_rail / all_rails == pytest.approx(8, rel=0.1)
+
+
+def test_fused_attention_runs_at_the_measured_attention_rate():
+    hw = hardware.get("h100-sxm-8")
+    flops = 1e12
+    matmul = cost.compute_time_us(flops, 0.0, hw) - hw.launch_us
+    attention = cost.compute_time_us(flops, 0.0, hw, attention=True) - hw.launch_us
+    assert attention / matmul == pytest.approx(hw.achieved_tflops / hw.attention_tflops, rel=1e-3)
+
+
+def test_commands_print_no_cuda_start_up_noise(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": ""}
+    env.pop("JAX_PLATFORMS")
+    proc = subprocess.run([sys.executable, "-c", "from lagom_jax.cli import main; import sys; "
+                           "sys.argv = ['lagom-jax', 'analyze', '--example']; sys.exit(main())"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "cudart_stub" not in proc.stderr and "absl::InitializeLog" not in proc.stderr
+    assert "all-reduce" in proc.stdout
