@@ -171,7 +171,7 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
                 row["compile_warning"] = step.warning
             row["graph"] = {"tasks": len(g.tasks), "collectives": len(g.collectives),
                             "total_flops": g.total_flops}
-            row["strategies"] = predict(g, hw, strategies)
+            row["strategies"] = predict(step.text, hw, strategies)
             lag = row["strategies"].get("lagom", {})
             _progress(done, total, f"{cell.label()} on {preset} x{hw.nodes}: {len(g.collectives)} collectives, "
                       f"compile {row['compile_s']:.1f}s"

@@ -151,11 +151,13 @@ def compile_hlo(cell: Cell, hw: Any, timeout_s: float = 1800.0) -> Any:
 
 
 # -- predictions -----------------------------------------------------------------------------
-def predict(graph: Any, hw: Any, strategies: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Every strategy on one StepGraph and preset: step time, speedups, efficiency, search cost."""
-    from lagom_jax import planning
+def predict(text: str, hw: Any, strategies: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Every strategy on one compiled step and preset, through the tuning pipeline
+    (`lagom_jax.job.run`): step time, speedups, efficiency, search cost."""
+    from lagom_jax import job
 
-    results = planning.plan(graph, hw, strategy=strategies[0], baselines=tuple(strategies[1:])).results
+    results = job.run(job.HloSource(text), hw, strategy=strategies[0], baselines=tuple(strategies[1:]),
+                      verify=False).planned.results
     out: dict[str, dict[str, float]] = {}
     for name in strategies:
         r = results[name]

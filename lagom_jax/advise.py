@@ -34,15 +34,17 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from lagom_jax import planning
 from lagom_jax import cost as cost_lib
 from lagom_jax import gpu_compile
-from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import kernels
 from lagom_jax import megatron
 from lagom_jax.gpu_compile import CompileCrash
 from lagom_jax.models import FAMILIES, ModelConfig
+
+# The families whose layers the analytic screen prices (GPT-style: four d x d attention
+# projections and a two-matrix MLP).
+SCREENED_MODELS = ("bert", "gpt2", "t5")
 
 # GPU memory per device, GB (1e9 B). HardwareProfile has no memory field, so it lives here,
 # keyed by preset name. Sources: NVIDIA datasheets (A100 SXM 80GB; H100 SXM5 80GB HBM3;
@@ -573,8 +575,11 @@ def predict_compiled(model: str, config: str, pc: ParallelConfig,
                      "activation traffic, so this prediction is an upper bound")
     if step.warning:
         notes.append(step.warning)
-    graph = graph_lib.from_hlo_text(step.text)
-    predicted = dict(planning.plan(graph, hw, strategy="lagom", baselines=("xla-default",)).plan.predicted_us)
+    from lagom_jax import job
+
+    tuned = job.run(job.HloSource(step.text, step.where), hw, strategy="lagom", baselines=("xla-default",),
+                    verify=False)
+    predicted = dict(tuned.plan.predicted_us)
     return Prediction(predicted["xla-default"] / 1e3, predicted["lagom"] / 1e3, used, step.where, "; ".join(notes))
 
 
@@ -606,8 +611,10 @@ def advise(model: str, config: str, num_devices: int,
     tuned time, then the rest by estimate. ``max_candidates`` truncates the ranked list.
     ``progress`` receives one line per stage.
     """
-    if model not in FAMILIES:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(sorted(FAMILIES))}")
+    if model not in SCREENED_MODELS:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(SCREENED_MODELS)} (the analytic "
+                         "screen prices GPT-style layers; llama and mixtral are predicted with "
+                         "lagom_jax.predict_train_step_ms)")
     if config not in FAMILIES[model].configs:
         raise ValueError(f"unknown {model} config {config!r}; known: {', '.join(FAMILIES[model].configs)}")
     model_cfg = FAMILIES[model].configs[config]

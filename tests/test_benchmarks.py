@@ -133,7 +133,7 @@ def test_timing_summary():
 
 def test_a_cell_that_does_not_compile_says_why():
     bad = suite.Cell("gpt2", "tiny", "tp", "model=8", batch_size=8, seq_len=16)
-    with pytest.raises(suite.CompileError, match="gpt2-tiny tp .*h100-sxm-8 x1.*cannot be split 8 ways"):
+    with pytest.raises(suite.CompileError, match="gpt2-tiny tp .*h100-sxm-8 x1.*heads 4 not divisible by the model axis 8"):
         suite.compile_hlo(bad, hardware.get("h100-sxm-8"))
 
 

@@ -155,15 +155,16 @@ def test_tp_shards_heads_and_pp_shards_layers() -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (("gpt3", "tiny", "dp"), "known: bert, gpt2, t5"),
-    (("gpt2", "2B", "dp"), "known: tiny, 124M, 355M, 774M, 1.5B"),
+    (("gpt3", "tiny", "dp"), "known: bert, gpt2, llama, mixtral, t5"),
+    (("gpt2", "2B", "dp"), "known: tiny, 124M, 355M, 774M, 1.5B, or dimensions"),
     (("bert", "tiny", "zero"), "known parts"),
     (("bert", "tiny", "sp", "model=2"), "tp+sp"),
     (("t5", "tiny", "dp+tp", "data=8"), "lacks ['model']"),
     (("t5", "tiny", "pp+tp+sp", "stage=2,model=2"), "cannot be combined with 'pp'"),
     (("gpt2", "tiny", "dp+pp", "data=2,stage=4"), "multiple of microbatches"),
     (("gpt2", "tiny", "dp", "data=16"), "needs 16 devices"),
-    (("gpt2", "1.5B", "tp", "model=4"), "cannot be split 4 ways"),
+    (("gpt2", "1.5B", "tp", "model=4"), "heads 25 not divisible by the model axis 4"),
+    (("gpt2", "vocab=102", "tp", "model=4"), "cannot be split 4 ways"),
 ])
 def test_bad_inputs_name_the_fix(args: tuple, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
