@@ -131,6 +131,11 @@ class Attention(nn.Module):
             return self.layout.constrain(y, HEADS)
 
         q, k, v = project("wq", x), project("wk", kv), project("wv", kv)
+        if self.layout.attention == "flash" and bias is None and self.scaled and kv is x:
+            from . import attention  # the fused kernel (models/attention.py)
+
+            o = attention.attend(q, k, v, causal=causal, impl="flash", layout=self.layout)
+            return self._out(self.layout.constrain(o, HEADS))
         logits = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
         if self.scaled:
             logits = logits / np.sqrt(c.head_dim)
@@ -141,7 +146,11 @@ class Attention(nn.Module):
             mask = jnp.tril(jnp.ones((tq, ts), bool))
             logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-        o = self.layout.constrain(jnp.einsum("bhqs,bshk->bqhk", probs, v), HEADS)
+        return self._out(self.layout.constrain(jnp.einsum("bhqs,bshk->bqhk", probs, v), HEADS))
+
+    def _out(self, o: jax.Array) -> jax.Array:
+        """The output projection (row-parallel under ``tp``)."""
+        c, dt = self.cfg, self.dtype
         wo = weight(self, "wo", (c.heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
                     normal(self.std)).astype(dt)
         y = jnp.einsum("bqhk,hkd->bqd", o, wo)
