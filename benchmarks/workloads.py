@@ -197,7 +197,7 @@ def _in_child(kind: str, name: str, timeout_s: float = 900) -> dict[str, Any]:
                           capture_output=True, text=True, timeout=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
-        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300], "name": name}
+        return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300], "name": name}
     return json.loads(lines[-1])
 
 
@@ -210,7 +210,7 @@ def measured_section(rows: list[Row]) -> str:
         r = _in_child("row", row.name)
         results.append((row, r))
         print(f"[workloads]   {json.dumps(r)}", file=sys.stderr, flush=True)
-    ok = [r for _, r in results if "error" not in r]
+    ok = [r for _, r in results if "failed" not in r]
     errors = [abs(r["error"]) for r in ok]
     lines = [
         "## workloads (predicted against measured: published JAX GPU runs)",
@@ -229,8 +229,8 @@ def measured_section(rows: list[Row]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row, r in results:
-        if "error" in r:
-            lines.append(f"| {row.name} | {row.gpus} | {row.hardware} | {row.remat} | failed: {r['error']} "
+        if "failed" in r:
+            lines.append(f"| {row.name} | {row.gpus} | {row.hardware} | {row.remat} | failed: {r['failed']} "
                          f"| {row.measured_s:.3f} | | | | {row.source} |")
             continue
         lines.append(f"| {row.name} | {row.gpus} | {row.hardware} | {row.remat} | {r['predicted_s']:.3f} | "
@@ -255,8 +255,8 @@ def scale_section(cases: list[Scale]) -> str:
         print(f"[workloads] {case.name} ...", file=sys.stderr, flush=True)
         r = _in_child("scale", case.name, timeout_s=1800)
         print(f"[workloads]   {json.dumps(r)}", file=sys.stderr, flush=True)
-        if "error" in r:
-            lines.append(f"| {case.name} | failed: {r['error']} | | | | | | |")
+        if "failed" in r:
+            lines.append(f"| {case.name} | failed: {r['failed']} | | | | | | |")
             continue
         lines.append(f"| {case.name} | {r['compile_s']:.1f} | {r['search_s']:.1f} | {r['rss_gib']:.2f} | "
                      f"{r['collectives']} | {r['tasks']} | {r['xla_default_s']:.3f} | {r['lagom_s']:.3f} |")
