@@ -144,3 +144,18 @@ def test_a_quick_run_leaves_the_tracked_results_alone():
     assert run.parse_args(["--quick", "--record"]).out == RESULTS_DIR
     assert run.parse_args([]).out == RESULTS_DIR
     assert run.parse_args(["--quick", "--out", "elsewhere"]).out.name == "elsewhere"
+
+
+def test_every_workload_row_is_a_valid_contract_call():
+    """benchmarks/workloads.py: each published run maps onto the prediction contract (checked
+    without compiling): its step divides over its mesh and its flags are all priceable."""
+    from benchmarks import workloads
+    from lagom_jax import hardware, predict
+
+    for row in workloads.ROWS:
+        kw = row.contract_kwargs()
+        preset = kw.pop("hardware")
+        predict._split_flags(row.flags)  # raises on a flag the cost model cannot price
+        source = predict.train_step_source(**kw)
+        assert math.prod(source.shape().values()) == row.gpus, row.name
+        assert preset in hardware.PRESETS, row.name
