@@ -105,7 +105,7 @@ def _check(q: jax.Array, k: jax.Array, v: jax.Array, impl: str) -> None:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if impl == "flash" and (s % _MIN_BLOCK or d < _MIN_BLOCK):
         raise ValueError(f"flash attention needs seq a multiple of {_MIN_BLOCK} and head_dim >= "
-                         f"{_MIN_BLOCK} (Triton tiles); got seq {s}, head_dim {d}; use impl='xla'")
+                         f"{_MIN_BLOCK} (Triton tiles); got seq {s}, head_dim {d}; use XLA attention (attention='xla', --attention xla)")
 
 
 # ------------------------------------------------------------------------------- xla
