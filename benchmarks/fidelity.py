@@ -253,6 +253,22 @@ def figures(results: Iterable[tuple[Row, float]]) -> Figures:
     )
 
 
+def single_node_rows(results: Iterable[tuple[Row, float]]) -> list[str]:
+    """Rows on one node (at most 8 GPUs) by tensor parallelism, micro-batch and hidden size:
+    the median predicted/measured ratio of each (the breakdown issue 28 reports for the
+    small-model regime, so any single-node set added to the data is read the same way)."""
+    rows = [(r, p) for r, p in results if r.config["gpus"] <= 8 and r.config["micro_batch"]]
+    out = ["| by | value | rows | median pred/meas | median abs err |", "|---|---:|---:|---:|---:|"]
+    for key in ("tp", "pp", "micro_batch", "hidden"):
+        by: dict[int, list[float]] = defaultdict(list)
+        for r, p in rows:
+            by[r.config[key]].append(p / r.measured_ms)
+        for value, ratios in sorted(by.items()):
+            out.append(f"| {key} | {value} | {len(ratios)} | {statistics.median(ratios):.2f} "
+                       f"| {statistics.median(abs(x - 1) for x in ratios):.1%} |")
+    return out
+
+
 def layer_rows() -> list[str]:
     hw = hardware.PRESETS["a100-sxm-8"]
     rows = ["| recompute | sequence parallel | fwd measured | fwd predicted | bwd measured | bwd predicted |",
@@ -340,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         if sel:
             out.append(f"| {name} | {figures(sel).cells()} |")
     out.append(f"| all rows | {figures(results).cells()} |")
+    out += ["", "Rows on one node (at most 8 GPUs, micro-batch known), by setting:", ""]
+    out += single_node_rows(results)
     out += ["", "One transformer layer (Korthikanti et al. 2022, Table 4: 22B, tp 8, micro-batch 4), ms:", ""]
     out += layer_rows()
     out += ["", "NCCL all-reduce on A100 (nccl-tests logs of NetX-lab/Echo, Azure ND A100 v4, A100 40GB) "

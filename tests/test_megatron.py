@@ -204,3 +204,73 @@ def test_collectives_inside_an_a100_node_follow_the_measured_all_reduces():
     t = megatron._Cluster(r, A100).tp("all-reduce", 16 * 2**20)
     assert t == pytest.approx(235.6, rel=0.05)
     assert megatron.measured_ratio(H100, 8, 16 * 2**20) == 1.0  # nothing measured there
+
+
+# The schedule's formulas (issue 28): T = (m - 1) * max_i S_i + sum_i S_i for m micro-batches
+# and per-micro-batch stage times S_i; the iteration adds the data-parallel reduction and
+# the optimizer after it. Each test fails when one term is dropped or changed.
+
+def _stage_sum(r: megatron.GPTRun, hw=A100) -> float:
+    """sum_i S_i rebuilt from the layer and end phases, independently of `predict`'s loop."""
+    rc = megatron.choose_recompute(r, 80)
+    cl = megatron._Cluster(r, hw)
+    eager = megatron.DEFAULT_EAGER
+    lf, lb = (p.time_us(eager) for p in megatron._layer(r, hw, cl, rc))
+    (ef, eb), (hf, hb) = ((a.time_us(eager), b.time_us(eager)) for a, b in megatron._ends(r, hw, cl))
+    st = megatron.predict(r, hw, gpu_memory_gb=80)
+    send = st.pp_comm_ms * 1e3
+    return (r.layers * (lf + lb) + ef + eb + hf + hb + r.pp * send) / 1e3
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_one_micro_batch_runs_the_stages_one_after_another(pp):
+    r = run(dp=8 // pp, pp=pp, global_batch=8 // pp)  # m = 1
+    assert r.microbatches == 1
+    st = megatron.predict(r, A100, gpu_memory_gb=80)
+    assert st.pipeline_ms == pytest.approx(_stage_sum(r), rel=1e-9)
+    slowest = st.forward_ms + st.backward_ms + st.pp_comm_ms
+    # The bubble is everything but the slowest stage's one micro-batch.
+    assert st.bubble_ms == pytest.approx(st.pipeline_ms - slowest, rel=1e-9)
+    assert st.bubble_ms > (pp - 1) / pp * 0.8 * st.pipeline_ms
+
+
+@pytest.mark.parametrize("pp, v", [(2, 1), (4, 1), (4, 2), (1, 1)])
+def test_each_micro_batch_adds_the_slowest_stage_and_the_bubble_stays(pp, v):
+    times = {}
+    for m in (1, 2, 4, 8):
+        r = run(dp=8 // pp, pp=pp, virtual_stages=v, global_batch=m * 8 // pp, recompute="none")
+        assert r.microbatches == m
+        times[m] = megatron.predict(r, A100, gpu_memory_gb=80)
+    slowest = times[1].forward_ms + times[1].backward_ms + times[1].pp_comm_ms
+    for m, st in times.items():
+        assert st.bubble_ms == pytest.approx(times[1].bubble_ms, rel=1e-9)
+        assert st.pipeline_ms == pytest.approx(m * slowest + st.bubble_ms, rel=1e-9)
+        assert 0 <= st.bubble_ms <= st.pipeline_ms
+        assert st.total_ms == pytest.approx(st.pipeline_ms + st.dp_comm_ms + st.optimizer_ms, rel=1e-9)
+    if pp == 1:
+        assert times[1].bubble_ms == 0
+    else:
+        assert times[1].bubble_ms > 0
+
+
+def test_interleaving_divides_the_bubble_by_the_model_chunks():
+    plain = megatron.predict(run(dp=2, pp=4, global_batch=16, recompute="none"), A100, gpu_memory_gb=80)
+    inter = megatron.predict(run(dp=2, pp=4, global_batch=16, recompute="none", virtual_stages=2),
+                             A100, gpu_memory_gb=80)
+    # Same layers per GPU; each chunk sends forward and backward, so only the sends differ.
+    plain_rest = plain.bubble_ms - 3 * plain.pp_comm_ms
+    inter_rest = inter.bubble_ms - 3 * inter.pp_comm_ms / 2
+    assert inter_rest == pytest.approx(plain_rest / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("tp, dp, pp, mb", [(1, 8, 1, 1), (8, 1, 1, 8), (2, 2, 2, 4), (1, 2, 4, 2), (4, 1, 2, 1)])
+def test_the_bubble_never_exceeds_the_pipeline_on_one_node(tp, dp, pp, mb):
+    for gb_per_replica in (mb, 4 * mb, 16 * mb):
+        r = megatron.GPTRun(hidden=1024, heads=16, layers=24, seq_len=1024, vocab=51200, gpus=8,
+                            tp=tp, dp=dp, pp=pp, micro_batch=mb, global_batch=gb_per_replica * dp)
+        st = megatron.predict(r, A100, gpu_memory_gb=80)
+        assert 0 <= st.bubble_ms <= st.pipeline_ms < st.total_ms
+        # No more idle than (pp - 1) of the m + pp - 1 ticks of a balanced pipeline allows,
+        # with room for the ends' imbalance.
+        m = r.microbatches
+        assert st.bubble_ms <= st.pipeline_ms * (pp - 1) / (m + pp - 1) * 1.6 + 1e-9
