@@ -1,9 +1,10 @@
 """Every use of JAX's private internals, in one place.
 
-lagom-jax reaches below JAX's public API for five things: whether backends (a GPU one)
+lagom-jax reaches below JAX's public API for six things: whether backends (a GPU one)
 have started and which plugins registered, a jitted function's static arguments, the
-``jax.distributed`` client that shares one Plan between processes, and compiling a lowered
-step for devices of another platform (abstract GPUs). Each is checked with
+``jax.distributed`` client that shares one Plan between processes, compiling a lowered
+step for devices of another platform (abstract GPUs), and compiling an HLO module given
+as text for such devices. Each is checked with
 ``CHECKED_JAX``; on another version an attribute that moved raises ``JaxInternalsError``
 naming it, and every caller treats that as "not available" (tuning goes on without it,
 or the step runs untuned with a warning).
@@ -104,3 +105,46 @@ def compile_for_devices(lowered: Any, devices_for: Any, options: Mapping[str, An
         executable = compiler.backend_compile_and_load(
             client, module, xc.DeviceList(tuple(devices)), compile_options, [])
         return executable.hlo_modules()[0].to_string()
+
+
+def compile_hlo_for_devices(text: str, devices: Sequence[Any], *, replicas: bool = False,
+                            spmd_partitioning: bool = False, shardy: bool = False,
+                            options: Mapping[str, Any] | None = None) -> str:
+    """HLO text of the HLO module ``text`` compiled for ``devices`` (e.g. abstract GPUs).
+
+    The text is parsed by jaxlib's C++ HLO parser, converted to a StableHLO MLIR module
+    (``_xla.mlir.hlo_to_stablehlo``, the route XLA's own tools take) and compiled by the
+    devices' client as ``compile_for_devices`` does. ``replicas``: the devices are
+    replicas (cross-replica collectives) instead of partitions; ``spmd_partitioning``:
+    the module is a global view still to be partitioned (``shardy``: by Shardy). XLA's
+    own errors propagate (``JaxRuntimeError``, ``ValueError``); moved internals raise
+    ``JaxInternalsError``. Nothing runs.
+    """
+    import numpy as np
+
+    with _internal("xla_client.hlo.hlo_module_from_text / _xla.mlir.hlo_to_stablehlo / "
+                   "mlir.make_ir_context / compiler.get_compile_options"):
+        from jax._src import compiler
+        from jax._src.interpreters import mlir
+        from jax._src.lib import xla_client as xc
+        from jax._src.lib.mlir import ir
+
+        hlo_to_stablehlo = xc._xla.mlir.hlo_to_stablehlo
+        from_text = xc.hlo.hlo_module_from_text
+        get_compile_options = compiler.get_compile_options
+        make_ir_context = mlir.make_ir_context
+        device_list = xc.DeviceList
+    proto = from_text(text).as_serialized_hlo_module_proto()
+    bytecode = hlo_to_stablehlo(proto)
+    n = len(devices)
+    grid = np.array(list(devices), dtype=object).reshape((n, 1) if replicas else (1, n))
+    compile_options = get_compile_options(grid.shape[0], grid.shape[1], grid,
+                                          env_options_overrides=dict(options or {}))
+    build = compile_options.executable_build_options
+    build.use_spmd_partitioning = bool(spmd_partitioning)
+    build.use_shardy_partitioner = bool(shardy)
+    with make_ir_context():
+        module = ir.Module.parse(bytecode)
+        executable = devices[0].client.compile(module, executable_devices=device_list(tuple(devices)),
+                                               compile_options=compile_options)
+    return executable.hlo_modules()[0].to_string()

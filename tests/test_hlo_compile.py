@@ -1,0 +1,209 @@
+"""HLO before XLA's optimizations: classify it, count its devices, compile it for abstract GPUs."""
+
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from lagom_jax import gpu_compile, hardware, hlo_compile
+
+HERE = pathlib.Path(__file__).parent / "fixtures" / "hlo"
+UNOPT = HERE / "unoptimized"
+XLA = HERE / "xla"
+
+MLP8 = UNOPT / "jax_fsdp_mlp_8.after_spmd.hlo"
+MLP8_GLOBAL = UNOPT / "jax_fsdp_mlp_8.before_optimizations.hlo"
+SCAN16 = UNOPT / "jax_fsdp_scan_16.after_spmd.hlo"
+REPLICAS2 = UNOPT / "xla_collective_ops_e2e_replicas_2.hlo"
+LLAMA8B_CP = XLA / "hlo_llama3_8b_cp_bf16_1x4__0.hlo"
+LLAMA70B = XLA / "hlo_llama31_70b_bf16_16x8__0.hlo"
+LLAMA8B_OFFLOAD = XLA / "hlo_llama3_8b_bf16_activation_offloading_1x8__0.hlo"
+
+_REASON = gpu_compile.unavailable_reason()
+needs_gpu_compile = pytest.mark.skipif(_REASON is not None, reason=f"no deviceless GPU compile here: {_REASON}")
+
+_ASYNC = re.compile(r"\s([a-z-]+)-start\(")
+
+
+def _hw(n):
+    return hardware.get("h100-sxm-8", max(1, n // 8))
+
+
+# ------------------------------------------------------------------------ classify
+
+
+@pytest.mark.parametrize("path", [MLP8, MLP8_GLOBAL, SCAN16, REPLICAS2, LLAMA8B_CP, LLAMA70B, LLAMA8B_OFFLOAD],
+                         ids=lambda p: p.name)
+def test_modules_before_the_pipeline_are_unoptimized(path):
+    unoptimized, why = hlo_compile.classify(path.read_text())
+    assert unoptimized, why
+    assert "has not run" in why
+
+
+def test_a_module_compiled_by_xla_cpu_is_not_unoptimized():
+    text = jax.jit(lambda x: jnp.tanh(x @ x.T) + 1).lower(jnp.ones((8, 8))).compile().as_text()
+    unoptimized, why = hlo_compile.classify(text)
+    assert not unoptimized and "is_scheduled" in why
+
+
+def test_each_sign_of_the_pipeline_is_enough():
+    base = MLP8.read_text()
+    scheduled = base.replace("HloModule jit_train_step_mlp,", "HloModule jit_train_step_mlp, is_scheduled=true,", 1)
+    assert hlo_compile.classify(scheduled) == (False, "the module is scheduled (is_scheduled=true): XLA's pipeline ran")
+    # One async all-gather pair (and nothing else changed) makes it compiled.
+    ag = re.search(r"  (%all-gather) = (bf16\[256,256\]\{1,0\}) all-gather\((%param)\), (.*)\n", base)
+    pair = (f"  %ags = ((bf16[32,256]{{1,0}}), bf16[256,256]{{1,0}}) all-gather-start({ag.group(3)}), {ag.group(4)}\n"
+            f"  {ag.group(1)} = {ag.group(2)} all-gather-done(%ags)\n")
+    unoptimized, why = hlo_compile.classify(base.replace(ag.group(0), pair))
+    assert not unoptimized and "%ags" not in why and "line" in why
+    bitcast = base.replace(ag.group(0), ag.group(0) + "  %bc = bf16[65536]{0} bitcast(%all-gather)\n")
+    assert hlo_compile.classify(bitcast)[0] is False
+    # send/recv are JAX's too: they do not count.
+    assert hlo_compile.classify(base)[0] is True
+
+
+def test_classify_rejects_text_that_is_not_hlo():
+    with pytest.raises(ValueError):
+        hlo_compile.classify("HloModule m\n\nENTRY e {\n  ROOT p = f32[4] parameter(0\n}\n")
+
+
+# ------------------------------------------------------------------------ partitions
+
+
+@pytest.mark.parametrize("path, n", [(MLP8, 8), (MLP8_GLOBAL, 8), (SCAN16, 16), (REPLICAS2, 2),
+                                     (LLAMA8B_CP, 4), (LLAMA8B_OFFLOAD, 8), (LLAMA70B, 128)],
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_partitions(path, n):
+    assert hlo_compile.partitions(path.read_text()) == n
+
+
+def test_partitions_come_from_the_groups_when_the_header_says_nothing():
+    text = LLAMA70B.read_text()
+    header = text.split("\n", 1)[0]
+    assert "num_partitions" not in header and "replica_count" not in header
+    assert hlo_compile.partitions(text) == 128
+    # A header smaller than the groups loses; an override wins over both.
+    text8 = MLP8.read_text().replace("num_partitions=8", "num_partitions=2", 1)
+    assert hlo_compile.partitions(text8) == 8
+    assert hlo_compile.partitions(text8, 16) == 16
+    with pytest.raises(ValueError):
+        hlo_compile.partitions(text8, 0)
+
+
+def test_layout_replicas_partitions_and_spmd():
+    assert hlo_compile.layout(REPLICAS2.read_text()).replicas
+    per_device = hlo_compile.layout(LLAMA70B.read_text())  # sharding= on parameters only
+    assert (per_device.replicas, per_device.spmd_partitioning, per_device.devices) == (False, False, 128)
+    assert "channel_id" in per_device.why
+    global_view = hlo_compile.layout(MLP8_GLOBAL.read_text())
+    assert global_view.spmd_partitioning and global_view.shardy and not global_view.replicas
+
+
+def test_portable_text_rewrites_copies_and_mesh_groups_only():
+    text, changes = hlo_compile.portable_text(MLP8.read_text())
+    assert "mesh[" in MLP8.read_text() and "mesh[" not in text
+    assert "replica_groups={{0,1,2,3,4,5,6,7}}" in text
+    assert len(changes) == 1 and changes[0].endswith("mesh replica-group forms -> explicit lists")
+    llama, changes = hlo_compile.portable_text(LLAMA8B_CP.read_text())
+    assert changes == ("38 copy -> reshape",)
+    assert " copy(" not in llama and llama.count(" reshape(") == LLAMA8B_CP.read_text().count(" reshape(") + 38
+
+
+# ------------------------------------------------------------------------ compile
+
+
+def _async_kinds(text):
+    return set(_ASYNC.findall(text))
+
+
+@needs_gpu_compile
+@pytest.mark.parametrize("path, kinds", [
+    (MLP8, {"all-gather", "all-reduce"}),
+    (MLP8_GLOBAL, {"all-gather", "all-reduce"}),
+    (SCAN16, {"all-gather", "all-reduce"}),
+    (REPLICAS2, {"all-gather", "all-reduce", "collective-permute"}),
+], ids=lambda v: getattr(v, "name", None))
+def test_compile_makes_async_pairs_and_a_schedule(path, kinds):
+    text = path.read_text()
+    n = hlo_compile.partitions(text)
+    compiled = hlo_compile.compile_unoptimized(text, _hw(n), isolated=False)
+    assert kinds <= _async_kinds(compiled), _async_kinds(compiled)
+    assert "is_scheduled=true" in compiled
+    assert hlo_compile.classify(compiled)[0] is False
+    if path is not REPLICAS2:  # the tiny XLA test module has nothing to fuse
+        assert " fusion(" in compiled
+    header = compiled.split("\n", 1)[0]
+    assert (f"replica_count={n}" in header) if path is REPLICAS2 else (f"num_partitions={n}" in header)
+
+
+@needs_gpu_compile
+def test_a_compiled_module_is_unoptimized_no_more_and_is_refused():
+    hw = hardware.get("h100-sxm-8")
+    compiled = gpu_compile.compile_for_cluster(jax.jit(lambda x: jnp.tanh(x @ x.T)), (jnp.ones((64, 64)),), {}, hw)
+    unoptimized, why = hlo_compile.classify(compiled)
+    assert not unoptimized, why
+    with pytest.raises(hlo_compile.HloCompileError, match="already compiled"):
+        hlo_compile.compile_unoptimized(compiled, hw, isolated=False)
+
+
+@needs_gpu_compile
+def test_options_reach_xla():
+    text = MLP8.read_text()
+    default = hlo_compile.compile_unoptimized(text, _hw(8), isolated=False)
+    # A combine threshold of 0 bytes reaches the GPU combiner: nothing is combined.
+    uncombined = hlo_compile.compile_unoptimized(
+        text, _hw(8), isolated=False, options={"xla_gpu_all_gather_combine_threshold_bytes": 0})
+    assert uncombined.count("all-gather-start(") > default.count("all-gather-start(")
+
+
+@needs_gpu_compile
+def test_isolated_compile_matches_in_process():
+    text = SCAN16.read_text()
+    isolated = hlo_compile.compile_unoptimized(text, _hw(16))
+    assert _async_kinds(isolated) >= {"all-gather", "all-reduce"} and "num_partitions=16" in isolated
+
+
+def _one_line_error(text, hw, **kw):
+    with pytest.raises(hlo_compile.HloCompileError) as info:
+        hlo_compile.compile_unoptimized(text, hw, isolated=False, **kw)
+    message = str(info.value)
+    assert "\n" not in message and message
+    return message
+
+
+@needs_gpu_compile
+def test_corrupt_modules_raise_one_line():
+    text = MLP8.read_text()
+    assert _one_line_error(text[: len(text) // 2], _hw(8)).startswith("not an HLO module")
+    # Parses here, but XLA's verifier refuses the shapes: XLA's message, one line.
+    bad = text.replace("bf16[256,256]{1,0} all-gather(%param)", "bf16[255,256]{1,0} all-gather(%param)", 1)
+    assert bad != text
+    message = _one_line_error(bad, _hw(8))
+    assert "XLA cannot compile" in message and "255" in message
+    # A custom call no handler serves.
+    ffi = ("HloModule m, num_partitions=2\n\nENTRY e {\n  p = f32[8]{0} parameter(0)\n"
+           "  ROOT c = f32[8]{0} custom-call(p), custom_call_target=\"lagom_no_such_kernel\", "
+           "api_version=API_VERSION_TYPED_FFI\n}\n")
+    assert "lagom_no_such_kernel" in _one_line_error(ffi, _hw(2))
+
+
+@needs_gpu_compile
+def test_device_count_must_fit_the_cluster():
+    message = _one_line_error(MLP8.read_text(), hardware.get("h100-sxm-8", 2))
+    assert "8 devices" in message
+
+
+@needs_gpu_compile
+def test_xla_benchmark_module_needs_transformer_engine():
+    message = _one_line_error(LLAMA8B_CP.read_text(), _hw(4))
+    assert "te_fused_attn" in message and "No FFI handler" in message
+
+
+@needs_gpu_compile
+def test_isolated_compile_reports_errors_in_one_line():
+    bad = MLP8.read_text().replace("bf16[256,256]{1,0} all-gather(%param)", "bf16[255,256]{1,0} all-gather(%param)", 1)
+    with pytest.raises(hlo_compile.HloCompileError) as info:
+        hlo_compile.compile_unoptimized(bad, _hw(8))
+    assert "\n" not in str(info.value) and "XLA cannot compile" in str(info.value)
