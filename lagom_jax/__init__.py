@@ -24,6 +24,7 @@ from lagom_jax.params import CollectiveParams as CollectiveParams
 from lagom_jax.plan import CollectiveChoice as CollectiveChoice
 from lagom_jax.plan import Plan as Plan
 from lagom_jax.cache import PlanCache as PlanCache
+from lagom_jax.predict import predict_hlo_step_ms as predict_hlo_step_ms
 from lagom_jax.predict import predict_train_step_ms as predict_train_step_ms
 from lagom_jax.planning import BASELINES as BASELINES
 from lagom_jax.planning import VERSION as __version__
@@ -38,5 +39,5 @@ __all__ = [
     "BASELINES", "CollectiveChoice", "CollectiveParams", "FlagError", "HardwareProfile",
     "HloParseError", "Plan", "PlanCache", "Planned", "STRATEGIES", "SearchResult", "StepGraph", "Task",
     "Timeline", "Tuned", "TuningWarning", "XlaFlag", "__version__", "auto_hardware",
-    "from_hlo_text", "from_module", "make_plan", "parse_hlo", "predict_train_step_ms", "run_strategy", "tune",
+    "from_hlo_text", "from_module", "make_plan", "parse_hlo", "predict_hlo_step_ms", "predict_train_step_ms", "run_strategy", "tune",
 ]

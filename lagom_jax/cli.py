@@ -85,8 +85,25 @@ def _read_graph(args: argparse.Namespace) -> graph.StepGraph:
     return _parse_graph(_read_text(args), args)
 
 
+def _compiled_module(args: argparse.Namespace, hw: hardware.HardwareProfile):
+    """The module of PATH for the cluster: read as it is when XLA compiled it, compiled
+    deviceless first when it is HLO before optimization (``job.HloSource``)."""
+    from lagom_jax import gpu_compile, job
+
+    _require_positive(args, "partitions")
+    text = _read_text(args)
+    _parse_graph(text, args)  # unreadable HLO: one line, exit 2
+    try:
+        return job.compile_source(job.HloSource(text, _where(args), args.partitions), hw, log=_log)
+    except (ValueError, gpu_compile.DevicelessUnavailable) as err:
+        raise _UsageError(f"{_where(args)}: {err}") from None
+
+
 def _add_input_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", nargs="?", help="HLO text file, or - to read stdin")
+    p.add_argument("path", nargs="?", help="HLO text file, or - to read stdin (a module XLA compiled, "
+                   "or one before optimization, which is compiled for the cluster first)")
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help="devices a module before optimization runs on (default: from its replica groups)")
     p.add_argument("--example", nargs="?", const=EXAMPLES[0], choices=EXAMPLES,
                    help="use a built-in GPU-style example module instead of PATH")
 
@@ -172,8 +189,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     if args.png and importlib.util.find_spec("matplotlib") is None:
         raise _UsageError("--png needs matplotlib, an optional extra: pip install 'lagom-jax[plot]'")
-    step = _read_graph(args)
-    hw = _hardware(args)
+    compiled = _compiled_module(args, _hardware(args))
+    step, hw = _parse_graph(compiled.text, args), compiled.hardware
     # The step as XLA runs it with no flags: the xla-default baseline of `tune`, so that
     # both commands give one number for it.
     baseline = search.run_strategy("xla-default", step, hw)
@@ -276,7 +293,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     else:
         text = _read_text(args)
         _parse_graph(text, args)  # unreadable HLO: one line, exit 2
-        source, hw = job.HloSource(text, _where(args)), _hardware(args)
+        source, hw = job.HloSource(text, _where(args), args.partitions), _hardware(args)
     try:
         tuned = job.run(source, hw, strategy=args.strategy, log=_log)
     except (ValueError, gpu_compile.DevicelessUnavailable) as err:
@@ -433,6 +450,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
                        "model, never measured.")
     p.add_argument("--model", choices=tuple(predict.FAMILY_MODELS),
                    help="predict a built-in family's step compiled for the cluster (the contract)")
+    p.add_argument("--hlo", metavar="PATH", help="predict an HLO module's step (compiled for the cluster "
+                   "first when it is HLO before optimization; lagom_jax.predict_hlo_step_ms)")
+    p.add_argument("--nodes", type=int, default=None, help="--hlo: nodes of the cluster (default: from the module)")
     for name in dict.fromkeys(_PREDICT_INTS + _CONTRACT_INTS):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.add_argument("--ffn-hidden", type=int, default=None, help="FFN width (default 4 x hidden)")
@@ -462,6 +482,8 @@ def _flag_value(text: str) -> Any:
 
 
 def _run_predict(args: argparse.Namespace) -> int:
+    if args.hlo is not None:
+        return _run_predict_hlo(args)
     if args.model is not None:
         return _run_predict_model(args)
     missing = [n for n in _PREDICT_INTS if n != "vocab" and getattr(args, n) is None]
@@ -484,6 +506,34 @@ def _run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _xla_flags(args: argparse.Namespace) -> dict[str, Any]:
+    flags = {}
+    for item in args.xla_flag:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise _UsageError(f"--xla-flag {item!r}: expected NAME=VALUE")
+        flags[name.strip()] = _flag_value(value)
+    return flags
+
+
+def _run_predict_hlo(args: argparse.Namespace) -> int:
+    from lagom_jax import gpu_compile, predict
+
+    _require_positive(args, "nodes")
+    flags = _xla_flags(args)
+    try:
+        ms = predict.predict_hlo_step_ms(args.hlo, hardware=args.hardware or "h100-sxm-8", nodes=args.nodes,
+                                         xla_flags=flags, strategy=args.strategy)
+    except (ValueError, gpu_compile.DevicelessUnavailable, hlo.HloParseError) as err:
+        raise _UsageError(f"{args.hlo}: {err}") from None
+    if args.json:
+        print(json.dumps({"hlo": args.hlo, "hardware": args.hardware or "h100-sxm-8", "nodes": args.nodes,
+                          "xla_flags": flags, "strategy": args.strategy, "predicted_ms": ms}, indent=2))
+    else:
+        print(f"predicted {ms:.3f} ms per step ({args.hlo}, {args.strategy}; predicted by the cost model)")
+    return 0
+
+
 def _run_predict_model(args: argparse.Namespace) -> int:
     from lagom_jax import gpu_compile, models, predict
 
@@ -492,12 +542,7 @@ def _run_predict_model(args: argparse.Namespace) -> int:
     if missing or not args.mesh:
         raise _UsageError("--model needs " + ", ".join("--" + n.replace("_", "-") for n in (*missing, "mesh")
                                                        if n != "mesh" or not args.mesh))
-    flags = {}
-    for item in args.xla_flag:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise _UsageError(f"--xla-flag {item!r}: expected NAME=VALUE")
-        flags[name.strip()] = _flag_value(value)
+    flags = _xla_flags(args)
     kw = {n: getattr(args, n) for n in need}
     kw.update(kv_heads=args.kv_heads or args.heads, experts=args.experts or 0, top_k=args.top_k or 0)
     try:

@@ -82,10 +82,19 @@ class ModelSource:
 
 @dataclasses.dataclass(frozen=True)
 class HloSource:
-    """An HLO module's text (``compiled.as_text()`` or an XLA dump), and where it came from."""
+    """An HLO module's text (``compiled.as_text()`` or an XLA dump), and where it came from.
+
+    A module XLA has already compiled is read as it is. A module *before* optimization
+    (``hlo_compile.classify``: XLA's benchmark modules, a dump's
+    ``*.before_optimizations.txt``) is first compiled deviceless with XLA's GPU pipeline
+    for ``partitions`` GPUs of the cluster (default: the count its replica groups imply),
+    with ``compiler_options``.
+    """
 
     text: str
     where: str = "HLO module"
+    partitions: int | None = None
+    compiler_options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,11 +245,33 @@ def _compile_step(src: StepSource, hw: hardware_lib.HardwareProfile, log: Log) -
                         src.jitted, src.args, src.kwargs, hw, options))
 
 
+def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> Compiled:
+    """An HLO text: read as it is when XLA compiled it; compiled for the cluster first when
+    it is a module before optimization (the cluster grows to the module's device count
+    when it is larger than one node of ``hw`` and ``hw`` names one node)."""
+    from lagom_jax import hlo_compile
+
+    unoptimized, why = hlo_compile.classify(src.text)
+    if not unoptimized:
+        return Compiled(src.text, src.where, hw)
+    n = hlo_compile.partitions(src.text, src.partitions)
+    hw = mesh_cluster(hw, n, grow=True)
+    base = dict(src.compiler_options)
+    log(f"{src.where} is HLO before optimization ({why}); compiling it for {n}x {hw.gpu} "
+        "with XLA's GPU pipeline (deviceless) ...")
+
+    def recompile(options: Mapping[str, Any]) -> str:
+        return hlo_compile.compile_unoptimized(src.text, hw, partitions=n, options={**base, **options})
+
+    return Compiled(recompile({}), f"XLA:GPU deviceless compile of {src.where} for {n}x {hw.gpu}", hw,
+                    recompile=recompile)
+
+
 def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_lib.HardwareProfile,
                    log: Log = _quiet) -> Compiled:
     """Step 1 of the pipeline: the module of ``source`` for the cluster ``hw``."""
     if isinstance(source, HloSource):
-        return Compiled(source.text, source.where, hw)
+        return _compile_hlo(source, hw, log)
     if isinstance(source, ModelSource):
         return _compile_model(source, hw, log)
     if isinstance(source, StepSource):
@@ -254,8 +285,9 @@ def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.Har
     """The pipeline (module docstring): compile, read, plan, validate, verify.
 
     Raises ValueError for bad input (a model, mesh or config that cannot be built, an
-    unknown strategy, a step ``exhaustive`` refuses) and ``HloParseError`` for HLO it cannot
-    read; ``flags.FlagError`` when the installed XLA rejects a planned flag.
+    unknown strategy, a step ``exhaustive`` refuses, ``hlo_compile.HloCompileError`` for a
+    module before optimization XLA will not compile) and ``HloParseError`` for HLO it
+    cannot read; ``flags.FlagError`` when the installed XLA rejects a planned flag.
     """
     compiled = compile_source(source, hardware, log)
     step = graph_lib.from_hlo_text(compiled.text)

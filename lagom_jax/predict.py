@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from lagom_jax import flags as flags_lib
 from lagom_jax import hardware as hardware_lib
 
-__all__ = ["COMPILE_PRICED_FLAGS", "predict_train_step_ms", "train_step_job", "train_step_source"]
+__all__ = ["COMPILE_PRICED_FLAGS", "predict_hlo_step_ms", "predict_train_step_ms", "train_step_job",
+           "train_step_source"]
 
 FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
 MESH_AXES = ("data", "fsdp", "model", "expert")
@@ -159,3 +161,38 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
             "a prediction from XLA:CPU's module would not be a GPU prediction")
     return job.run(job.HloSource(compiled.text, compiled.where), hw, strategy=strategy,
                    baselines=("xla-default",), verify=False)
+
+
+def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
+                        nodes: int | None = None, xla_flags: Mapping[str, Any] | None = None,
+                        strategy: str = "xla-default") -> float:
+    """Predicted milliseconds per step of the HLO module in ``path``.
+
+    A module XLA has compiled is predicted as it is (``xla_flags`` must then be empty: they
+    cannot change a compiled program). A module before optimization (XLA's benchmark
+    modules, a dump's ``*.before_optimizations.txt``) is compiled deviceless for its device
+    count on ``hardware`` (``nodes`` = that count / GPUs per node unless given) with
+    ``xla_flags``, and the compiled module is predicted. strategy as for
+    :func:`predict_train_step_ms`. Raises ValueError for a flag the model cannot price, a
+    module that does not fit the cluster, or one XLA will not compile (one line with XLA's
+    message), and ``HloParseError`` for text that is not HLO.
+    """
+    from lagom_jax import hlo_compile, job
+
+    if strategy not in ("xla-default", "lagom"):
+        raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    options, cap = _split_flags(xla_flags)
+    unoptimized, why = hlo_compile.classify(text)
+    if not unoptimized and options:
+        raise ValueError(f"{os.fspath(path)} is already compiled ({why}); flags that change the "
+                         f"program ({', '.join(sorted(options))}) cannot apply to it")
+    hw = hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware
+    if unoptimized and nodes is None:
+        hw = _cluster(hw, hlo_compile.partitions(text))
+    if cap is not None:
+        hw = dataclasses.replace(hw, nccl_channels=min(max(cap, 1), hw.nccl_channels))
+    source = job.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))
+    return job.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False).predicted_ms(strategy)
+

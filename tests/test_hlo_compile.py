@@ -1,5 +1,6 @@
 """HLO before XLA's optimizations: classify it, count its devices, compile it for abstract GPUs."""
 
+import json
 import pathlib
 import re
 
@@ -207,3 +208,48 @@ def test_isolated_compile_reports_errors_in_one_line():
     with pytest.raises(hlo_compile.HloCompileError) as info:
         hlo_compile.compile_unoptimized(bad, _hw(8))
     assert "\n" not in str(info.value) and "XLA cannot compile" in str(info.value)
+
+
+# -- wired into the pipeline: predict_hlo_step_ms, tune/simulate/predict on such modules ------------
+
+_UNOPT = pathlib.Path(__file__).parent / "fixtures" / "hlo" / "unoptimized"
+_XLA_LLAMA = pathlib.Path(__file__).parent / "fixtures" / "hlo" / "xla" / "hlo_llama3_8b_cp_bf16_1x4__0.hlo"
+
+
+@needs_gpu_compile
+def test_predict_hlo_step_ms_compiles_a_module_before_optimization():
+    import lagom_jax
+
+    path = _UNOPT / "jax_fsdp_scan_16.after_spmd.hlo"
+    ms = lagom_jax.predict_hlo_step_ms(path)
+    assert ms > 0
+    assert lagom_jax.predict_hlo_step_ms(path, strategy="lagom") <= ms * (1 + 1e-9)
+    with pytest.raises(ValueError, match="cannot be priced"):
+        lagom_jax.predict_hlo_step_ms(path, xla_flags={"xla_gpu_enable_command_buffer": ""})
+
+
+@needs_gpu_compile
+def test_flags_cannot_apply_to_a_compiled_module(tmp_path):
+    import lagom_jax
+    from lagom_jax import hardware, job
+
+    compiled = job.compile_source(job.HloSource((_UNOPT / "jax_fsdp_mlp_8.after_spmd.hlo").read_text()),
+                                  hardware.get("h100-sxm-8"))
+    path = tmp_path / "compiled.hlo"
+    path.write_text(compiled.text)
+    assert lagom_jax.predict_hlo_step_ms(path) > 0
+    with pytest.raises(ValueError, match="already compiled"):
+        lagom_jax.predict_hlo_step_ms(path, xla_flags={"xla_gpu_all_gather_combine_threshold_bytes": 0})
+
+
+@needs_gpu_compile
+def test_tune_compiles_verifies_and_refuses_in_one_line(capsys):
+    from lagom_jax import cli
+
+    assert cli.main(["tune", str(_UNOPT / "jax_fsdp_mlp_8.after_spmd.hlo"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["compiled_by"].startswith("XLA:GPU deviceless compile of")
+    assert out["verification"]  # recompiled with the plan's options
+    assert cli.main(["tune", str(_XLA_LLAMA)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "te_fused_attn_forward_ffi" in err[-1] and err[-1].startswith("lagom-jax tune: error:")
