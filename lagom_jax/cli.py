@@ -245,6 +245,10 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    "or always (default auto)")
     _add_hardware_args(p, default="h100-sxm-8")
     p.add_argument("--strategy", default="lagom", choices=STRATEGY_CHOICES)
+    p.add_argument("--no-structures", action="store_true",
+                   help="skip the structure search (the collective pipeliner, while-loop double "
+                   "buffering, combine-by-dim, each priced by compiling the step with it; runs "
+                   "for --model and HLO before optimization, a compile per candidate tried)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--out", metavar="DIR", help="write every artifact (plan, flags, env, "
                    "tuner config, LHS profile, trace) into DIR")
@@ -295,7 +299,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         _parse_graph(text, args)  # unreadable HLO: one line, exit 2
         source, hw = job.HloSource(text, _where(args), args.partitions), _hardware(args)
     try:
-        tuned = job.run(source, hw, strategy=args.strategy, log=_log)
+        tuned = job.run(source, hw, strategy=args.strategy, structures=not args.no_structures, log=_log)
     except (ValueError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
     for warning in tuned.compiled.warnings:

@@ -10,7 +10,10 @@ suite. Its steps, in order:
    the decorator's) is the executable XLA made on GPUs, or else compiled deviceless for
    the cluster; an HLO text (:class:`HloSource`) is read as it is;
 2. **read** the module into a StepGraph;
-3. **plan**: the strategy and the baselines (``planning.plan``);
+3. **plan**: the strategy and the baselines (``planning.plan``); with ``structures``, also
+   the flags that restructure a scanned program (the collective pipeliner, while-loop
+   double buffering, combine-by-dim), each priced by compiling the step with it
+   (``lagom_jax.structures``);
 4. **validate** every flag and option with the installed XLA (``flags.validate``);
 5. **verify** by recompiling with the Plan's options where the source can be compiled
    again (``verify.verify_plan``); otherwise the Plan says why not.
@@ -279,10 +282,32 @@ def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_li
     raise TypeError(f"unknown source {type(source).__name__} (ModelSource, StepSource or HloSource)")
 
 
+def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_lib.HardwareProfile,
+                    strategy: str, baselines: tuple[str, ...], log: Log
+                    ) -> tuple[planning.Planned, tuple[tuple[str, str], ...]]:
+    """Step 3b: the structure flags compile-in-the-loop takes (``structures.search``), in
+    the Plan beside the search's own; the baselines stay those of the module XLA makes
+    with no flags, so the predicted gain counts the structure too."""
+    from lagom_jax import structures
+
+    log("structure: the pipeliner, double buffering and combine-by-dim, each compiled and "
+        "predicted where it can hide exposed communication ...")
+    outcome = structures.search(compiled.text, planned, hw, compiled.recompile, strategy=strategy,
+                                baselines=baselines, log=log)
+    best = outcome.planned.plan
+    predicted = dict(planned.plan.predicted_us)
+    predicted[strategy] = best.makespan_us
+    plan = dataclasses.replace(best, flags=tuple(outcome.flags) + best.flags,
+                               predicted_us=tuple(predicted.items()))
+    return (dataclasses.replace(outcome.planned, plan=plan),
+            compiled.decisions + outcome.decisions)
+
+
 def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.HardwareProfile, *,
         strategy: str = "lagom", baselines: tuple[str, ...] = planning.BASELINES,
-        verify: bool = True, log: Log = _quiet) -> Job:
-    """The pipeline (module docstring): compile, read, plan, validate, verify.
+        verify: bool = True, structures: bool = False, log: Log = _quiet) -> Job:
+    """The pipeline (module docstring): compile, read, plan (with ``structures``: also the
+    loop structure, compile-in-the-loop), validate, verify.
 
     Raises ValueError for bad input (a model, mesh or config that cannot be built, an
     unknown strategy, a step ``exhaustive`` refuses, ``hlo_compile.HloCompileError`` for a
@@ -295,7 +320,12 @@ def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.Har
     log(f"hardware: {hw.name}; {len(step.collectives)} collectives, {len(step.tasks)} tasks; searching ...")
     planned = planning.plan(step, hw, strategy=strategy, baselines=baselines,
                             fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest())
-    plan = dataclasses.replace(planned.plan, decisions=compiled.decisions)
+    decisions = compiled.decisions
+    if structures and compiled.recompile is not None:
+        planned, decisions = _with_structure(compiled, planned, hw, strategy, baselines, log)
+    elif structures:
+        decisions += (("structure search", f"not run: {compiled.where} cannot be compiled again here"),)
+    plan = dataclasses.replace(planned.plan, decisions=decisions)
     flags_lib.validate(plan.xla_flags(), plan.compiler_options())
     if verify and compiled.recompile is not None:
         from lagom_jax import verify as verify_lib
