@@ -337,3 +337,37 @@ def test_mutated_modules_raise_only_parse_errors(text):
         graph.from_module(module, unroll_loops=False)
     except hlo.HloParseError as e:
         assert e.line >= 1 and e.col >= 1
+
+
+def test_omitted_shapes_are_inferred_from_the_right_operand_parts():
+    """XLA prints instructions without shapes in its tests and pre-optimization modules; the
+    reader infers them. Tuple elements of different shapes catch an index read wrongly."""
+    text = """
+HloModule infer
+
+ENTRY main {
+  a = f32[8,16] parameter(0)
+  b = bf16[4] parameter(1)
+  t = tuple(a, b)
+  first = get-tuple-element(t), index=0
+  second = get-tuple-element(t), index=1
+  ag = all-gather(b), replica_groups={{0,1,2,3}}, dimensions={0}
+  rs = reduce-scatter(a), replica_groups={{0,1}}, dimensions={1}, to_apply=add
+  d = dot(a, a), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  ROOT r = tuple(first, second, ag, rs, d)
+}
+
+add {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+"""
+    from lagom_jax import hlo
+
+    shapes = {i.name: i.shape for i in hlo.parse(text).entry.instructions}
+    assert (shapes["first"].dtype, shapes["first"].dims) == ("f32", (8, 16))
+    assert (shapes["second"].dtype, shapes["second"].dims) == ("bf16", (4,))
+    assert shapes["ag"].dims == (16,)
+    assert shapes["rs"].dims == (8, 8)
+    assert shapes["d"].dims == (16, 16)
