@@ -36,7 +36,7 @@ def test_tune_hlo_json_contract(capsys):
 
 def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
     out_dir = tmp_path / "out"
-    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2,model=4",
+    assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2,model=4",
                      "--hardware", "h100-sxm-8", "--out", str(out_dir)]) == 0
     text = capsys.readouterr().out
     assert "lagom-jax plan for" in text and "XLA_FLAGS" in text and "predicted gain" in text
@@ -52,18 +52,18 @@ def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
     "argv, message",
     [
         (["tune", "--example", "--hardware", "h10"], "unknown hardware 'h10'"),
-        (["tune", "--model", "gpt2", "--config", "tiny", "--hardware", "h10"], "unknown hardware 'h10'"),
+        (["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--hardware", "h10"], "unknown hardware 'h10'"),
         (["tune", "--example", "--strategy", "exhaustive"], "exhaustive search"),
         (["simulate", "--example", "--nodes", "0"], "--nodes must be positive"),
         (["tune", "--example", "--model", "gpt2"], "not several"),
-        (["tune", "--model", "gpt2", "--config", "tiny", "--seq-len", "99"], "seq_len 99 outside"),
+        (["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--seq-len", "99"], "seq_len 99 outside"),
         (["tune", "--model", "gpt2", "--mesh", "data=two"], "data=two"),
         (["tune", "--model", "gpt2", "--batch-size", "-2"], "--batch-size must be positive, got -2"),
         (["tune", "--model", "bert", "--batch-size", "0"], "--batch-size must be positive, got 0"),
         (["tune", "--model", "t5", "--seq-len", "0"], "--seq-len must be positive, got 0"),
         (["advise", "--model", "gpt2", "--devices", "0"], "--devices must be positive, got 0"),
         (["advise", "--model", "gpt2", "--global-batch", "-1"], "--global-batch must be positive"),
-        (["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=3,model=4"], "has 12 devices"),
+        (["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=3,model=4"], "has 12 devices"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys):
@@ -152,6 +152,6 @@ def test_simulate_png_without_matplotlib_is_one_line(tmp_path, capsys, monkeypat
 
 
 def test_a_mesh_smaller_than_a_node_is_said(capsys):
-    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4",
+    assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4",
                      "--hardware", "h100-sxm-8", "--json"]) == 0
     assert "uses 4 of the 8 GPUs" in capsys.readouterr().err

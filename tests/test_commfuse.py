@@ -131,7 +131,7 @@ def test_tune_applies_the_choice_to_the_recipe():
 def test_the_plan_records_the_commfuse_decision(capsys):
     from lagom_jax import cli
 
-    args = ["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "model=4", "--recipe", "tp+sp",
+    args = ["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "model=4", "--recipe", "tp+sp",
             "--commfuse", "on", "--json"]
     assert cli.main(args) == 0
     out = json.loads(capsys.readouterr().out)

@@ -83,7 +83,7 @@ def test_the_plan_flag_for_the_latency_hiding_scheduler_changes_the_gpu_module(p
 
 
 def test_cli_tunes_the_gpu_module_and_reports_verification(capsys):
-    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4,model=2",
+    assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4,model=2",
                      "--hardware", "h100-sxm-8", "--json"]) == 0
     import json
 
@@ -97,7 +97,7 @@ def test_cli_falls_back_to_the_cpu_module_with_a_warning(monkeypatch, capsys):
         raise gpu_compile.DevicelessUnavailable("the CUDA PJRT plugin is not installed")
 
     monkeypatch.setattr(gpu_compile, "devices", unavailable)
-    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2,model=4",
+    assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2,model=4",
                      "--hardware", "h100-sxm-8", "--json"]) == 0
     captured = capsys.readouterr()
     assert "Falling back to XLA:CPU's module" in captured.err
@@ -113,13 +113,13 @@ def test_cli_falls_back_to_the_cpu_module_with_a_warning(monkeypatch, capsys):
     (["--mesh", "data=2,model=2", "--nodes", "2"], "has 4 devices but h100-sxm-8 with 2 node"),
 ])
 def test_cli_mesh_preset_and_nodes_must_agree(argv, message, capsys):
-    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--hardware", "h100-sxm-8", *argv]) == 2
+    assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--hardware", "h100-sxm-8", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mesh, n, nodes", [("data=8,model=2", 16, 2), ("data=32,model=2", 64, 8)])
 def test_cli_nodes_from_the_mesh_size(mesh, n, nodes, capsys):
-    assert cli.main(["tune", "--model", "gpt2", "--config", "tiny", "--mesh", mesh,
+    assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", mesh,
                      "--batch-size", "64", "--hardware", "h100-sxm-8", "--json"]) == 0
     import json
 
