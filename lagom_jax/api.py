@@ -310,7 +310,7 @@ class Tuned:
         step's own executable on a GPU host, else XLA's GPU pipeline deviceless for ``hw``;
         if that cannot be done, XLA:CPU's module stands in, with a warning of what it costs."""
         compiled = job.compile_source(job.StepSource(self._jitted, args, kwargs, baseline), hw,
-                                      log=print if self._verbose else job._quiet)
+                                      log=print if self._verbose else job.silent)
         for warning in compiled.warnings:
             warnings.warn(f"lagom-jax: {warning}", TuningWarning, stacklevel=4)
         return compiled.text

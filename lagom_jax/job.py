@@ -44,7 +44,7 @@ Log = Callable[[str], None]
 _AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp", "expert": "ep"}
 
 
-def _quiet(_: str) -> None:
+def silent(_: str) -> None:
     pass
 
 
@@ -141,7 +141,7 @@ class Job:
     def predicted_ms(self, strategy: str) -> float:
         return dict(self.plan.predicted_us)[strategy] / 1e3
 
-    def write(self, out: str | pathlib.Path, log: Log = _quiet) -> pathlib.Path:
+    def write(self, out: str | pathlib.Path, log: Log = silent) -> pathlib.Path:
         """Every artifact of the Plan in ``out``; returns the path of ``launch.sh``."""
         from lagom_jax import artifacts
 
@@ -271,7 +271,7 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
 
 
 def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_lib.HardwareProfile,
-                   log: Log = _quiet) -> Compiled:
+                   log: Log = silent) -> Compiled:
     """Step 1 of the pipeline: the module of ``source`` for the cluster ``hw``."""
     if isinstance(source, HloSource):
         return _compile_hlo(source, hw, log)
@@ -305,7 +305,7 @@ def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_
 
 def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.HardwareProfile, *,
         strategy: str = "lagom", baselines: tuple[str, ...] = planning.BASELINES,
-        verify: bool = True, structures: bool = False, log: Log = _quiet) -> Job:
+        verify: bool = True, structures: bool = False, log: Log = silent) -> Job:
     """The pipeline (module docstring): compile, read, plan (with ``structures``: also the
     loop structure, compile-in-the-loop), validate, verify.
 
