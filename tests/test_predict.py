@@ -107,3 +107,12 @@ def test_commands_print_no_cuda_start_up_noise(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "cudart_stub" not in proc.stderr and "absl::InitializeLog" not in proc.stderr
     assert "all-reduce" in proc.stdout
+
+
+@pytest.mark.parametrize("family,kw", [
+    ("mixtral", dict(experts=4, top_k=2, mesh={"fsdp": 8, "expert": 2})),
+    ("gpt", dict(kv_heads=4, mesh={"data": 2, "fsdp": 8})),
+])
+def test_every_family_compiles_for_the_cluster_and_predicts(family, kw):
+    args = {**SMALL, **kw}
+    assert lagom_jax.predict_train_step_ms(family, **args) > 0
