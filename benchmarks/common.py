@@ -67,3 +67,19 @@ def record_gpu_section(name: str, markdown: str, backend: str) -> bool:
         return False
     write_section(name, markdown)
     return True
+
+
+def json_from_child(module: str, *args: str, timeout_s: float = 1800) -> dict:
+    """``python -m module *args`` in a fresh process (its own peak RSS, and a compiler crash
+    costs one case): the last JSON object it prints, or {"failed": its last stderr line}."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout_s)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(lines[-1])
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import math
 import sys
 import time
 from typing import Any
@@ -35,10 +35,7 @@ def one(name: str) -> dict[str, Any]:
     from lagom_jax import hardware, job
 
     _, model, config, mesh, batch, seq, remat, preset = next(w for w in WORKLOADS if w[0] == name)
-    n = 1
-    for v in mesh.values():
-        n *= v
-    hw = hardware.get(preset, max(1, n // 8))
+    hw = hardware.get(preset, max(1, math.prod(mesh.values()) // 8))
     source = job.ModelSource(model, config, mesh, None, batch, seq, "bfloat16", remat, True, "flash")
     start = time.perf_counter()
     tuned = job.run(source, hw, structures=True, verify=False, baselines=("xla-default", "recipe"))
@@ -57,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(one(args.child)))
         return 0
-    from benchmarks.common import machine_line, write_section
+    from benchmarks.common import json_from_child, machine_line, write_section
 
     lines = ["## structures (predicted: the structure search on Llama-class steps)", "",
              f"Machine: {machine_line()}. Each workload compiled deviceless for its cluster (flash attention, "
@@ -66,13 +63,10 @@ def main(argv: list[str] | None = None) -> int:
              "`recipe` is the MaxText/JAX-Toolbox flag recipe as the passes model it.", ""]
     for w in WORKLOADS:
         print(f"[structures] {w[0]} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.structures", "--child", w[0]],
-                              capture_output=True, text=True, timeout=1800)
-        out = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode or not out:
-            lines += [f"### {w[0]}", "", f"failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}", ""]
+        r = json_from_child("benchmarks.structures", "--child", w[0])
+        if "failed" in r:
+            lines += [f"### {w[0]}", "", f"failed: {r['failed']}", ""]
             continue
-        r = json.loads(out[-1])
         lines += [f"### {r['name']}", "",
                   f"xla-default {r['xla_default_ms']:.1f} ms, recipe {r['recipe_ms']:.1f} ms, lagom "
                   f"{r['lagom_ms']:.1f} ms ({r['xla_default_ms'] / r['lagom_ms']:.3f}x over xla-default, "

@@ -25,9 +25,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -90,10 +90,7 @@ class Row:
 
     @property
     def gpus(self) -> int:
-        n = 1
-        for v in self.mesh.values():
-            n *= v
-        return n
+        return math.prod(self.mesh.values())
 
     def contract_kwargs(self) -> dict[str, Any]:
         m = dict(self.model)
@@ -171,10 +168,7 @@ def scale_one(case: Scale) -> dict[str, Any]:
     """Compile ``case`` deviceless for its cluster and tune it; times and peak RSS."""
     from lagom_jax import graph, hardware, job, planning
 
-    n = 1
-    for v in case.mesh.values():
-        n *= v
-    hw = hardware.get("h100-sxm-8", n // 8)
+    hw = hardware.get("h100-sxm-8", math.prod(case.mesh.values()) // 8)
     source = job.ModelSource(case.model, case.config, case.mesh, None, case.global_batch, case.seq_len,
                              "bfloat16", case.remat, True, "flash")
     start = time.perf_counter()
@@ -193,12 +187,9 @@ def scale_one(case: Scale) -> dict[str, Any]:
 
 
 def _in_child(kind: str, name: str, timeout_s: float = 900) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.workloads", "--child", kind, name],
-                          capture_output=True, text=True, timeout=timeout_s)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode or not lines:
-        return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300], "name": name}
-    return json.loads(lines[-1])
+    from benchmarks.common import json_from_child
+
+    return json_from_child("benchmarks.workloads", "--child", kind, name, timeout_s=timeout_s)
 
 
 def measured_section(rows: list[Row]) -> str:

@@ -42,10 +42,10 @@ from typing import Any
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import jax_internals
 
-__all__ = ["CPU_FALLBACK_LOSS", "CompileCrash", "CompiledStep", "DevicelessUnavailable",
+__all__ = ["CPU_FALLBACK_LOSS", "ChildAborted", "CompileCrash", "CompiledStep", "DevicelessUnavailable",
            "StepDevices", "compile_builtin", "compile_builtin_isolated", "compile_for_cluster",
            "devices",
-           "prepare", "step_devices", "target_config", "topology_string", "unavailable_reason"]
+           "prepare", "run_isolated", "step_devices", "target_config", "topology_string", "unavailable_reason"]
 
 # The CUDA 12 plugin (what lagom-jax installs) or CUDA 13's (newer jax on GPU hosts).
 _PLUGIN_MODULES = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
@@ -331,6 +331,43 @@ def compile_builtin(hw: hardware_lib.HardwareProfile, model: str, config: str, r
     return CompiledStep(built.compiled_text(compiler_options), target.where, target.warning)
 
 
+class ChildAborted(RuntimeError):
+    """A child process of :func:`run_isolated` died without an answer."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"status {status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+def run_isolated(module: str, spec: Mapping[str, Any], *, timeout_s: float) -> dict[str, Any]:
+    """``module._child(spec_path)`` in a fresh process limited to JAX's CPU platform; the JSON
+    object it writes beside the spec.
+
+    XLA's compilers abort the whole process on some inputs, which must cost the child, not
+    the caller. Raises TimeoutError past ``timeout_s`` and ChildAborted when the child ends
+    without an answer (``detail``: glog's fatal line, else the end of its stderr).
+    """
+    with tempfile.TemporaryDirectory(prefix="lagom-compile-") as tmp:
+        path = os.path.join(tmp, "spec.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(spec, fh)
+        # The child never needs a real GPU; on a GPU host this also keeps it off the GPUs.
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        try:
+            proc = subprocess.run([sys.executable, "-c", f"from {module} import _child; _child({path!r})"],
+                                  env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"the child took over {timeout_s:.0f} s") from None
+        out_path = path + ".out"
+        if proc.returncode or not os.path.exists(out_path):
+            # glog's fatal line: "F1122 03:20:49.438142 18858 file.cc:1615] message"
+            fatal = next((ln.partition("] ")[2] for ln in proc.stderr.splitlines()
+                          if ln.startswith("F") and "] " in ln), "")
+            raise ChildAborted(proc.returncode, fatal or proc.stderr[-300:])
+        with open(out_path, encoding="utf-8") as fh:
+            return json.load(fh)
+
+
 class CompileCrash(RuntimeError):
     """XLA's compiler killed the process that compiled a step (the step is valid; the
     compiler cannot compile it)."""
@@ -351,27 +388,13 @@ def compile_builtin_isolated(hw: hardware_lib.HardwareProfile, model: str, confi
     spec = {"hardware": hw.to_dict(), "model": model, "config": config, "recipe": recipe,
             "mesh": mesh, "build_kwargs": build_kwargs}
     what = f"{model} {config} {recipe} [{mesh}] {build_kwargs.get('dtype', '')}".rstrip()
-    with tempfile.TemporaryDirectory(prefix="lagom-compile-") as tmp:
-        path = os.path.join(tmp, "spec.json")
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(spec, fh)
-        # The child never needs a real GPU; on a GPU host this also keeps it off the GPUs.
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-        try:
-            proc = subprocess.run([sys.executable, "-c", "from lagom_jax.gpu_compile import _child; "
-                                   f"_child({path!r})"],
-                                  env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise CompileCrash(f"compiling {what} took over {timeout_s:.0f} s") from None
-        out_path = path + ".out"
-        if proc.returncode or not os.path.exists(out_path):
-            # glog's fatal line: "F1122 03:20:49.438142 18858 file.cc:1615] message"
-            fatal = next((ln.partition("] ")[2] for ln in proc.stderr.splitlines()
-                          if ln.startswith("F") and "] " in ln), "")
-            raise CompileCrash(f"XLA's compiler aborted on {what} (status {proc.returncode}): "
-                               f"{(fatal or proc.stderr[-300:]).strip()[:300]}")
-        with open(out_path, encoding="utf-8") as fh:
-            out = json.load(fh)
+    try:
+        out = run_isolated("lagom_jax.gpu_compile", spec, timeout_s=timeout_s)
+    except TimeoutError:
+        raise CompileCrash(f"compiling {what} took over {timeout_s:.0f} s") from None
+    except ChildAborted as e:
+        raise CompileCrash(f"XLA's compiler aborted on {what} (status {e.status}): "
+                           f"{e.detail.strip()[:300]}") from None
     if out["error"] is not None:
         raise ValueError(out["error"])
     if out["crash"] is not None:

@@ -32,11 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -291,25 +287,13 @@ def compile_unoptimized(text: str, hw: hardware_lib.HardwareProfile, *,
         return _compile_here(portable, hw, lay, options)
     spec = {"text": portable, "hardware": hw.to_dict(), "layout": dataclasses.asdict(lay),
             "options": dict(options or {})}
-    with tempfile.TemporaryDirectory(prefix="lagom-hlo-compile-") as tmp:
-        path = os.path.join(tmp, "spec.json")
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(spec, fh)
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the child never needs a real GPU
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-c", f"from lagom_jax.hlo_compile import _child; _child({path!r})"],
-                env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise HloCompileError(f"compiling the module took over {timeout_s:.0f} s") from None
-        out_path = path + ".out"
-        if proc.returncode or not os.path.exists(out_path):
-            fatal = next((ln.partition("] ")[2] for ln in proc.stderr.splitlines()
-                          if ln.startswith("F") and "] " in ln), "")
-            raise HloCompileError(f"XLA's compiler aborted (status {proc.returncode}): "
-                                  f"{_one_line(fatal or proc.stderr[-300:] or 'no message')}")
-        with open(out_path, encoding="utf-8") as fh:
-            out = json.load(fh)
+    try:
+        out = gpu_compile.run_isolated("lagom_jax.hlo_compile", spec, timeout_s=timeout_s)
+    except TimeoutError:
+        raise HloCompileError(f"compiling the module took over {timeout_s:.0f} s") from None
+    except gpu_compile.ChildAborted as e:
+        raise HloCompileError(f"XLA's compiler aborted (status {e.status}): "
+                              f"{_one_line(e.detail or 'no message')}") from None
     if out.get("unavailable"):
         raise gpu_compile.DevicelessUnavailable(out["unavailable"])
     if out.get("error"):

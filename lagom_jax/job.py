@@ -35,10 +35,12 @@ from typing import Any
 from lagom_jax import flags as flags_lib
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
+from lagom_jax import hlo
 from lagom_jax import planning
 from lagom_jax.plan import Plan
 
-__all__ = ["HloSource", "Job", "ModelSource", "StepSource", "compile_source", "mesh_cluster", "run"]
+__all__ = ["Compiled", "HloSource", "Job", "ModelSource", "StepSource", "compile_source", "mesh_cluster",
+           "plan_compiled", "run", "silent"]
 
 Log = Callable[[str], None]
 _AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp", "expert": "ep"}
@@ -124,6 +126,11 @@ class Compiled:
     decisions: tuple[tuple[str, str], ...] = ()
     # options -> HLO text of the same step compiled with them; None: cannot compile again.
     recompile: Callable[[Mapping[str, Any]], str] | None = None
+    # ``text`` already parsed, where compiling needed to read it (no second parse to plan).
+    module: hlo.Module | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def graph(self) -> graph_lib.StepGraph:
+        return graph_lib.from_module(self.module) if self.module is not None else graph_lib.from_hlo_text(self.text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,10 +261,11 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
     when it is larger than one node of ``hw`` and ``hw`` names one node)."""
     from lagom_jax import hlo_compile
 
-    unoptimized, why = hlo_compile.classify(src.text)
+    module = hlo.parse(src.text)
+    unoptimized, why = hlo_compile.classify(module)
     if not unoptimized:
-        return Compiled(src.text, src.where, hw)
-    n = hlo_compile.partitions(src.text, src.partitions)
+        return Compiled(src.text, src.where, hw, module=module)
+    n = hlo_compile.partitions(module, src.partitions)
     hw = mesh_cluster(hw, n, grow=True)
     base = dict(src.compiler_options)
     log(f"{src.where} is HLO before optimization ({why}); compiling it for {n}x {hw.gpu} "
@@ -314,8 +322,15 @@ def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.Har
     module before optimization XLA will not compile) and ``HloParseError`` for HLO it
     cannot read; ``flags.FlagError`` when the installed XLA rejects a planned flag.
     """
-    compiled = compile_source(source, hardware, log)
-    step = graph_lib.from_hlo_text(compiled.text)
+    return plan_compiled(compile_source(source, hardware, log), strategy=strategy, baselines=baselines,
+                         verify=verify, structures=structures, log=log)
+
+
+def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
+                  baselines: tuple[str, ...] = planning.BASELINES, verify: bool = True,
+                  structures: bool = False, log: Log = silent) -> Job:
+    """Steps 2-5 of the pipeline on a module already compiled (``compile_source``)."""
+    step = compiled.graph()
     hw = compiled.hardware
     log(f"hardware: {hw.name}; {len(step.collectives)} collectives, {len(step.tasks)} tasks; searching ...")
     planned = planning.plan(step, hw, strategy=strategy, baselines=baselines,

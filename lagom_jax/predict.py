@@ -159,8 +159,7 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
         raise gpu_compile.DevicelessUnavailable(
             f"{source.describe()} was not compiled for GPUs ({'; '.join(compiled.warnings)}); "
             "a prediction from XLA:CPU's module would not be a GPU prediction")
-    return job.run(job.HloSource(compiled.text, compiled.where), hw, strategy=strategy,
-                   baselines=("xla-default",), verify=False)
+    return job.plan_compiled(compiled, strategy=strategy, baselines=("xla-default",), verify=False)
 
 
 def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
@@ -184,13 +183,12 @@ def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardwar
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     options, cap = _split_flags(xla_flags)
-    unoptimized, why = hlo_compile.classify(text)
-    if not unoptimized and options:
+    unoptimized, why = hlo_compile.classify(text) if options else (True, "")
+    if not unoptimized:
         raise ValueError(f"{os.fspath(path)} is already compiled ({why}); flags that change the "
                          f"program ({', '.join(sorted(options))}) cannot apply to it")
+    # A module before optimization grows a one-node cluster to its device count (job.HloSource).
     hw = hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware
-    if unoptimized and nodes is None:
-        hw = _cluster(hw, hlo_compile.partitions(text))
     if cap is not None:
         hw = dataclasses.replace(hw, nccl_channels=min(max(cap, 1), hw.nccl_channels))
     source = job.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))

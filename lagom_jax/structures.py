@@ -88,7 +88,7 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
     cache: dict[tuple[str, tuple[XlaFlag, ...]], str] = {}
     source = hashlib.sha256(text.encode()).hexdigest()
     compiles, seconds = 0, 0.0
-    has_loop = any(t.trip_count > 1 for t in graph_lib.from_hlo_text(text).tasks)
+    has_loop = any(t.trip_count > 1 for t in planned.chosen.graph.tasks)
     chosen: tuple[XlaFlag, ...] = ()
     best_text, best = text, planned
     decisions: list[tuple[str, str]] = []

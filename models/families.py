@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .llama import Llama, Mixtral
-from .layers import (LOGITS, RESID, Block, BlockStyle, Embed, ModelConfig, Norm, weight,
-                     cross_entropy, normal)
+from .layers import (LOGITS, RESID, Block, BlockStyle, Embed, ModelConfig, Norm, block_layout,
+                     cross_entropy, next_token_batch, next_token_batch_shapes, normal, stack_init,
+                     weight)
 from .pipeline import Stack
 from .sharding import Layout
 
@@ -36,21 +37,8 @@ def _tiny(**kw: int) -> ModelConfig:
     return ModelConfig(**{**base, **kw})
 
 
-def _stack_init(block: Block, rng: jax.Array, n: int, *args: Any) -> Any:
-    """Initialise n layers at once; the stacked dimension gets the logical name 'layers'."""
-    boxed = jax.vmap(lambda r: block.init(r, *args)["params"])(jax.random.split(rng, n))
-    return jax.tree.map(lambda p: p.replace(names=("layers", *p.names)), boxed,
-                        is_leaf=lambda p: isinstance(p, nn.Partitioned))
-
-
 def _layer_fn(block: Block):
     return lambda p, h, enc, bias: block.apply({"params": p}, h, enc, bias)
-
-
-def _block_layout(layout: Layout, stack: Stack) -> Layout:
-    # Inside the pipeline's shard_map the stage axis is manual; there the activations
-    # follow the weights' shardings by propagation instead of explicit constraints.
-    return _NO_LAYOUT if stack.pipeline is not None else layout
 
 
 # ----------------------------------------------------------------------------- GPT-2
@@ -100,24 +88,22 @@ class GPT2:
         block = Block(cfg, GPT2_STYLE, dtype, _NO_LAYOUT)
         x = jnp.zeros((1, cfg.max_len, cfg.d_model), dtype)
         return {"outer": GPT2Outer(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
-                "blocks": _stack_init(block, r_blocks, cfg.layers, x)}
+                "blocks": stack_init(block, r_blocks, cfg.layers, x)}
 
     def loss(self, cfg: ModelConfig, params: Any, batch: dict, layout: Layout, stack: Stack,
              dtype: Any) -> jax.Array:
         outer = GPT2Outer(cfg, dtype, layout)
         po = {"params": params["outer"]}
-        block = Block(cfg, GPT2_STYLE, dtype, _block_layout(layout, stack))
+        block = Block(cfg, GPT2_STYLE, dtype, block_layout(layout, stack))
         x = outer.apply(po, batch["inputs"], method="embed")
         x = stack(_layer_fn(block), params["blocks"], x)
         return outer.apply(po, x, batch["targets"], method="loss")
 
     def batch_shapes(self, batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
-        s = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
-        return {"inputs": s, "targets": s}
+        return next_token_batch_shapes(batch_size, seq_len)
 
     def batch(self, cfg: ModelConfig, rng: jax.Array, batch_size: int, seq_len: int) -> dict:
-        tokens = jax.random.randint(rng, (batch_size, seq_len + 1), 0, cfg.vocab, jnp.int32)
-        return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+        return next_token_batch(cfg.vocab, rng, batch_size, seq_len)
 
 
 # ------------------------------------------------------------------------------ BERT
@@ -177,13 +163,13 @@ class BERT:
         block = Block(cfg, BERT_STYLE, dtype, _NO_LAYOUT)
         x = jnp.zeros((1, cfg.max_len, cfg.d_model), dtype)
         return {"outer": BERTOuter(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok, w)["params"],
-                "blocks": _stack_init(block, r_blocks, cfg.layers, x)}
+                "blocks": stack_init(block, r_blocks, cfg.layers, x)}
 
     def loss(self, cfg: ModelConfig, params: Any, batch: dict, layout: Layout, stack: Stack,
              dtype: Any) -> jax.Array:
         outer = BERTOuter(cfg, dtype, layout)
         po = {"params": params["outer"]}
-        block = Block(cfg, BERT_STYLE, dtype, _block_layout(layout, stack))
+        block = Block(cfg, BERT_STYLE, dtype, block_layout(layout, stack))
         x = outer.apply(po, batch["inputs"], method="embed")
         x = stack(_layer_fn(block), params["blocks"], x)
         return outer.apply(po, x, batch["targets"], batch["weights"], method="loss")
@@ -299,14 +285,14 @@ class T5:
         enc = Block(cfg, T5_ENC_STYLE, dtype, _NO_LAYOUT, std=std)
         dec = Block(cfg, T5_DEC_STYLE, dtype, _NO_LAYOUT, std=std)
         return {"outer": T5Outer(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
-                "enc_blocks": _stack_init(enc, r_enc, cfg.layers, x, None, bias),
-                "dec_blocks": _stack_init(dec, r_dec, cfg.dec_layers, x, x, bias)}
+                "enc_blocks": stack_init(enc, r_enc, cfg.layers, x, None, bias),
+                "dec_blocks": stack_init(dec, r_dec, cfg.dec_layers, x, x, bias)}
 
     def loss(self, cfg: ModelConfig, params: Any, batch: dict, layout: Layout, stack: Stack,
              dtype: Any) -> jax.Array:
         outer = T5Outer(cfg, dtype, layout)
         po = {"params": params["outer"]}
-        blay = _block_layout(layout, stack)
+        blay = block_layout(layout, stack)
         std = cfg.d_model ** -0.5
         enc = Block(cfg, T5_ENC_STYLE, dtype, blay, std=std)
         dec = Block(cfg, T5_DEC_STYLE, dtype, blay, std=std)

@@ -268,3 +268,34 @@ def cross_entropy(logits: jax.Array, targets: jax.Array,
         return jnp.mean(nll)
     w = weights.astype(jnp.float32)
     return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+# ---------------------------------------------------------------- shared by the families
+
+def stack_init(block: nn.Module, rng: jax.Array, n: int, *args: Any) -> Any:
+    """Initialise n layers at once; the stacked dimension gets the logical name 'layers'."""
+    boxed = jax.vmap(lambda r: block.init(r, *args)["params"])(jax.random.split(rng, n))
+    return jax.tree.map(lambda p: p.replace(names=("layers", *p.names)), boxed,
+                        is_leaf=lambda p: isinstance(p, nn.Partitioned))
+
+
+def block_layout(layout: Layout, stack: Any) -> Layout:
+    """The layout inside a layer stack. Inside the pipeline's shard_map the stage axis is
+    manual; there the activations follow the weights' shardings by propagation instead of
+    explicit constraints, and only the choice of attention carries over."""
+    if stack.pipeline is None:
+        return layout
+    return dataclasses.replace(Layout(), attention=layout.attention)
+
+
+def next_token_batch_shapes(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """A decoder's batch: input tokens and the next tokens as targets."""
+    s = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+    return {"inputs": s, "targets": s}
+
+
+def next_token_batch(vocab: int, rng: jax.Array, batch_size: int, seq_len: int) -> dict[str, jax.Array]:
+    """A synthetic decoder batch: random tokens, the targets shifted by one."""
+    tokens = jax.random.randint(rng, (batch_size, seq_len + 1), 0, vocab, jnp.int32)
+    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from . import attention
-from .layers import HEADS, HIDDEN, LOGITS, RESID, ModelConfig, Norm, cross_entropy, normal, weight
+from .layers import (HEADS, HIDDEN, LOGITS, RESID, ModelConfig, Norm, block_layout, cross_entropy,
+                     next_token_batch, next_token_batch_shapes, normal, stack_init, weight)
 from .pipeline import Stack
 from .sharding import Layout
 
@@ -210,12 +211,6 @@ class LlamaOuter(nn.Module):
         return self.loss(self.embed(tokens), targets)
 
 
-def _stack_init(block: nn.Module, rng: jax.Array, n: int, x: jax.Array) -> Any:
-    boxed = jax.vmap(lambda r: block.init(r, x)["params"])(jax.random.split(rng, n))
-    return jax.tree.map(lambda p: p.replace(names=("layers", *p.names)), boxed,
-                        is_leaf=lambda p: isinstance(p, nn.Partitioned))
-
-
 def _llama(**kw: Any) -> ModelConfig:
     return ModelConfig(**{"head_dim": 128, **kw})
 
@@ -244,25 +239,22 @@ class Llama:
         tok = jnp.zeros((1, 8), jnp.int32)
         x = jnp.zeros((1, 8, cfg.d_model), dtype)
         return {"outer": LlamaOuter(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
-                "blocks": _stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT), r_blocks, cfg.layers, x)}
+                "blocks": stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT), r_blocks, cfg.layers, x)}
 
     def loss(self, cfg: ModelConfig, params: Any, batch: dict, layout: Layout, stack: Stack,
              dtype: Any) -> jax.Array:
         outer = LlamaOuter(cfg, dtype, layout)
         po = {"params": params["outer"]}
-        inner = layout if stack.pipeline is None else dataclasses.replace(_NO_LAYOUT, attention=layout.attention)
-        block = LlamaBlock(cfg, dtype, inner)
+        block = LlamaBlock(cfg, dtype, block_layout(layout, stack))
         x = outer.apply(po, batch["inputs"], method="embed")
         x = stack(lambda p, h, enc, bias: block.apply({"params": p}, h), params["blocks"], x)
         return outer.apply(po, x, batch["targets"], method="loss")
 
     def batch_shapes(self, batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
-        s = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
-        return {"inputs": s, "targets": s}
+        return next_token_batch_shapes(batch_size, seq_len)
 
     def batch(self, cfg: ModelConfig, rng: jax.Array, batch_size: int, seq_len: int) -> dict:
-        tokens = jax.random.randint(rng, (batch_size, seq_len + 1), 0, cfg.vocab, jnp.int32)
-        return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+        return next_token_batch(cfg.vocab, rng, batch_size, seq_len)
 
 
 @dataclasses.dataclass(frozen=True)
