@@ -39,6 +39,16 @@ def test_gemm_time_grows_with_size_and_falls_with_sms():
         kernels.gemm_time_us(-1, 2, 3, A100)
 
 
+def test_a_partial_wave_of_tiles_costs_a_whole_wave():
+    # 12 x 11 = 132 tiles of 256 x 128 fill H100's 132 SMs once; 7 x 19 = 133 tiles need a
+    # second wave (or smaller tiles in more waves), so the matmul with 0.8% more work takes
+    # far longer. Fractional waves would make it 1.008x.
+    full = kernels.gemm_time_us(256 * 12, 128 * 11, 8192, H100)
+    one_more = kernels.gemm_time_us(256 * 7, 128 * 19, 8192, H100)
+    assert H100.sm_count == 132
+    assert one_more / full > 1.3
+
+
 def test_compute_time_uses_the_shape_model_for_matmuls():
     flops = 2.0 * 4096 * 4096 * 64
     nbytes = 2.0 * (4096 * 64 * 2 + 4096 * 4096)
