@@ -98,10 +98,20 @@ def _policy_params(ev: Evaluator, structure: Structure, policy: str) -> dict[int
     """Per-collective params of the combined graph under a simple policy."""
     out = {}
     for t in ev.tuned(structure):
+        default = ev.default(t)
         if policy == "nccl":
-            out[t.id] = ev.default(t)
-        else:  # "fastest": AutoCCL's objective, the collective's own duration
-            out[t.id] = min(ev.candidates(t), key=lambda p, t=t: ev.time(t, p))
+            out[t.id] = default
+            continue
+        # "fastest": AutoCCL's objective, the collective's own duration.
+        fastest = min(ev.candidates(t), key=lambda p, t=t: ev.time(t, p))
+        # "fastest-floored": the same, but NCCL's own choice stays unless the fastest
+        # beats it by more than the model's error on its time (``Space.min_gain``), the
+        # floor lagom's own changes meet: a plan asks for 64 channels on a few KiB only
+        # with a predicted gain it can show.
+        if policy == "fastest-floored" and not _better(ev.time(t, fastest),
+                                                        ev.time(t, default) * (1 - ev.space.min_gain)):
+            fastest = default
+        out[t.id] = fastest
     return out
 
 
@@ -184,7 +194,7 @@ class _Seed:
 
     label: str
     structure: Structure
-    policy: str  # "nccl" (NCCL's own pick) or "fastest" (AutoCCL's objective)
+    policy: str  # "nccl" (NCCL's own pick), "fastest" (AutoCCL's objective) or "fastest-floored"
     makespan_us: float
     params: Mapping[int, CollectiveParams]
 
@@ -215,7 +225,7 @@ def _best_seed(ev: Evaluator) -> _Seed:
     for label, s0, policy in (
         ("xla-default", xla_default_structure(ev.hw), "nccl"),
         ("recipe", RECIPE_STRUCTURE, "nccl"),
-        ("autoccl", xla_default_structure(ev.hw), "fastest"),
+        ("autoccl", xla_default_structure(ev.hw), "fastest-floored"),
     ):
         s = _base_structure(ev.space, s0)
         params = _policy_params(ev, s, policy)
