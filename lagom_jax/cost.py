@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import math
 
-from lagom_jax import kernels
+from lagom_jax import collective_tables, kernels
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.params import MAX_CHANNELS, CollectiveParams
 
@@ -104,6 +104,18 @@ class CostConfig:
     hbm_bytes_per_bus_byte: float = 2.0
     # Compute keeps at least this share of HBM bandwidth however much comm wants.
     min_hbm_share: float = 0.1
+    # Anchor a collective inside one node to the measured time of NCCL's own choice
+    # (``collective_tables``: XLA's tables for H100/B200, nccl-tests for A100); False is
+    # NCCL's model alone.
+    measured_tables: bool = True
+    # What one channel beyond those that get work costs (us): NCCL never splits a
+    # collective below nthreads x bytes-per-thread per channel (``topoGetAlgoInfo``: 32 KiB
+    # for Simple), so a channel forced on a smaller share has no data, adds no bandwidth,
+    # and still launches a CTA that joins the kernel's end. The value is what NCCL's own
+    # rule implies: it stops adding channels where one more CTA saves 32 KiB / (24
+    # channels x 10-15 GB/s) = 0.09-0.14 us (A100/H100), so a CTA costs about that. No
+    # published channel sweep measures it.
+    idle_channel_us: float = 0.1
 
     def lookup(self, table: tuple[tuple[str, object], ...], key: str):  # noqa: ANN201 - generic row
         for k, v in table:
@@ -264,7 +276,34 @@ def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
     if group_size <= 1:
         return hw.launch_us
     return _time_from_terms(nbytes, group_size, params, _size_free_terms(kind, group_size, nodes, params, hw, cfg),
-                            hw, cfg)
+                            hw, cfg) * measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
+
+
+def measured_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                   cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """Measured over modelled time of NCCL's own choice for this collective
+    (``collective_tables``), the factor every candidate's time is scaled by; 1 for groups
+    spanning nodes, without a table, or with ``measured_tables`` off."""
+    if not cfg.measured_tables or nodes > 1 or group_size <= 1 or nbytes <= 0 or not hw.collective_table:
+        return 1.0
+    a = _anchor(kind, group_size, hw, cfg)
+    if a is None:
+        return 1.0
+    size = nbytes * a.scale
+    if size < a.smallest[0]:
+        return a.smallest[1] / _raw_default_us(a.kind, size, a.ranks, hw, cfg)
+    return collective_tables.interpolate(a.points, math.log(size))
+
+
+def _raw_default_us(kind: str, nbytes: float, n: int, hw: HardwareProfile, cfg: CostConfig) -> float:
+    """The model alone under NCCL's own choice, inside one node."""
+    return default_time_us(kind, nbytes, n, 1, hw.with_nodes(1), dataclasses.replace(cfg, measured_tables=False))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _anchor(kind: str, group_size: int, hw: HardwareProfile, cfg: CostConfig) -> collective_tables.Anchor | None:
+    return collective_tables.anchor(hw.collective_table, kind, group_size,
+                                    lambda k, b, n: _raw_default_us(k, b, n, hw, cfg))
 
 
 _Terms = tuple[float, float, float, float, int, float, "float | None"]
@@ -296,10 +335,21 @@ def _time_from_terms(nbytes: float, n: int, params: CollectiveParams, terms: _Te
     if lat_factor is not None and nbytes / (params.nchannels * n) >= 64:
         lat *= lat_factor
     wire = nbytes * bus
-    per_channel = wire / params.nchannels
+    busy = working_channels(nbytes, n, params)
+    bw = min(bw, busy * one_ch)
+    per_channel = wire / busy
     chunks = math.ceil(per_channel / params.chunk_bytes)
     fill = min(params.chunk_bytes, per_channel / steps) / one_ch
-    return hw.launch_us + lat + wire / bw + chunks * hop * cfg.chunk_sync_fraction + fill
+    return (hw.launch_us + lat + wire / bw + chunks * hop * cfg.chunk_sync_fraction + fill
+            + (params.nchannels - busy) * cfg.idle_channel_us)
+
+
+def working_channels(nbytes: float, n: int, params: CollectiveParams) -> int:
+    """Channels that get data: NCCL gives each channel at least nthreads x bytes-per-thread
+    (``_BYTES_PER_THREAD``; ring LL x ranks), the rule by which it cuts its own channel
+    count for small messages (``nccl_default_params``)."""
+    thr = _BYTES_PER_THREAD[params.protocol] * (n if params.protocol == "LL" and params.algorithm == "ring" else 1)
+    return max(1, min(params.nchannels, int(nbytes // (params.nthreads * thr))))
 
 
 def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
@@ -424,9 +474,10 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
     # The size-free candidates are timed from their tabulated terms (no cache lookup per
     # candidate); NCCL's pick, when it is not one of them, through collective_time_us.
     out = []
+    ratio = measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
     for p, terms in _size_free_table(kind, group_size, nodes, hw, cfg):
         _check_args(kind, nbytes, group_size, nodes, p)
-        out.append((p, _time_from_terms(nbytes, group_size, p, terms, hw, cfg)))
+        out.append((p, _time_from_terms(nbytes, group_size, p, terms, hw, cfg) * ratio))
     if len(out) < len(cands):
         i = next((i for i, (p, _) in enumerate(out) if p != cands[i]), len(out))
         out.insert(i, (cands[i], collective_time_us(kind, nbytes, group_size, nodes, cands[i], hw, cfg)))

@@ -24,6 +24,8 @@ import math
 import os
 from typing import Any, Literal
 
+from lagom_jax import collective_tables
+
 Arch = Literal["volta", "ampere", "hopper", "blackwell"]
 LinkKind = Literal["nvlink", "pcie"]
 # In NCCL's order of compute capabilities (src/graph/tuning.cc: Volta, Ampere, Hopper,
@@ -81,6 +83,10 @@ class HardwareProfile:
     # far below the matmul rate. Measured with FlashAttention-2's benchmark (causal, batch
     # 2, sequence 8192) where published. 0: unknown, timed at ``achieved_tflops``.
     attention_tflops: float = 0.0
+    # Measured collective times inside one node of this kind of system
+    # (``collective_tables``, a table of ``data/collective_times.csv``) that anchor the
+    # collective model; empty: the model alone.
+    collective_table: str = ""
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -103,6 +109,9 @@ class HardwareProfile:
                              f"got {self.sm_share_per_channel}")
         if self.launch_us < 0:
             raise ValueError(f"hardware {self.name!r}: launch_us must be >= 0, got {self.launch_us}")
+        if self.collective_table and self.collective_table not in collective_tables.tables():
+            raise ValueError(f"hardware {self.name!r}: unknown collective_table {self.collective_table!r} "
+                             f"(known: {', '.join(collective_tables.tables())})")
         if self.nccl_channels > self.sm_count:
             raise ValueError(f"hardware {self.name!r}: nccl_channels {self.nccl_channels} exceeds sm_count {self.sm_count}")
 
@@ -220,6 +229,9 @@ PRESETS: dict[str, HardwareProfile] = {
         # Azure_Results/ND_A100_v4_results.md).
         attention_tflops=179.5,
         xla_target="a100_sxm_80",
+        # nccl-tests all-reduce on 2/4/8 A100 SXM4 40GB of Azure ND A100 v4: the same
+        # NVLink 3 / NVSwitch fabric (NetX-lab/Echo's logs).
+        collective_table="a100-nvswitch",
     ),
     "h100-sxm-8": HardwareProfile(
         name="h100-sxm-8",
@@ -247,6 +259,7 @@ PRESETS: dict[str, HardwareProfile] = {
         # "Azure Results/ND_H100_v5_results.md").
         attention_tflops=327.9,
         xla_target="h100_sxm",
+        collective_table="h100-nvswitch",  # XLA's measured sm_90 table, 8 GPUs of one host
     ),
     "a40-pcie-8": HardwareProfile(
         name="a40-pcie-8",
@@ -338,6 +351,8 @@ PRESETS: dict[str, HardwareProfile] = {
         # Azure_Results/ND_H200_v5_results.md).
         attention_tflops=329.3,
         xla_target="h200",  # XLA's own H200 description (h200.txtpb)
+        # XLA has no H200 table: H100's (the same NVLink 4 and NVSwitch) stands in (assumption).
+        collective_table="h100-nvswitch",
     ),
     # DGX B200 / HGX B200: 8x B200 (1,440 GB of HBM3e per DGX), 2x NVSwitch (NVLink 5, 1.8
     # TB/s per GPU), 8x ConnectX-7 400 Gb/s for the compute fabric (NVIDIA DGX B200
@@ -387,6 +402,7 @@ PRESETS: dict[str, HardwareProfile] = {
         # HGX B200 measurement was published.
         attention_tflops=373.9,
         xla_target="b200",
+        collective_table="b200-nvswitch",  # XLA's measured sm_100_B200 table, 8 GPUs of one host
     ),
 }
 

@@ -34,8 +34,8 @@ Ranks are laid out as Megatron does: tensor parallel innermost, then data, then 
 so a group spans nodes when its stride times its size passes a node. Collectives take the
 project's NCCL model (`cost.collective_time_us` under NCCL's own parameters); groups that
 run side by side on one node share its network. Inside one node of a preset with measured
-all-reduces (A100: nccl-tests logs of NetX-lab/Echo) the model's time is scaled by the
-measured / modelled ratio at that size (`measured_ratio`).
+collective times (A100: nccl-tests logs of NetX-lab/Echo; H100/B200: XLA's tables) the
+model's time is the measured one (`cost.measured_ratio`).
 
 Eager execution (`Eager`): PyTorch launches every kernel from Python; when kernels are
 shorter than their launch the GPU waits, so each phase takes at least
@@ -45,11 +45,9 @@ compute kernels' modelled times to what an eager training step reaches.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import math
-import pathlib
 from typing import Literal
 
 from lagom_jax import cost as cost_lib
@@ -261,49 +259,6 @@ class _Phase:
         return max(gpu, self.kernels * eager.host_us_per_kernel)
 
 
-# Measured all-reduce times inside one node, by preset: nccl-tests on A100 SXM (NVSwitch)
-# from NetX-lab/Echo's logs. The NCCL model is 13-36% optimistic at 1-64 MiB there
-# (benchmarks/fidelity.py), the sizes of tensor-parallel activations.
-MEASURED_ALLREDUCE = {"a100-sxm-8": pathlib.Path(__file__).parent / "data" / "a100_allreduce_1node.csv"}
-
-
-@functools.lru_cache(maxsize=None)
-def _measured_points(hw: HardwareProfile, ranks: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(log sizes, measured / modelled time) of the all-reduces measured on ``ranks`` GPUs
-    of one node of ``hw``'s preset; empty when none were."""
-    path = MEASURED_ALLREDUCE.get(hw.name)
-    if path is None:
-        return (), ()
-    one = hw.with_nodes(1)
-    points = []
-    for line in path.read_text().splitlines():
-        if line.startswith("#") or line.startswith("ranks") or not line.strip():
-            continue
-        n, size, us = line.split(",")
-        if int(n) != ranks:
-            continue
-        model = cost_lib.default_time_us("all-reduce", int(size), ranks, 1, one)
-        points.append((math.log(int(size)), float(us) / model))
-    points.sort()
-    return tuple(p[0] for p in points), tuple(p[1] for p in points)
-
-
-def measured_ratio(hw: HardwareProfile, ranks: int, nbytes: float) -> float:
-    """Measured over modelled all-reduce time at ``nbytes`` on ``ranks`` GPUs of one node,
-    interpolated in log size (clamped at the ends); 1 where nothing was measured."""
-    xs, ys = _measured_points(hw, ranks)
-    if not xs or nbytes <= 0:
-        return 1.0
-    x = math.log(nbytes)
-    j = bisect.bisect_left(xs, x)
-    if j == 0:
-        return ys[0]
-    if j == len(xs):
-        return ys[-1]
-    f = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
-    return ys[j - 1] + f * (ys[j] - ys[j - 1])
-
-
 def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
     """Nodes the first group of ``size`` ranks ``stride`` apart spans."""
     return len({(i * stride) // gpus_per_node for i in range(size)})
@@ -322,11 +277,7 @@ class _Cluster:
         nodes = group_nodes(size, stride, self.gpn)
         hw = self.hw
         # Groups side by side on a node share its network (cost.net_share).
-        t = cost_lib.default_time_us(kind, nbytes, size, nodes, hw)
-        if nodes == 1 and kind in ("all-reduce", "all-gather", "reduce-scatter"):
-            # An all-gather or reduce-scatter moves the bus bytes of an all-reduce of half its size.
-            t *= measured_ratio(hw, size, nbytes if kind == "all-reduce" else nbytes / 2)
-        return t
+        return cost_lib.default_time_us(kind, nbytes, size, nodes, hw)
 
     def tp(self, kind: str, nbytes: float) -> float:
         return self.time_us(kind, nbytes, self.run.tp, 1)
