@@ -1,0 +1,179 @@
+"""Collective times: the cost model against measured collectives, per source, before and after
+the measured anchor.
+
+Run: ``python -m benchmarks.collective_fidelity`` (a few seconds). Every point is one
+collective timed under NCCL's own choice of parameters; the prediction is
+``cost.default_time_us`` with the measured anchor off (``before``: NCCL's model alone) and
+on (``after``: ``collective_tables``). Sources:
+
+* **echo-a100**: nccl-tests all-reduce logs of NetX-lab/Echo, 2-8 A100 SXM4 40GB in one
+  node and 16-128 over 2-16 nodes of Azure ND A100 v4 (``benchmarks/data/nccl_tests_a100.md``),
+  predicted on ``a100-sxm-8``;
+* **xla-h100**, **xla-b200**: XLA's own measured tables (openxla/xla
+  ``default_collective_perf_table.txtpb``, ``sm_90`` and ``sm_100_B200``): all-reduce,
+  all-gather, reduce-scatter, all-to-all on groups of 2/4/8 of 8 GPUs
+  (``benchmarks/data/xla_collective_perf.md``), predicted on ``h100-sxm-8`` / ``b200-sxm-8``;
+* **published**: bus bandwidths other people measured on systems whose presets exist
+  (cited per point below), none of them in the anchor's tables.
+
+The single-node rows of echo-a100, xla-h100 and xla-b200 *are* the anchor, so "after"
+there is an interpolation check: it is judged only on the sizes left out of the table
+(every other power of two is dropped from it for this run, and the dropped sizes are
+predicted). Their multi-node rows and the published points are not in any table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import pathlib
+import statistics
+from collections import defaultdict
+
+from lagom_jax import collective_tables, cost, hardware
+
+from .common import machine_line, write_section
+
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+BEFORE = cost.CostConfig(measured_tables=False)
+AFTER = cost.CostConfig()
+XLA_TABLES = {"sm_90": ("xla-h100", "h100-sxm-8"), "sm_100_B200": ("xla-b200", "b200-sxm-8")}
+GiB = 1 << 30
+
+# (source, preset, nodes, ranks, kind, bytes, measured bus bandwidth GB/s, citation)
+PUBLISHED = (
+    ("published", "a100-sxm-8", 1, 8, "all-reduce", 16 << 20, 109.0, "Azure ND A100 v4, Azure/AI-benchmarking-guide"),
+    ("published", "a100-sxm-8", 1, 8, "all-reduce", GiB, 228.0, "Azure ND A100 v4, Azure/AI-benchmarking-guide"),
+    ("published", "a100-sxm-8", 1, 8, "all-reduce", 8 * GiB, 231.6, "Azure ND A100 v4, Azure/AI-benchmarking-guide"),
+    ("published", "a100-sxm-8", 1, 8, "all-reduce", GiB, 230.8, "AWS p4d, NVIDIA/nccl issue 527"),
+    ("published", "a100-sxm-8", 2, 16, "all-reduce", 8 * GiB, 192.0, "DGX A100 8x HDR, NVIDIA/nccl issue 812"),
+    ("published", "h100-sxm-8", 1, 8, "all-reduce", 16 << 20, 234.0, "Azure ND H100 v5 (NVLS)"),
+    ("published", "h100-sxm-8", 1, 8, "all-reduce", 128 << 20, 400.0, "Azure ND H100 v5 (NVLS)"),
+    ("published", "h100-sxm-8", 1, 8, "all-reduce", GiB, 466.0, "Azure ND H100 v5 (NVLS)"),
+    ("published", "h100-sxm-8", 1, 8, "all-reduce", 8 * GiB, 478.9, "Azure ND H100 v5 (NVLS)"),
+    ("published", "h100-sxm-8", 4, 32, "all-reduce", 8 * GiB, 330.9, "4x8 H100, 3.2 Tb/s IB, aigatech/vpbenchmarking"),
+    ("published", "h200-sxm-8", 1, 8, "all-reduce", 8 * GiB, 480.0, "Azure ND H200 v5 (NVLS)"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    source: str
+    preset: str
+    nodes: int
+    ranks: int
+    kind: str
+    nbytes: int
+    measured_us: float
+    in_table: bool  # a single-node row of a table the anchor reads
+
+
+def points() -> list[Point]:
+    out = []
+    with open(DATA / "nccl_tests_a100.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            n, size = int(r["ranks"]), int(r["size_bytes"])
+            if n > 1 and size >= 1024:
+                out.append(Point("echo-a100", "a100-sxm-8", int(r["nodes"]), n, "all-reduce", size,
+                                 float(r["time_us"]), r["nodes"] == "1"))
+    with open(DATA / "xla_collective_perf.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if r["arch"] not in XLA_TABLES or r["opcode"] == "collective-permute" or not r["time_us"]:
+                continue
+            n = int(r["devices_per_group"])
+            size = int(r["bytes"]) * (n if r["opcode"] == "reduce-scatter" else 1)
+            if 4096 <= size <= 2 * GiB:
+                source, preset = XLA_TABLES[r["arch"]]
+                out.append(Point(source, preset, 1, n, r["opcode"], size, float(r["time_us"]), True))
+    for source, preset, nodes, n, kind, size, busbw, _ in PUBLISHED:
+        out.append(Point(source, preset, nodes, n, kind, size,
+                         size * cost.bus_factor(kind, "ring", n) / (busbw * 1e3), False))
+    return out
+
+
+def _held_out(p: Point) -> bool:
+    """Sizes dropped from the anchor for this run: odd powers of two (log2 size odd)."""
+    return round(math.log2(p.nbytes)) % 2 == 1
+
+
+def predict(p: Point, cfg: cost.CostConfig) -> float:
+    hw = hardware.get(p.preset, nodes=max(p.nodes, 1))
+    return cost.default_time_us(p.kind, p.nbytes, p.ranks, p.nodes, hw, cfg)
+
+
+def _without_held_out(rows: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    return [(b, us) for b, us in rows if round(math.log2(b)) % 2 == 0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.parse_args(argv)
+    pts = points()
+    before = {p: predict(p, BEFORE) for p in pts}
+    # After, on table rows: the anchor with every other size dropped, judged on those.
+    full = collective_tables._rows()
+    thinned = {t: {k: {n: collective_tables._monotone(_without_held_out(list(v))) for n, v in by_n.items()}
+                   for k, by_n in by_k.items()} for t, by_k in full.items()}
+    after = {p: predict(p, AFTER) for p in pts if not p.in_table}
+    collective_tables._rows.cache_clear()
+    cost._anchor.cache_clear()
+    original = collective_tables._rows
+    try:
+        collective_tables._rows = lambda: thinned  # type: ignore[assignment]
+        cost._anchor.cache_clear()
+        cost.collective_time_us.cache_clear()
+        cost.candidate_times.cache_clear()
+        after.update({p: predict(p, AFTER) for p in pts if p.in_table and _held_out(p)})
+    finally:
+        collective_tables._rows = original
+        cost._anchor.cache_clear()
+        cost.collective_time_us.cache_clear()
+        cost.candidate_times.cache_clear()
+    groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+    for p in pts:
+        scope = "one node" if p.nodes == 1 else "across nodes"
+        groups[(p.source, scope)].append(p)
+    lines = ["## collective_fidelity (collective times predicted against measured, per source)", "",
+             f"Machine: {machine_line()}. Prediction: `cost.default_time_us` under NCCL's own choice, before = "
+             "NCCL's model alone (`CostConfig(measured_tables=False)`), after = anchored to the measured tables "
+             "(`lagom_jax.collective_tables`). Error = predicted / measured - 1. On rows that are themselves in the "
+             "anchor's tables, *after* is judged on the odd powers of two with those sizes dropped from the "
+             "tables (an interpolation check); multi-node and published points are in no table.", "",
+             "| source | scope | points | before: median error | before: median abs | before: worst "
+             "| after: points | after: median error | after: median abs | after: worst |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def stats(errs: list[float]) -> str:
+        if not errs:
+            return "0 | - | - | -"
+        worst = max(errs, key=abs)
+        return (f"{len(errs)} | {statistics.median(errs):+.1%} | {statistics.median(abs(e) for e in errs):.1%} "
+                f"| {worst:+.0%}")
+
+    for (source, scope), ps in sorted(groups.items()):
+        b = [before[p] / p.measured_us - 1 for p in ps]
+        a = [after[p] / p.measured_us - 1 for p in ps if p in after]
+        lines.append(f"| {source} | {scope} | {stats(b).split(' | ', 1)[0]} | {stats(b).split(' | ', 1)[1]} | {stats(a)} |")
+    lines += ["", "By size band (all sources, points judged after):", "",
+              "| size | points | before: median error | after: median error | after: median abs |", "|---|---:|---:|---:|---:|"]
+    for name, lo, hi in (("< 1 MiB", 0, 1 << 20), ("1-64 MiB", 1 << 20, 64 << 20), (">= 64 MiB", 64 << 20, math.inf)):
+        sel = [p for p in pts if lo <= p.nbytes < hi and p in after]
+        if sel:
+            lines.append(f"| {name} | {len(sel)} | {statistics.median(before[p] / p.measured_us - 1 for p in sel):+.1%} "
+                         f"| {statistics.median(after[p] / p.measured_us - 1 for p in sel):+.1%} "
+                         f"| {statistics.median(abs(after[p] / p.measured_us - 1) for p in sel):.1%} |")
+    lines += ["", "Published points (bus bandwidth converted to time):", "",
+              "| system | GPUs | size | measured us | before | after | source |", "|---|---:|---:|---:|---:|---:|---|"]
+    for (_, preset, nodes, n, _kind, size, _bw, cite), p in zip(PUBLISHED, [p for p in pts if p.source == "published"]):
+        lines.append(f"| {preset} x{nodes} | {n} | {size / 2**20:.0f} MiB | {p.measured_us:.0f} "
+                     f"| {before[p] / p.measured_us - 1:+.0%} | {after[p] / p.measured_us - 1:+.0%} | {cite} |")
+    text = "\n".join(lines)
+    print(text)
+    write_section("collective_fidelity", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
