@@ -107,6 +107,12 @@ def _without_held_out(rows: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return [(b, us) for b, us in rows if round(math.log2(b)) % 2 == 0]
 
 
+def _clear_caches() -> None:
+    """Forget every time computed from the anchor's tables."""
+    for f in (cost._anchor, cost.collective_time_us, cost.candidate_times):
+        f.cache_clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.parse_args(argv)
@@ -117,20 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     thinned = {t: {k: {n: collective_tables._monotone(_without_held_out(list(v))) for n, v in by_n.items()}
                    for k, by_n in by_k.items()} for t, by_k in full.items()}
     after = {p: predict(p, AFTER) for p in pts if not p.in_table}
-    collective_tables._rows.cache_clear()
-    cost._anchor.cache_clear()
     original = collective_tables._rows
     try:
         collective_tables._rows = lambda: thinned  # type: ignore[assignment]
-        cost._anchor.cache_clear()
-        cost.collective_time_us.cache_clear()
-        cost.candidate_times.cache_clear()
+        _clear_caches()
         after.update({p: predict(p, AFTER) for p in pts if p.in_table and _held_out(p)})
     finally:
         collective_tables._rows = original
-        cost._anchor.cache_clear()
-        cost.collective_time_us.cache_clear()
-        cost.candidate_times.cache_clear()
+        _clear_caches()
     groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
     for p in pts:
         scope = "one node" if p.nodes == 1 else "across nodes"
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     for (source, scope), ps in sorted(groups.items()):
         b = [before[p] / p.measured_us - 1 for p in ps]
         a = [after[p] / p.measured_us - 1 for p in ps if p in after]
-        lines.append(f"| {source} | {scope} | {stats(b).split(' | ', 1)[0]} | {stats(b).split(' | ', 1)[1]} | {stats(a)} |")
+        lines.append(f"| {source} | {scope} | {stats(b)} | {stats(a)} |")
     lines += ["", "By size band (all sources, points judged after):", "",
               "| size | points | before: median error | after: median error | after: median abs |", "|---|---:|---:|---:|---:|"]
     for name, lo, hi in (("< 1 MiB", 0, 1 << 20), ("1-64 MiB", 1 << 20, 64 << 20), (">= 64 MiB", 64 << 20, math.inf)):
