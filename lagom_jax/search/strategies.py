@@ -255,8 +255,13 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
         elif what == "windowed-einsum":
             trial = dataclasses.replace(structure, windowed_einsum=True)
             ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
-            pairs = len(eligible_pairs(sev.graph))
-            if _better(ms, best_ms):
+            found = eligible_pairs(sev.graph)
+            pairs = len(found)
+            # A rewrite of whole collectives must gain more than the model's error on them
+            # (the floor every per-collective change meets), not a rounding of the step.
+            floor = ev.space.min_gain * sum(
+                sev.time(t, sev.default(t)) for t in (sev.graph.tasks[p.collective] for p in found))
+            if _better(ms, best_ms - floor):
                 notes.append(
                     f"windowed einsum (collective matmul) on: {pairs} all-gather/reduce-scatter + matmul "
                     f"pairs as ring steps beside partial matmuls, {best_ms:.1f} -> {ms:.1f} us"
@@ -266,7 +271,7 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
             else:
                 notes.append(
                     f"windowed einsum kept off: decomposing {pairs} pairs gives {ms:.1f} us, not better "
-                    f"than {best_ms:.1f} us"
+                    f"than {best_ms:.1f} us by the {floor:.1f} us floor (the model's error on their collectives)"
                 )
             continue
         elif value == structure.threshold_map[what]:
