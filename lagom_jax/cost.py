@@ -102,6 +102,10 @@ class CostConfig:
     # that memory-bound compute overlapped with a saturated all-reduce slows by ~40%,
     # the worst case of ISPASS'25, arXiv 2507.03114).
     hbm_bytes_per_bus_byte: float = 2.0
+    # NVLS: the switch reduces, so each GPU's HBM only serves its input once and takes the
+    # result once, 2 N bytes per 2(n-1)/n N bus bytes = n/(n-1) (8 GPUs; assumption from
+    # the data path of multimem load-reduce / store, not measured).
+    nvls_hbm_bytes_per_bus_byte: float = 8 / 7
     # Compute keeps at least this share of HBM bandwidth however much comm wants.
     min_hbm_share: float = 0.1
     # Anchor a collective inside one node to the measured time of NCCL's own choice
@@ -116,6 +120,12 @@ class CostConfig:
     # channels x 10-15 GB/s) = 0.09-0.14 us (A100/H100), so a CTA costs about that. No
     # published channel sweep measures it.
     idle_channel_us: float = 0.1
+    # NVLS all-reduce latency (us): NCCL's hwLat[NVLINK][NVLS] with base 0, one node
+    # (src/graph/tuning.cc); its time has no per-hop or per-chunk term in NCCL's model.
+    nvls_lat_us: float = 25.0
+    # Pipeline steps of an NVLS all-reduce that fill before data flows: a reduce through
+    # the switch (multimem load-reduce) and a broadcast back (multimem store).
+    nvls_steps: int = 2
 
     def lookup(self, table: tuple[tuple[str, object], ...], key: str):  # noqa: ANN201 - generic row
         for k, v in table:
@@ -160,8 +170,12 @@ def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: C
         raise ValueError(f"{kind}: nbytes must be >= 0, got {nbytes}")
     if group_size < 1 or nodes < 1 or nodes > group_size:
         raise ValueError(f"{kind}: need 1 <= nodes <= group_size, got nodes={nodes}, group_size={group_size}")
-    if params.algorithm == "tree" and kind != "all-reduce":
-        raise ValueError(f"{kind}: NCCL's tree algorithm exists only for all-reduce; use algorithm='ring'")
+    if params.algorithm != "ring" and kind != "all-reduce":
+        raise ValueError(f"{kind}: NCCL's {params.algorithm} algorithm is modelled only for all-reduce; "
+                         "use algorithm='ring'")
+    if params.algorithm == "nvls" and nodes > 1:
+        raise ValueError(f"{kind}: NVLS is modelled inside one NVLink domain only (NCCL runs it across "
+                         "nodes only with CollNet), got nodes={nodes}")
 
 
 def bus_factor(kind: str, algorithm: str, n: int) -> float:
@@ -205,6 +219,8 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
     if n <= 1:
         return 0.0, None
     intra_kind = hw.intra_link
+    if params.algorithm == "nvls":
+        return cfg.nvls_lat_us, None
     if params.algorithm == "tree":
         base = cfg.base_lat_tree[p]
         intra = cfg.lookup(cfg.hop_lat_tree, intra_kind)[p]
@@ -250,6 +266,11 @@ def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwarePr
     cta = cfg.ctas_per_search_channel
     ll_max = (cfg.lookup(cfg.ll_max_gbps, hw.arch) if nodes <= 1
               else cfg.ll_max_multinode_gbps[0 if nodes == 2 else 1])
+    if algorithm == "nvls":
+        if not hw.nvls_channels:
+            raise ValueError(f"{hw.name} has no NVLS (no NVSwitch of Hopper or newer)")
+        per_nvls = hw.nvls_busbw_gbps / hw.nvls_channels * min(1.0, nthreads / cfg.full_rate_threads[p])
+        return min(nc * per_nvls, hw.nvls_busbw_gbps)
     if algorithm == "tree":
         tree_ch = cfg.lookup(cfg.per_ch_tree, hw.arch)[col] / cta
         bw = min(nc * min(per_ch, tree_ch), cap) * cfg.tree_factor
@@ -322,8 +343,9 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
     one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg, share) * 1e3
     p = PROTOCOL_INDEX[params.protocol]
     hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
-    hop = cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
-    steps = ring_steps(kind, n) if params.algorithm == "ring" else 2 * max(n // nodes, 1)
+    hop = 0.0 if params.algorithm == "nvls" else cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
+    steps = (ring_steps(kind, n) if params.algorithm == "ring" else cfg.nvls_steps if params.algorithm == "nvls"
+             else 2 * max(n // nodes, 1))
     return (bus_factor(kind, params.algorithm, n), bw, one_ch, hop, steps,
             *_latency_parts(kind, n, nodes, params, hw, cfg))
 
@@ -347,7 +369,9 @@ def _time_from_terms(nbytes: float, n: int, params: CollectiveParams, terms: _Te
 def working_channels(nbytes: float, n: int, params: CollectiveParams) -> int:
     """Channels that get data: NCCL gives each channel at least nthreads x bytes-per-thread
     (``_BYTES_PER_THREAD``; ring LL x ranks), the rule by which it cuts its own channel
-    count for small messages (``nccl_default_params``)."""
+    count for small messages (``nccl_default_params``). NVLS always runs all its CTAs."""
+    if params.algorithm == "nvls":
+        return params.nchannels
     thr = _BYTES_PER_THREAD[params.protocol] * (n if params.protocol == "LL" and params.algorithm == "ring" else 1)
     return max(1, min(params.nchannels, int(nbytes // (params.nthreads * thr))))
 
@@ -369,17 +393,39 @@ _LL_CHUNK = 32 << 10
 _LL128_CHUNK = 576_000  # 4,915,200 B buffer / 8 steps x 120/128
 _SIMPLE_RING_CHUNK = 2 << 20  # 4 MiB buffer / 8 steps x 4 chunk steps
 _SIMPLE_OTHER_CHUNK = 512 << 10
+_NVLS_CHUNK = 128 << 10
 
 
-def _protocols(hw: HardwareProfile) -> tuple[str, ...]:
-    return ("LL", "LL128", "Simple") if hw.ll128_enabled else ("LL", "Simple")
+def _protocols(hw: HardwareProfile, algorithm: str) -> tuple[str, ...]:
+    """The protocols NCCL runs ``algorithm`` with here, under the cluster's NCCL_PROTO."""
+    own = ("Simple",) if algorithm == "nvls" else ("LL", "LL128", "Simple") if hw.ll128_enabled else ("LL", "Simple")
+    return tuple(p for p in own if hw.nccl_env.allows_protocol(p))
 
 
-def _algorithms(kind: str, n: int) -> tuple[str, ...]:
-    return ("tree", "ring") if kind == "all-reduce" and n > 2 else ("ring",)
+def _algorithms(kind: str, n: int, nodes: int, hw: HardwareProfile) -> tuple[str, ...]:
+    """The (algorithm, protocol) pairs NCCL may pick for this collective, in its scan
+    order (Tree, Ring, NVLS), under the cluster's NCCL settings; ValueError where those
+    settings leave none (NCCL fails such a call: "no algorithm/protocol available")."""
+    own = ["ring"]
+    if kind == "all-reduce":
+        if n > 2:
+            own.insert(0, "tree")
+        if hw.has_nvls and nodes <= 1 and n > 1:
+            own.append("nvls")
+    pairs = tuple((a, p) for a in own if hw.nccl_env.allows_algorithm(a) for p in _protocols(hw, a))
+    if not pairs:
+        raise ValueError(f"{kind} over {n} GPUs: the NCCL settings {hw.nccl_env.describe()} leave it no "
+                         f"algorithm and protocol NCCL can run ({', '.join(own)})")
+    return pairs
+
+
+def _default_threads(algorithm: str, protocol: str) -> int:
+    return 640 if algorithm == "tree" else _DEFAULT_THREADS[protocol]
 
 
 def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile) -> int:
+    if algorithm == "nvls":
+        return _NVLS_CHUNK
     if protocol == "LL":
         return _LL_CHUNK
     if protocol == "LL128":
@@ -399,15 +445,16 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
     its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
     then threads halved), and its default chunk size."""
     best: tuple[float, CollectiveParams] | None = None
-    for algo in _algorithms(kind, group_size):
-        for proto in _protocols(hw):
-            p = CollectiveParams(algo, proto, hw.nccl_channels, _default_chunk(kind, algo, proto, hw),
-                                 640 if algo == "tree" else _DEFAULT_THREADS[proto])
-            t = _nccl_estimate_us(kind, nbytes, group_size, nodes, p, hw, cfg)
-            if best is None or t < best[0]:
-                best = (t, p)
+    for algo, proto in _algorithms(kind, group_size, nodes, hw):
+        p = CollectiveParams(algo, proto, _init_channels(algo, hw), _default_chunk(kind, algo, proto, hw),
+                             _default_threads(algo, proto))
+        t = _nccl_estimate_us(kind, nbytes, group_size, nodes, p, hw, cfg)
+        if best is None or t < best[0]:
+            best = (t, p)
     assert best is not None
     p = best[1]
+    if p.algorithm == "nvls":
+        return p
     thr = _BYTES_PER_THREAD[p.protocol] * (group_size if p.protocol == "LL" and p.algorithm == "ring" else 1)
     nc, nt = p.nchannels, p.nthreads
     while nbytes < nc * nt * thr:
@@ -427,6 +474,12 @@ def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
     return collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
 
 
+def _init_channels(algorithm: str, hw: HardwareProfile) -> int:
+    """CTAs NCCL's communicator gives ``algorithm``: nvlsCTAs for NVLS, else the
+    communicator's channels (both capped by maxCTAs, ``hw.nccl_channels``)."""
+    return min(hw.nvls_channels, hw.nccl_channels) if algorithm == "nvls" else hw.nccl_channels
+
+
 _CHANNEL_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
@@ -436,7 +489,7 @@ def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
     allows here x a channel ladder (plus NCCL's count) up to the SMs available; for
     Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
     """
-    fixed = _size_free_candidates(kind, group_size, hw)
+    fixed = _size_free_candidates(kind, group_size, nodes, hw)
     default = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
     i = bisect.bisect_left(fixed, default)
     if i < len(fixed) and fixed[i] == default:
@@ -445,21 +498,25 @@ def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
 
 
 @functools.lru_cache(maxsize=1 << 10)
-def _size_free_candidates(kind: str, group_size: int, hw: HardwareProfile) -> tuple[CollectiveParams, ...]:
+def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwareProfile
+                          ) -> tuple[CollectiveParams, ...]:
     """``candidate_params`` without NCCL's pick, the only member that depends on the size
-    (sorting ~60 ordered dataclasses per collective size cost more than timing them)."""
+    (sorting ~60 ordered dataclasses per collective size cost more than timing them).
+    NVLS runs its communicator's CTAs whatever a call asks (NCCL), so it has one member."""
     max_nc = min(MAX_CHANNELS, hw.sm_count - 1)
     ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {min(hw.nccl_channels, max_nc)})
     out = set()
-    for algo in _algorithms(kind, group_size):
-        for proto in _protocols(hw):
-            chunk = _default_chunk(kind, algo, proto, hw)
-            nt = 640 if algo == "tree" else _DEFAULT_THREADS[proto]
-            for nc in ladder:
-                out.add(CollectiveParams(algo, proto, nc, chunk, nt))
-                if proto == "Simple":
-                    out.add(CollectiveParams(algo, proto, nc, chunk // 4, nt))
-                    out.add(CollectiveParams(algo, proto, nc, chunk, nt // 2 // 64 * 64))
+    for algo, proto in _algorithms(kind, group_size, nodes, hw):
+        chunk = _default_chunk(kind, algo, proto, hw)
+        nt = _default_threads(algo, proto)
+        if algo == "nvls":
+            out.add(CollectiveParams(algo, proto, _init_channels(algo, hw), chunk, nt))
+            continue
+        for nc in ladder:
+            out.add(CollectiveParams(algo, proto, nc, chunk, nt))
+            if proto == "Simple":
+                out.add(CollectiveParams(algo, proto, nc, chunk // 4, nt))
+                out.add(CollectiveParams(algo, proto, nc, chunk, nt // 2 // 64 * 64))
     return tuple(sorted(out))
 
 
@@ -489,7 +546,7 @@ def _size_free_table(kind: str, group_size: int, nodes: int, hw: HardwareProfile
                      ) -> tuple[tuple[CollectiveParams, _Terms], ...]:
     """The size-free candidates of one (kind, group) with their size-free terms."""
     return tuple((p, _size_free_terms(kind, group_size, nodes, p, hw, cfg))
-                 for p in _size_free_candidates(kind, group_size, hw))
+                 for p in _size_free_candidates(kind, group_size, nodes, hw))
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -531,10 +588,10 @@ def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: i
     """(SMs, HBM GB/s) a running collective takes from compute.
 
     SMs: the hardware's ``sm_share_per_channel`` per channel. HBM: ``hbm_bytes_per_bus_byte``
-    per bus byte at the collective's bus bandwidth.
+    (NVLS: ``nvls_hbm_bytes_per_bus_byte``) per bus byte at the collective's bus bandwidth.
     """
-    return (params.nchannels * hw.sm_share_per_channel,
-            busbw_gbps(params, hw, nodes, cfg) * cfg.hbm_bytes_per_bus_byte)
+    per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if params.algorithm == "nvls" else cfg.hbm_bytes_per_bus_byte
+    return params.nchannels * hw.sm_share_per_channel, busbw_gbps(params, hw, nodes, cfg) * per_bus_byte
 
 
 class ResourceTracker:

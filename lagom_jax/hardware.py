@@ -25,6 +25,7 @@ import os
 from typing import Any, Literal
 
 from lagom_jax import collective_tables
+from lagom_jax.nccl_env import NcclEnv
 
 Arch = Literal["volta", "ampere", "hopper", "blackwell"]
 LinkKind = Literal["nvlink", "pcie"]
@@ -87,6 +88,14 @@ class HardwareProfile:
     # (``collective_tables``, a table of ``data/collective_times.csv``) that anchor the
     # collective model; empty: the model alone.
     collective_table: str = ""
+    # NVLS (NVLink SHARP: the NVSwitch does the all-reduce's reduction, Hopper and newer):
+    # all-reduce busBw once saturated, and the CTAs NCCL gives it (``nvlsCTAs``, the same
+    # for every size). 0: the box has no NVLS.
+    nvls_busbw_gbps: float = 0.0
+    nvls_channels: int = 0
+    # The process-wide NCCL settings the cluster runs with (NCCL_ALGO, NCCL_PROTO,
+    # NCCL_NVLS_ENABLE); NCCL's defaults unless a user's run sets them.
+    nccl_env: NcclEnv = NcclEnv()
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -112,6 +121,16 @@ class HardwareProfile:
         if self.collective_table and self.collective_table not in collective_tables.tables():
             raise ValueError(f"hardware {self.name!r}: unknown collective_table {self.collective_table!r} "
                              f"(known: {', '.join(collective_tables.tables())})")
+        if not isinstance(self.nccl_env, NcclEnv):
+            raise ValueError(f"hardware {self.name!r}: nccl_env must be an NcclEnv, got {type(self.nccl_env).__name__}")
+        if self.nvls_busbw_gbps < 0 or (self.nvls_busbw_gbps > 0) != (self.nvls_channels > 0):
+            raise ValueError(f"hardware {self.name!r}: NVLS needs both nvls_busbw_gbps > 0 and nvls_channels "
+                             f">= 1 (or both 0), got {self.nvls_busbw_gbps} and {self.nvls_channels}")
+        if self.nvls_channels and (self.arch not in ("hopper", "blackwell") or self.intra_link != "nvlink"
+                                   or self.nvls_channels > self.sm_count):
+            raise ValueError(f"hardware {self.name!r}: NVLS exists only on NVSwitch systems of Hopper or "
+                             f"newer with at most sm_count CTAs (arch {self.arch}, link {self.intra_link}, "
+                             f"{self.nvls_channels} channels)")
         if self.nccl_channels > self.sm_count:
             raise ValueError(f"hardware {self.name!r}: nccl_channels {self.nccl_channels} exceeds sm_count {self.sm_count}")
 
@@ -163,7 +182,15 @@ class HardwareProfile:
                 f"hardware profile fields do not match: unknown {unknown}, missing {missing} "
                 f"(start from `HardwareProfile.to_json()` of a preset)"
             )
+        if isinstance(d.get("nccl_env"), dict):
+            env = d["nccl_env"]
+            d = {**d, "nccl_env": NcclEnv(**{k: tuple(v) if isinstance(v, list) else v for k, v in env.items()})}
         return cls(**d)
+
+    @property
+    def has_nvls(self) -> bool:
+        """Whether NCCL can run NVLS here under the cluster's settings (one NVLink domain)."""
+        return self.nvls_channels > 0 and self.nccl_env.allows_algorithm("nvls")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> HardwareProfile:
@@ -260,6 +287,10 @@ PRESETS: dict[str, HardwareProfile] = {
         attention_tflops=327.9,
         xla_target="h100_sxm",
         collective_table="h100-nvswitch",  # XLA's measured sm_90 table, 8 GPUs of one host
+        # NCCL's NVLS model: 8 NVLS heads x bwIntra 40 x efficiency 0.85 x 7/8 x 2 = 476
+        # (src/graph/tuning.cc); measured 478.9 @8GB (Azure ND H100 v5, AI-benchmarking-guide).
+        nvls_busbw_gbps=476.0,
+        nvls_channels=16,  # nvlsCTAs on sm_90; "16 nvls channels" in AWS p5 logs (nccl #1453)
     ),
     "a40-pcie-8": HardwareProfile(
         name="a40-pcie-8",
@@ -353,6 +384,10 @@ PRESETS: dict[str, HardwareProfile] = {
         xla_target="h200",  # XLA's own H200 description (h200.txtpb)
         # XLA has no H200 table: H100's (the same NVLink 4 and NVSwitch) stands in (assumption).
         collective_table="h100-nvswitch",
+        # Same NVSwitch as H100: NCCL's NVLS model gives 476; measured 482 with NVLS on
+        # (stas00/ml-engineering network/README), 480 @8GB (Azure ND H200 v5).
+        nvls_busbw_gbps=476.0,
+        nvls_channels=16,  # nvlsCTAs on sm_90
     ),
     # DGX B200 / HGX B200: 8x B200 (1,440 GB of HBM3e per DGX), 2x NVSwitch (NVLink 5, 1.8
     # TB/s per GPU), 8x ConnectX-7 400 Gb/s for the compute fabric (NVIDIA DGX B200
@@ -403,6 +438,10 @@ PRESETS: dict[str, HardwareProfile] = {
         attention_tflops=373.9,
         xla_target="b200",
         collective_table="b200-nvswitch",  # XLA's measured sm_100_B200 table, 8 GPUs of one host
+        # 8x B200 all-reduce busBw 839-846 @8-16GiB, above any ring: NVLS
+        # (stas00/ml-engineering network/README, NCCL 2.27.7).
+        nvls_busbw_gbps=840.0,
+        nvls_channels=24,  # nvlsCTAs on sm_100 inside one NVLink domain (src/init.cc)
     ),
 }
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-NcclAlgorithm = Literal["ring", "tree"]
+NcclAlgorithm = Literal["ring", "tree", "nvls"]
 NcclProtocol = Literal["LL", "LL128", "Simple"]
-ALGORITHMS: tuple[str, ...] = ("ring", "tree")
+# NVLS: NVLink SHARP, the reduction done by the NVSwitch (Hopper and newer), Simple only.
+ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls")
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
 # NCCL clamps CTAs per communicator to [1, MAXCHANNELS = 64] (NVIDIA/nccl src/init.cc,
@@ -36,6 +37,8 @@ class CollectiveParams:
             raise ValueError(f"unknown algorithm {self.algorithm!r} (known: {', '.join(ALGORITHMS)})")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r} (known: {', '.join(PROTOCOLS)})")
+        if self.algorithm == "nvls" and self.protocol != "Simple":
+            raise ValueError(f"NCCL runs NVLS with the Simple protocol only, got {self.protocol!r}")
         if not 1 <= self.nchannels <= MAX_CHANNELS:
             raise ValueError(f"nchannels must be in [1, {MAX_CHANNELS}], got {self.nchannels}")
         if self.chunk_bytes <= 0:

@@ -25,6 +25,7 @@ from typing import Any
 
 from lagom_jax import flags as flags_lib
 from lagom_jax import hardware as hardware_lib
+from lagom_jax.nccl_env import NcclEnv
 
 __all__ = ["COMPILE_PRICED_FLAGS", "predict_hlo_step_ms", "predict_train_step_ms", "train_step_job",
            "train_step_source"]
@@ -60,6 +61,18 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
                 f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}) or as "
                 f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))})")
     return options, cap
+
+
+def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
+                        nccl_env: Mapping[str, str] | None) -> hardware_lib.HardwareProfile:
+    """``hw`` running with the NCCL channel cap and NCCL environment of a prediction."""
+    if cap is not None:
+        if cap < 1:
+            raise ValueError(f"xla_gpu_nccl_collective_max_nchannels must be >= 1 to price, got {cap}")
+        hw = dataclasses.replace(hw, nccl_channels=min(cap, hw.nccl_channels))
+    if nccl_env:
+        hw = dataclasses.replace(hw, nccl_env=NcclEnv.from_environ(nccl_env))
+    return hw
 
 
 def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
@@ -115,6 +128,7 @@ def predict_train_step_ms(
     seq_len: int, global_batch: int, mesh: Mapping[str, int], hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
     dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
     xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default", scan: bool = True,
+    nccl_env: Mapping[str, str] | None = None,
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -122,7 +136,9 @@ def predict_train_step_ms(
     tied embedding); mesh: {"data": D, "fsdp": F, "model": T, "expert": E}, whose product is
     the number of GPUs; hardware: a preset (``nodes = GPUs / GPUs per node``); xla_flags:
     applied to the compile (and the NCCL channel cap to the cost model); a flag the cost
-    model cannot price is a ValueError naming it. strategy "xla-default": the program as XLA
+    model cannot price is a ValueError naming it. nccl_env: NCCL's process-wide settings
+    the run uses (``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_NVLS_ENABLE``; ``nccl_env.NcclEnv``),
+    which restrict NCCL's choice for every collective. strategy "xla-default": the program as XLA
     compiles it with ``xla_flags`` and NCCL's own choices; "lagom": as lagom-jax tunes it.
     scan (beyond the issue's contract, default as MaxText): layers under ``scan``, else
     unrolled (MaxText's ``scan_layers=False``).
@@ -135,13 +151,13 @@ def predict_train_step_ms(
     job = train_step_job(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ffn=ffn,
                          vocab=vocab, seq_len=seq_len, global_batch=global_batch, mesh=mesh,
                          hardware=hardware, dtype=dtype, remat=remat, experts=experts, top_k=top_k,
-                         xla_flags=xla_flags, strategy=strategy, scan=scan)
+                         xla_flags=xla_flags, strategy=strategy, scan=scan, nccl_env=nccl_env)
     return job.predicted_ms(strategy)
 
 
 def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
                    xla_flags: Mapping[str, Any] | None = None, strategy: str = "lagom",
-                   **dims: Any):
+                   nccl_env: Mapping[str, str] | None = None, **dims: Any):
     """The contract's step through the pipeline: a ``job.Job`` whose Plan holds the
     predicted step of ``strategy`` and of ``xla-default`` (``Job.predicted_ms``), and the
     compile and search behind them. ``dims``: the contract's other keywords."""
@@ -149,11 +165,7 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
 
     options, cap = _split_flags(xla_flags)
     source = train_step_source(family, **dims, compiler_options=options)
-    hw = _cluster(hardware, math.prod(source.shape().values()))
-    if cap is not None:
-        if cap < 1:
-            raise ValueError(f"xla_gpu_nccl_collective_max_nchannels must be >= 1 to price, got {cap}")
-        hw = dataclasses.replace(hw, nccl_channels=min(cap, hw.nccl_channels))
+    hw = _with_nccl_settings(_cluster(hardware, math.prod(source.shape().values())), cap, nccl_env)
     compiled = job.compile_source(source, hw)
     if compiled.warnings:
         raise gpu_compile.DevicelessUnavailable(
@@ -164,11 +176,11 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
 
 def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
                         nodes: int | None = None, xla_flags: Mapping[str, Any] | None = None,
-                        strategy: str = "xla-default") -> float:
+                        strategy: str = "xla-default", nccl_env: Mapping[str, str] | None = None) -> float:
     """Predicted milliseconds per step of the HLO module in ``path``.
 
     A module XLA has compiled is predicted as it is (``xla_flags`` must then be empty: they
-    cannot change a compiled program). A module before optimization (XLA's benchmark
+    cannot change a compiled program; ``nccl_env`` can). A module before optimization (XLA's benchmark
     modules, a dump's ``*.before_optimizations.txt``) is compiled deviceless for its device
     count on ``hardware`` (``nodes`` = that count / GPUs per node unless given) with
     ``xla_flags``, and the compiled module is predicted. strategy as for
@@ -188,9 +200,7 @@ def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardwar
         raise ValueError(f"{os.fspath(path)} is already compiled ({why}); flags that change the "
                          f"program ({', '.join(sorted(options))}) cannot apply to it")
     # A module before optimization grows a one-node cluster to its device count (job.HloSource).
-    hw = hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware
-    if cap is not None:
-        hw = dataclasses.replace(hw, nccl_channels=min(max(cap, 1), hw.nccl_channels))
+    hw = _with_nccl_settings(hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware, cap, nccl_env)
     source = job.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))
     return job.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False).predicted_ms(strategy)
 

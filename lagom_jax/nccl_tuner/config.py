@@ -157,8 +157,10 @@ class TunerRule:
 
         nthreads is not carried: NCCL lets no plugin set threads per call, only the global
         NCCL_NTHREADS / NCCL_LL128_NTHREADS (NVIDIA/nccl ``src/graph/tuning.cc``; the
-        plugin's ``getCollInfo`` in ``tuner_v6.h`` has no thread output).
+        plugin's ``getCollInfo`` in ``tuner_v6.h`` has no thread output). NVLS runs the
+        communicator's NVLS CTAs and chunks whatever a call asks, so its rule keeps NCCL's.
         """
+        nvls = params.algorithm == "nvls"
         return cls(
             kind=kind,
             min_bytes=min_bytes,
@@ -167,8 +169,8 @@ class TunerRule:
             nnodes=nnodes,
             algorithm=params.algorithm,
             protocol=params.protocol,
-            nchannels=params.nchannels,
-            chunk_bytes=params.chunk_bytes,
+            nchannels=0 if nvls else params.nchannels,
+            chunk_bytes=0 if nvls else params.chunk_bytes,
         )
 
     def matches(self, kind: str, nbytes: int, nranks: int, nnodes: int) -> bool:

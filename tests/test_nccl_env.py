@@ -1,0 +1,65 @@
+"""NCCL's process-wide settings as the cost model reads them (NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lagom_jax import hardware
+from lagom_jax.nccl_env import NcclEnv
+
+
+def test_nccl_list_syntax_is_read_as_nccl_reads_it():
+    env = NcclEnv.from_environ({"NCCL_ALGO": "NVLS,Ring", "NCCL_NVLS_ENABLE": "1"})
+    assert env.algorithms == ("ring", "nvls") and env.nvls
+    assert env.allows_algorithm("nvls") and not env.allows_algorithm("tree")
+    assert NcclEnv.from_environ({"NCCL_PROTO": "^LL128"}).protocols == ("LL", "Simple")
+    assert NcclEnv.from_environ({"NCCL_PROTO": "simple"}).protocols == ("Simple",)
+    # Algorithms the model does not price may be named beside ones it does.
+    assert NcclEnv.from_environ({"NCCL_ALGO": "Ring,PAT,CollnetDirect"}).algorithms == ("ring",)
+    off = NcclEnv.from_environ({"NCCL_NVLS_ENABLE": "0"})
+    assert not off.allows_algorithm("nvls") and off.allows_algorithm("ring")
+    assert NcclEnv.from_environ({}).is_default and NcclEnv().describe() == "NCCL's defaults"
+
+
+@pytest.mark.parametrize("env", [
+    {"NCCL_NVLS_ENABLE": "0", "NCCL_PROTO": "LL128"},
+    {"NCCL_ALGO": "Ring,Tree"},
+    {"NCCL_ALGO": "^Tree", "NCCL_PROTO": "^LL"},
+])
+def test_settings_round_trip_through_the_environment(env):
+    made = NcclEnv.from_environ(env)
+    assert NcclEnv.from_environ(made.as_environ()) == made
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"NCCL_ALGO": "allreduce:tree"}, "per-collective"),
+    ({"NCCL_ALGO": "Ring;allgather:ring"}, "per-collective"),
+    ({"NCCL_ALGO": "Rings"}, "unknown"),
+    ({"NCCL_PROTO": ""}, None),
+    ({"NCCL_PROTO": "^LL,LL128,Simple"}, "leaves nothing"),
+    ({"NCCL_ALGO": "PAT"}, "leaves nothing"),
+    ({"NCCL_ALGO": "NVLS", "NCCL_NVLS_ENABLE": "0"}, "leaves no algorithm"),
+    ({"NCCL_NVLS_ENABLE": "yes"}, "0, 1 or 2"),
+    ({"NCCL_BUFFSIZE": "1"}, "cannot be priced"),
+])
+def test_bad_settings_are_named(env, match):
+    if match is None:  # an empty value is NCCL's default
+        assert NcclEnv.from_environ(env).is_default
+        return
+    with pytest.raises(ValueError, match=match):
+        NcclEnv.from_environ(env)
+
+
+def test_a_profile_carries_its_settings_through_json(tmp_path):
+    hw = dataclasses.replace(hardware.get("h100-sxm-8"),
+                             nccl_env=NcclEnv.from_environ({"NCCL_PROTO": "^LL128", "NCCL_NVLS_ENABLE": "0"}))
+    path = tmp_path / "hw.json"
+    hw.save(path)
+    back = hardware.HardwareProfile.load(path)
+    assert back == hw and not back.has_nvls and hardware.get("h100-sxm-8").has_nvls
+    with pytest.raises(ValueError, match="NVLS exists only"):
+        dataclasses.replace(hardware.get("a100-sxm-8"), nvls_busbw_gbps=400.0, nvls_channels=16)
+    with pytest.raises(ValueError, match="both"):
+        dataclasses.replace(hardware.get("h100-sxm-8"), nvls_channels=0)
