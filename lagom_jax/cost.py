@@ -584,14 +584,17 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
 
 @functools.lru_cache(maxsize=1 << 12)
 def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,
-                      cfg: CostConfig = DEFAULT_COSTS) -> tuple[float, float]:
-    """(SMs, HBM GB/s) a running collective takes from compute.
+                      cfg: CostConfig = DEFAULT_COSTS, kind: str = "") -> tuple[float, float]:
+    """(SMs, HBM GB/s) a running ``kind`` collective takes from compute.
 
-    SMs: the hardware's ``sm_share_per_channel`` per channel. HBM: ``hbm_bytes_per_bus_byte``
-    (NVLS: ``nvls_hbm_bytes_per_bus_byte``) per bus byte at the collective's bus bandwidth.
+    SMs: the hardware's ``sm_share_per_channel`` per channel, none where the cluster's NCCL
+    settings hand the collective to the copy engines (``NcclEnv.copy_engine``). HBM:
+    ``hbm_bytes_per_bus_byte`` (NVLS: ``nvls_hbm_bytes_per_bus_byte``) per bus byte at the
+    collective's bus bandwidth, wherever it runs.
     """
+    sms = 0.0 if hw.nccl_env.copy_engine(kind, nodes) else params.nchannels * hw.sm_share_per_channel
     per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if params.algorithm == "nvls" else cfg.hbm_bytes_per_bus_byte
-    return params.nchannels * hw.sm_share_per_channel, busbw_gbps(params, hw, nodes, cfg) * per_bus_byte
+    return sms, busbw_gbps(params, hw, nodes, cfg) * per_bus_byte
 
 
 class ResourceTracker:

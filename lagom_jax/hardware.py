@@ -489,6 +489,22 @@ PRESETS["a4"] = dataclasses.replace(
     net_busbw_gbps=PRESETS["b200-sxm-8"].net_busbw_gbps,
 )
 
+# GB200 NVL72: 72 B200 GPUs (18 trays of 2 Grace + 4 B200) joined by NVLink 5 switches into
+# one NVLink domain of 1.8 TB/s per GPU (NVIDIA GB200 NVL72 datasheet). The cost model's
+# "node" is the NVLink domain, so a job of up to 72 GPUs is one node; NCCL runs NVLS across
+# the trays (multi-node NVLink). Numbers not published for the rack are the B200's.
+PRESETS["gb200-nvl72"] = dataclasses.replace(
+    PRESETS["b200-sxm-8"], name="gb200-nvl72", gpu="B200 (GB200 NVL72)", gpus_per_node=72,
+    # Datasheet: 720 PFLOP/s FP8 with sparsity for 72 GPUs = 5 dense FP8 per GPU, 2.5 dense BF16.
+    peak_tflops=2500.0,
+    # No MAMF row for GB200: the B200's measured/peak ratio at GB200's peak (assumption).
+    achieved_tflops=round(1745.0 * 2500.0 / 2250.0, 1),
+    # NVLink inside the rack is the B200's NVLink 5 through NVSwitch: B200's ring model and
+    # NVLS measurement stand in (assumption: no nccl-tests result across a whole NVL72 was
+    # found). Between racks: the B200 node's measured 8x 400 Gb/s stands in (assumption).
+    # nvlsCTAs on sm_100 across nodes of one NVLink domain: 32 (NVIDIA/nccl src/init.cc).
+    nvls_channels=32,
+)
 
 # GPU names (as in jax's ``device_kind``) -> the preset with that GPU's links and NCCL
 # tables; H800 shares the H100's Hopper tables, A800 the A100's. The first match wins, so

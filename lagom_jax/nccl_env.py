@@ -14,6 +14,15 @@ Only what the model distinguishes is accepted: the algorithms ``ring``, ``tree``
 any case). NCCL's other algorithms (CollNet, NVLSTree, PAT) are accepted in a list but
 price as nothing; a setting that leaves a collective no algorithm the model knows is a
 ValueError, as is NCCL 2.24's per-collective syntax (``allreduce:tree``), not priced yet.
+
+``NCCL_CTA_POLICY=2`` (NCCL 2.28's zero-CTA policy, ``NCCL_CTA_POLICY_ZERO``: "zero CTA
+whenever it can", docs.nvidia.com/deeplearning/nccl ``api/flags``) prices the collectives
+that only move data (``COPY_ENGINE_KINDS``) inside one NVLink domain as copy-engine
+transfers that hold no SM; their time is assumed unchanged (no published copy-engine
+bandwidth beside NCCL's). NCCL does this only on buffers registered as symmetric windows,
+which XLA asks for with ``--xla_gpu_experimental_enable_nccl_symmetric_buffers=true``; the
+price assumes both. Policy 1 (efficiency) is not priced: the model has no account of how
+NCCL trims CTAs under it.
 """
 
 from __future__ import annotations
@@ -25,7 +34,10 @@ from lagom_jax.params import ALGORITHMS, PROTOCOLS
 
 __all__ = ["NcclEnv", "PRICED_VARIABLES"]
 
-PRICED_VARIABLES = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE")
+PRICED_VARIABLES = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "NCCL_CTA_POLICY")
+# Collectives that only move data, which NCCL's zero-CTA policy hands to the copy engines;
+# reductions need SMs and keep their CTAs.
+COPY_ENGINE_KINDS = ("all-gather", "all-to-all")
 # NCCL's algorithm names (src/include/device.h ncclAlgoStr), lower case, and the model's
 # name for those it prices.
 _NCCL_ALGORITHMS = {"tree": "tree", "ring": "ring", "nvls": "nvls", "collnetdirect": None,
@@ -40,6 +52,7 @@ class NcclEnv:
     algorithms: tuple[str, ...] = ()
     protocols: tuple[str, ...] = ()
     nvls: bool = True
+    zero_cta: bool = False
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -73,7 +86,11 @@ class NcclEnv:
         nvls = env.get("NCCL_NVLS_ENABLE", "1").strip()
         if nvls not in ("0", "1", "2"):
             raise ValueError(f"NCCL_NVLS_ENABLE={nvls!r}: NCCL takes 0, 1 or 2 (2: on where supported)")
-        made = cls(algorithms=algorithms, protocols=protocols, nvls=nvls != "0")
+        policy = env.get("NCCL_CTA_POLICY", "0").strip()
+        if policy not in ("0", "2"):
+            raise ValueError(f"NCCL_CTA_POLICY={policy!r}: priced are 0 (default) and 2 (zero-CTA); "
+                             "1 (efficiency) is not priced")
+        made = cls(algorithms=algorithms, protocols=protocols, nvls=nvls != "0", zero_cta=policy == "2")
         if algorithms and not any(made.allows_algorithm(a) for a in ("ring", "tree", "nvls")):
             raise ValueError(f"NCCL_ALGO={env['NCCL_ALGO']!r} with NCCL_NVLS_ENABLE={nvls} leaves no "
                              "algorithm the model prices (ring, tree, nvls)")
@@ -88,7 +105,13 @@ class NcclEnv:
             out["NCCL_PROTO"] = ",".join(self.protocols)
         if not self.nvls:
             out["NCCL_NVLS_ENABLE"] = "0"
+        if self.zero_cta:
+            out["NCCL_CTA_POLICY"] = "2"
         return out
+
+    def copy_engine(self, kind: str, nodes: int) -> bool:
+        """Whether a ``kind`` collective spanning ``nodes`` runs on the copy engines."""
+        return self.zero_cta and kind in COPY_ENGINE_KINDS and nodes <= 1
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.as_environ().items()) or "NCCL's defaults"

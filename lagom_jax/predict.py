@@ -27,8 +27,8 @@ from lagom_jax import flags as flags_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax.nccl_env import NcclEnv
 
-__all__ = ["COMPILE_PRICED_FLAGS", "predict_hlo_step_ms", "predict_train_step_ms", "train_step_job",
-           "train_step_source"]
+__all__ = ["COMPILE_PRICED_FLAGS", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
+           "train_step_job", "train_step_source"]
 
 FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
 MESH_AXES = ("data", "fsdp", "model", "expert")
@@ -172,6 +172,22 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
             f"{source.describe()} was not compiled for GPUs ({'; '.join(compiled.warnings)}); "
             "a prediction from XLA:CPU's module would not be a GPU prediction")
     return job.plan_compiled(compiled, strategy=strategy, baselines=("xla-default",), verify=False)
+
+
+def repredict_ms(job: Any, *, nccl_env: Mapping[str, str] | None = None, strategy: str = "xla-default") -> float:
+    """The step of ``job`` (``train_step_job``, ``job.run``) predicted again under the NCCL
+    settings ``nccl_env`` (replacing the cluster's): they change no program, so the module
+    compiled once is planned again and nothing is compiled. What ``predict_train_step_ms``
+    with ``nccl_env`` gives, at the cost of one search."""
+    from lagom_jax import job as job_lib
+
+    if strategy not in ("xla-default", "lagom"):
+        raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+    compiled = job.compiled
+    hw = dataclasses.replace(compiled.hardware, nccl_env=NcclEnv.from_environ(nccl_env or {}))
+    again = job_lib.plan_compiled(dataclasses.replace(compiled, hardware=hw), strategy=strategy,
+                                  baselines=("xla-default",), verify=False)
+    return again.predicted_ms(strategy)
 
 
 def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",

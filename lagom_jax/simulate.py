@@ -237,7 +237,7 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
             if hit is None:
                 kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
                 hit = memo[(i, p)] = (p, prep.repeat[i] * cost.collective_time_us(kind, nbytes, n, nodes, p, hw),
-                                      cost.comm_resource_use(p, hw, nodes=nodes))
+                                      cost.comm_resource_use(p, hw, nodes=nodes, kind=kind))
             last[i] = hit
         _, coll_time[i], coll_use[i] = hit
 

@@ -138,6 +138,10 @@ def activation_rules(parts: frozenset[str], mesh_axes: Sequence[str]) -> Rules:
         # over ``expert`` and the groups over the other batch axes (the all-to-all's output).
         rules += [("act_exp", "expert"),
                   ("act_exp_batch", tuple(a for a in batch if a != "expert") or None)]
+    else:
+        # No expert axis: every device runs every expert on the groups of its own tokens
+        # (without this rule the dispatched tokens would be gathered onto every device).
+        rules.append(("act_exp_batch", batch or None))
     if "tp" in parts:
         rules += [("act_heads", "model"), ("act_mlp", "model"), ("act_vocab", "model")]
     if "sp" in parts:
