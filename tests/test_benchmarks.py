@@ -159,3 +159,21 @@ def test_every_workload_row_is_a_valid_contract_call():
         source = predict.train_step_source(**kw)
         assert math.prod(source.shape().values()) == row.gpus, row.name
         assert preset in hardware.PRESETS, row.name
+
+
+def test_flag_effects_rows_are_priced_settings_and_the_microbenchmark_is_judged():
+    from benchmarks import flag_effects
+    from lagom_jax import predict
+    from lagom_jax.nccl_env import NcclEnv
+
+    for e in flag_effects.EFFECTS:
+        assert e.how in ("nccl", "xla", "graph", "none"), e
+        NcclEnv.from_environ(e.nccl_env)  # every NCCL setting is one the model prices
+        assert set(e.xla_flags) <= predict.COMPILE_PRICED_FLAGS, e
+        assert e.how == "none" or e.workload in flag_effects.WORKLOADS or e.how == "graph", e
+    ce = [e for e in flag_effects.EFFECTS if e.how == "graph"]
+    rows = flag_effects.predict_effects(ce)
+    # Copy engines free the SMs the GEMM shares with NCCL: faster, as measured.
+    assert rows[0]["predicted_pct"] > 0 and flag_effects._verdict(rows[0])[0] == "yes"
+    md = flag_effects.section(rows)
+    assert "Sign right on 1 of 1" in md and "Goal" in md
