@@ -89,6 +89,18 @@ class Task:
     def is_collective(self) -> bool:
         return self.kind != "compute"
 
+    def piece(self, name: str, parts: int) -> Task:
+        """One of ``parts`` equal pieces of this task, named ``name``: FLOPs and bytes
+        divided, and a matmul's shape cut along its larger output dimension, so that the
+        cost model times the piece's own matmul and not the whole one ``parts`` times."""
+        if parts < 1:
+            raise ValueError(f"{self.name}: parts must be >= 1, got {parts}")
+        gemm = self.gemm
+        if gemm:
+            b, m, n, k = gemm
+            gemm = (b, math.ceil(m / parts), n, k) if m >= n else (b, m, math.ceil(n / parts), k)
+        return dataclasses.replace(self, name=name, flops=self.flops / parts, bytes=self.bytes / parts, gemm=gemm)
+
     @property
     def group_size(self) -> int:
         """Deprecated: ``ranks(num_devices)``, which counts HLO's empty groups as every device."""

@@ -31,9 +31,7 @@ def _factors(graph: StepGraph, ids_or_min_bytes: Iterable[int] | int, k: int) ->
 
 
 def _piece(t: Task, i: int, k: int, label: str) -> Task:
-    return dataclasses.replace(
-        t, name=f"{t.name}.{label}{i}/{k}", flops=t.flops / k, bytes=t.bytes / k
-    )
+    return t.piece(f"{t.name}.{label}{i}/{k}", k)
 
 
 def chunk_rewrite(graph: StepGraph, factors: Mapping[int, int]) -> Rewrite:

@@ -153,7 +153,7 @@ def _step(t: Task, i: int, n: int, pairs: tuple[tuple[int, int], ...]) -> Task:
 
 def _block(t: Task, i: int, n: int, local: bool) -> Task:
     label = "local" if local else f"block{i}"
-    return dataclasses.replace(t, name=f"{t.name}.{label}/{n}", flops=t.flops / n, bytes=t.bytes / n)
+    return t.piece(f"{t.name}.{label}/{n}", n)
 
 
 def decompose_rewrite(

@@ -163,3 +163,22 @@ def test_reduce_scatter_local_last_exposes_less_than_naive():
     assert naive.exposed_comm_us > 0
     assert fused.exposed_comm_us < 0.1 * naive.exposed_comm_us
     assert fused.makespan_us < naive.makespan_us
+
+
+def test_a_partial_matmul_is_timed_as_its_own_piece_not_the_whole_matmul():
+    # Windowed einsum's n partial matmuls together cost about the whole one (the shape-based
+    # matmul model would charge each piece the whole matmul if its shape were not cut).
+    from lagom_jax import cost, hardware
+    from lagom_jax.graph import StepGraph, Task
+
+    hw = hardware.get("h100-sxm-8")
+    m, n, k = 16384, 14336, 8192
+    ag = Task(id=0, name="ag", kind="all-gather", bytes=n * k * 2, groups=(tuple(range(8)),), is_async=True)
+    dot = Task(id=1, name="dot", kind="compute", flops=2 * m * n * k, bytes=2 * (m * k + n * k + m * n),
+               deps=(0,), opcode="fusion", gemm=(1, m, n, k))
+    g = decompose(StepGraph("pair", (ag, dot), num_devices=8), 0)
+    blocks = [t for t in g.tasks if not t.is_collective]
+    assert len(blocks) == 8 and all(t.gemm[1] * 8 == m for t in blocks)
+    whole = cost.compute_time_us(dot.flops, dot.bytes, hw, gemm=dot.gemm)
+    parts = sum(cost.compute_time_us(t.flops, t.bytes, hw, gemm=t.gemm) for t in blocks)
+    assert whole <= parts < 1.25 * whole
