@@ -470,6 +470,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
                    help="--model: remat policy by MaxText's name (default full)")
     p.add_argument("--xla-flag", action="append", default=[], metavar="NAME=VALUE",
                    help="--model: an XLA flag applied to the compile (repeatable)")
+    p.add_argument("--nccl-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an NCCL setting the run uses: NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE or "
+                   "NCCL_CTA_POLICY (repeatable)")
     p.add_argument("--strategy", default="xla-default", choices=("xla-default", "lagom"),
                    help="--model: the step as XLA compiles it, or as lagom-jax tunes it")
     p.add_argument("--hardware", default=None,
@@ -520,19 +523,30 @@ def _xla_flags(args: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
+def _nccl_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {}
+    for item in args.nccl_env:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise _UsageError(f"--nccl-env {item!r}: expected NAME=VALUE")
+        env[name.strip()] = value.strip()
+    return env
+
+
 def _run_predict_hlo(args: argparse.Namespace) -> int:
     from lagom_jax import gpu_compile, predict
 
     _require_positive(args, "nodes")
-    flags = _xla_flags(args)
+    flags, env = _xla_flags(args), _nccl_env(args)
     try:
         ms = predict.predict_hlo_step_ms(args.hlo, hardware=args.hardware or "h100-sxm-8", nodes=args.nodes,
-                                         xla_flags=flags, strategy=args.strategy)
+                                         xla_flags=flags, strategy=args.strategy, nccl_env=env)
     except (ValueError, gpu_compile.DevicelessUnavailable, hlo.HloParseError) as err:
         raise _UsageError(f"{args.hlo}: {err}") from None
     if args.json:
         print(json.dumps({"hlo": args.hlo, "hardware": args.hardware or "h100-sxm-8", "nodes": args.nodes,
-                          "xla_flags": flags, "strategy": args.strategy, "predicted_ms": ms}, indent=2))
+                          "xla_flags": flags, "nccl_env": env, "strategy": args.strategy,
+                          "predicted_ms": ms}, indent=2))
     else:
         print(f"predicted {ms:.3f} ms per step ({args.hlo}, {args.strategy}; predicted by the cost model)")
     return 0
@@ -546,19 +560,19 @@ def _run_predict_model(args: argparse.Namespace) -> int:
     if missing or not args.mesh:
         raise _UsageError("--model needs " + ", ".join("--" + n.replace("_", "-") for n in (*missing, "mesh")
                                                        if n != "mesh" or not args.mesh))
-    flags = _xla_flags(args)
+    flags, env = _xla_flags(args), _nccl_env(args)
     kw = {n: getattr(args, n) for n in need}
     kw.update(kv_heads=args.kv_heads or args.heads, experts=args.experts or 0, top_k=args.top_k or 0)
     try:
         mesh = models.parse_mesh(args.mesh)
         ms = predict.predict_train_step_ms(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",
                                            dtype=args.dtype, remat=args.remat, xla_flags=flags,
-                                           strategy=args.strategy)
+                                           strategy=args.strategy, nccl_env=env)
     except (ValueError, OSError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
     if args.json:
         print(json.dumps({"family": args.model, **kw, "mesh": mesh, "hardware": args.hardware or "h100-sxm-8",
-                          "dtype": args.dtype, "remat": args.remat, "xla_flags": flags,
+                          "dtype": args.dtype, "remat": args.remat, "xla_flags": flags, "nccl_env": env,
                           "strategy": args.strategy, "predicted_ms": ms}, indent=2))
     else:
         print(f"predicted {ms:.1f} ms per step ({args.model}, mesh {args.mesh}, {args.strategy}; "

@@ -116,3 +116,20 @@ def test_commands_print_no_cuda_start_up_noise(tmp_path):
 def test_every_family_compiles_for_the_cluster_and_predicts(family, kw):
     args = {**SMALL, **kw}
     assert lagom_jax.predict_train_step_ms(family, **args) > 0
+
+
+def test_nccl_settings_are_priced_on_the_step_compiled_once(capsys):
+    # NCCL_PROTO restricts NCCL's choice for every collective: no program changes, so the
+    # step compiled once is predicted again, and the contract gives the same number.
+    kw = {**SMALL, "mesh": {"fsdp": 8}}
+    job = predict.train_step_job("llama", **kw, strategy="xla-default")
+    base = job.predicted_ms("xla-default")
+    assert predict.repredict_ms(job) == pytest.approx(base)
+    ll128 = predict.repredict_ms(job, nccl_env={"NCCL_PROTO": "LL128"})
+    assert ll128 != pytest.approx(base, rel=1e-4)
+    assert lagom_jax.predict_train_step_ms("llama", **kw, nccl_env={"NCCL_PROTO": "LL128"}) == pytest.approx(ll128)
+    argv = ["predict", "--model", "llama", "--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2",
+            "--ffn", "512", "--vocab", "1024", "--seq-len", "256", "--global-batch", "16", "--mesh", "fsdp=8",
+            "--nccl-env", "NCCL_PROTO=LL129"]
+    assert cli.main(argv) == 2
+    assert "NCCL_PROTO='LL129': unknown" in capsys.readouterr().err
