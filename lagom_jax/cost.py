@@ -106,6 +106,10 @@ class CostConfig:
     # result once, 2 N bytes per 2(n-1)/n N bus bytes = n/(n-1) (8 GPUs; assumption from
     # the data path of multimem load-reduce / store, not measured).
     nvls_hbm_bytes_per_bus_byte: float = 8 / 7
+    # A compute-bound kernel beside traffic that takes a share p of HBM bandwidth still slows,
+    # by (1 - p) ** -exponent: its operand loads queue behind the other traffic in L2 and
+    # HBM. 0: only SMs and the bandwidth a memory-bound kernel needs count.
+    hbm_pressure_exponent: float = 0.0
     # Compute keeps at least this share of HBM bandwidth however much comm wants.
     min_hbm_share: float = 0.1
     # Anchor a collective inside one node to the measured time of NCCL's own choice
@@ -574,12 +578,18 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
     sm_left = max(hw.sm_count - sms_taken, 1.0) / hw.sm_count
     hbm = max(hw.achieved_hbm_gbps - hbm_gbps_taken, cfg.min_hbm_share * hw.achieved_hbm_gbps)
     memory = hw.launch_us + nbytes / (hbm * 1e3)
+    pressure = 1.0
+    if hbm_gbps_taken > 0 and cfg.hbm_pressure_exponent:
+        pressure = (hbm / hw.achieved_hbm_gbps) ** -cfg.hbm_pressure_exponent
     if gemm:
         batch, m, n, k = gemm
-        return max(kernels.gemm_time_us(m, n, k, hw, batch=batch, itemsize=itemsize,
-                                        sm_fraction=sm_left, hbm_gbps=hbm), memory)
+        shape = dict(batch=batch, itemsize=itemsize, sm_fraction=sm_left)
+        own = kernels.gemm_time_us(m, n, k, hw, **shape, hbm_gbps=hbm)
+        if pressure == 1.0:
+            return max(own, memory)
+        return max(kernels.gemm_time_us(m, n, k, hw, **shape) * pressure, own, memory)
     rate = hw.attention_tflops if attention and hw.attention_tflops else hw.achieved_tflops
-    return max(hw.launch_us + flops / (rate * 1e6 * sm_left), memory)
+    return max(hw.launch_us + flops / (rate * 1e6 * sm_left) * pressure, memory)
 
 
 @functools.lru_cache(maxsize=1 << 12)

@@ -1,0 +1,172 @@
+"""Contention: the cost model's slowdown of overlapped compute against every measurement.
+
+One contention model (``cost.compute_time_us`` under the SMs and HBM bandwidth running
+collectives hold, ``cost.comm_resource_use``; the simulator for whole steps) is judged on
+every public measurement of compute beside communication, each as published:
+
+* **h100-copy-probe**: the project's own H100 run (``benchmarks/results/gpu/raw.json``,
+  RESULTS ``gpu_profile``): a cuBLAS 8192^3 fp16 GEMM beside a copy kernel of k CTAs x 512
+  threads; the competitor is priced as k channels moving the copy's measured HBM bytes;
+* **echo-a100**: NetX-lab/Echo-slowdown ``merged_features.csv`` (``benchmarks/data/
+  a100_kernels.csv``): GPT-2 small kernels on A100 alone and beside DDP's 2-GPU all-reduce
+  of 2 MB buckets, kernels at least half overlapped, scaled by the overlapped share;
+* **ispass25**: arXiv 2507.03114 (A100/H100): overlap slows compute by 18.9% on average and
+  40% at most; predicted for five kernel types (big and medium GEMMs, an MLP GEMM, an
+  elementwise kernel, a norm) fully overlapped with NCCL's default 1 GiB all-reduce on
+  8 A100 and 8 H100 (the study's windows are partly overlapped, so its average is a floor);
+* **pytorch-ag-gemm**: pytorch/pytorch PR #172714: an fp16 8192^3 GEMM beside an
+  all-gather of 64 MiB per rank on 8 H100: 2.96 ms one after the other, 2.02 ms overlapped
+  with NCCL's SM kernels, 1.77 ms with copy engines (``NCCL_CTA_POLICY=2``); predicted by
+  the simulator on the two-kernel step.
+
+    python -m benchmarks.contention [--no-record]
+
+Error = predicted / measured - 1 of the slowdown (or of the step time for pytorch-ag-gemm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import pathlib
+import statistics
+import sys
+
+from lagom_jax import cost, hardware
+
+HERE = pathlib.Path(__file__).resolve().parent
+PROBE = HERE / "results" / "gpu" / "raw.json"
+KERNELS = HERE / "data" / "a100_kernels.csv"
+GEMM = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    source: str
+    label: str
+    measured: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+
+def copy_probe() -> list[Point]:
+    hw = hardware.get("h100-sxm-8")
+    n = GEMM
+    flops, nbytes = 2 * n**3, 3 * n * n * 2
+    alone = cost.compute_time_us(flops, nbytes, hw, gemm=(1, n, n, n))
+    out = []
+    for p in json.loads(PROBE.read_text())["contention"]:
+        measured = p["gemm_contended"]["median_us"] / p["gemm_alone"]["median_us"]
+        shared = cost.compute_time_us(flops, nbytes, hw, gemm=(1, n, n, n),
+                                      sms_taken=p["ctas"] * hw.sm_share_per_channel, hbm_gbps_taken=p["copy_gbps"])
+        out.append(Point("h100-copy-probe", f"{p['ctas']} CTAs, {p['copy_gbps']:.0f} GB/s", measured, shared / alone))
+    return out
+
+
+def echo() -> list[Point]:
+    hw = hardware.get("a100-sxm-8")
+    params = cost.nccl_default_params("all-reduce", 2 << 20, 2, 1, hw)
+    sms, hbm = cost.comm_resource_use(params, hw, kind="all-reduce")
+    out = []
+    with open(KERNELS, newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            frac = float(r["note"].split("overlap_frac=")[1].split(";")[0])
+            if r["kind"] not in ("gemm", "memory") or frac < 0.5 or "alone=slow overlap=fast" in r["note"] \
+                    or "alone=fast overlap=slow" in r["note"]:
+                continue
+            flops, nbytes = float(r["flops"] or 0), float(r["bytes"] or 0)
+            alone = cost.compute_time_us(flops, nbytes, hw)
+            shared = cost.compute_time_us(flops, nbytes, hw, sms_taken=sms, hbm_gbps_taken=hbm)
+            out.append(Point("echo-a100", r["kind"], float(r["time_overlap_us"]) / float(r["time_alone_us"]),
+                             1 + frac * (shared / alone - 1)))
+    return out
+
+
+ISPASS_KERNELS = (  # (flops, bytes, gemm shape or ())
+    (2 * 8192**3, 3 * 8192**2 * 2, (1, 8192, 8192, 8192)), (2 * 4096**3, 3 * 4096**2 * 2, (1, 4096, 4096, 4096)),
+    (2 * 2048 * 2048 * 8192, 2 * (2048 * 8192 * 2 + 2048**2), (1, 2048, 2048, 8192)), (1e8, 1e9, ()), (5e8, 4e8, ()),
+)
+
+
+def ispass() -> list[Point]:
+    slow = []
+    for name in ("a100-sxm-8", "h100-sxm-8"):
+        hw = hardware.get(name)
+        sms, hbm = cost.comm_resource_use(cost.nccl_default_params("all-reduce", 1 << 30, 8, 1, hw), hw,
+                                          kind="all-reduce")
+        for flops, nbytes, gemm in ISPASS_KERNELS:
+            alone = cost.compute_time_us(flops, nbytes, hw, gemm=gemm)
+            slow.append(cost.compute_time_us(flops, nbytes, hw, gemm=gemm, sms_taken=sms, hbm_gbps_taken=hbm) / alone)
+    return [Point("ispass25", "mean slowdown", 1.189, statistics.mean(slow)),
+            Point("ispass25", "worst slowdown", 1.40, max(slow))]
+
+
+def pytorch() -> list[Point]:
+    from lagom_jax import search
+    from lagom_jax.graph import StepGraph, Task
+    from lagom_jax.nccl_env import NcclEnv
+
+    n = GEMM
+    gemm = Task(id=0, name="gemm", kind="compute", flops=2 * n**3, bytes=3 * n * n * 2, opcode="fusion",
+                gemm=(1, n, n, n))
+    ag = Task(id=1, name="all-gather", kind="all-gather", bytes=512 << 20, groups=(tuple(range(8)),),
+              is_async=True)
+    h100 = hardware.get("h100-sxm-8")
+    zero = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}))
+
+    def ms(tasks: tuple[Task, ...], hw: hardware.HardwareProfile) -> float:
+        return search.run_strategy("xla-default", StepGraph("gemm+all-gather", tasks, num_devices=8), hw).makespan_us / 1e3
+
+    after = dataclasses.replace(ag, deps=(0,))
+    return [Point("pytorch-ag-gemm", "one after the other (ms)", 2.96, ms((gemm, after), h100)),
+            Point("pytorch-ag-gemm", "overlapped, NCCL kernels (ms)", 2.02, ms((gemm, ag), h100)),
+            Point("pytorch-ag-gemm", "overlapped, copy engines (ms)", 1.77, ms((gemm, ag), zero))]
+
+
+def section(points: list[Point]) -> str:
+    from benchmarks.common import machine_line
+
+    hw = hardware.get("h100-sxm-8")
+    lines = ["## contention (overlapped compute: the cost model against every measurement)", "",
+             f"Machine: {machine_line()}. One contention model for all sources: a running collective holds "
+             f"`sm_share_per_channel` ({hw.sm_share_per_channel}) of an SM per channel and HBM bandwidth in "
+             f"proportion to its bus bytes (`cost.comm_resource_use`), and compute runs on what is left "
+             f"(`cost.compute_time_us`; HBM-pressure exponent on matmuls "
+             f"{cost.DEFAULT_COSTS.hbm_pressure_exponent}). Error = predicted / measured - 1.", "",
+             "| source | points | measured (median) | predicted (median) | median error | median abs error | worst |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    by: dict[str, list[Point]] = {}
+    for p in points:
+        by.setdefault(p.source if p.source != "echo-a100" else f"echo-a100 {p.label}", []).append(p)
+    for name, ps in by.items():
+        errs = [p.error for p in ps]
+        lines.append(f"| {name} | {len(ps)} | {statistics.median(p.measured for p in ps):.3f} "
+                     f"| {statistics.median(p.predicted for p in ps):.3f} | {statistics.median(errs):+.1%} "
+                     f"| {statistics.median(abs(e) for e in errs):.1%} | {max(errs, key=abs):+.0%} |")
+    lines += ["", "Points outside Echo's 581 kernels:", "", "| source | point | measured | predicted | error |",
+              "|---|---|---:|---:|---:|"]
+    lines += [f"| {p.source} | {p.label} | {p.measured:.3f} | {p.predicted:.3f} | {p.error:+.1%} |"
+              for p in points if p.source != "echo-a100"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--no-record", action="store_true", help="print only; do not write RESULTS.md")
+    args = parser.parse_args(argv)
+    md = section(copy_probe() + echo() + ispass() + pytorch())
+    print(md)
+    if not args.no_record:
+        from benchmarks.common import write_section
+
+        print(f"recorded in {write_section('contention', md)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
