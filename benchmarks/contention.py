@@ -71,7 +71,7 @@ def copy_probe() -> list[Point]:
 def echo() -> list[Point]:
     hw = hardware.get("a100-sxm-8")
     params = cost.nccl_default_params("all-reduce", 2 << 20, 2, 1, hw)
-    sms, hbm = cost.comm_resource_use(params, hw, kind="all-reduce")
+    sms, hbm = cost.collective_resource_use("all-reduce", 2 << 20, 2, 1, params, hw)
     out = []
     with open(KERNELS, newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
@@ -97,8 +97,8 @@ def ispass() -> list[Point]:
     slow = []
     for name in ("a100-sxm-8", "h100-sxm-8"):
         hw = hardware.get(name)
-        sms, hbm = cost.comm_resource_use(cost.nccl_default_params("all-reduce", 1 << 30, 8, 1, hw), hw,
-                                          kind="all-reduce")
+        params = cost.nccl_default_params("all-reduce", 1 << 30, 8, 1, hw)
+        sms, hbm = cost.collective_resource_use("all-reduce", 1 << 30, 8, 1, params, hw)
         for flops, nbytes, gemm in ISPASS_KERNELS:
             alone = cost.compute_time_us(flops, nbytes, hw, gemm=gemm)
             slow.append(cost.compute_time_us(flops, nbytes, hw, gemm=gemm, sms_taken=sms, hbm_gbps_taken=hbm) / alone)

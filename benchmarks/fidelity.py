@@ -46,7 +46,6 @@ from .common import machine_line, write_section
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "megatron_runs.csv"
 SMALL = DATA.parent / "megatron_small_runs.csv"
 NCCL_TESTS = DATA.parent / "nccl_tests_a100.csv"
-KERNELS = DATA.parent / "a100_kernels.csv"
 
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
 KORTHIKANTI = "https://arxiv.org/abs/2205.05198"
@@ -302,33 +301,6 @@ def collective_rows() -> list[str]:
     return rows
 
 
-def slowdown_rows() -> list[str]:
-    """Kernels slowed by an overlapping NCCL all-reduce (NetX-lab/Echo-slowdown: GPT-2 small
-    backward on A100, alone vs beside DDP's 2-GPU all-reduce of 2 MB buckets) against the
-    contention model (`cost.compute_time_us` with the SMs and HBM bandwidth NCCL's default
-    all-reduce holds), scaled by the share of the kernel that overlapped."""
-    hw = hardware.get("a100-sxm-8")
-    params = cost.nccl_default_params("all-reduce", 2 << 20, 2, 1, hw)
-    sms, hbm = cost.comm_resource_use(params, hw)
-    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    with open(KERNELS, newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            frac = float(r["note"].split("overlap_frac=")[1].split(";")[0])
-            if r["kind"] not in ("gemm", "memory") or frac < 0.5 or "alone=slow overlap=fast" in r["note"] \
-                    or "alone=fast overlap=slow" in r["note"]:
-                continue
-            flops, nbytes = float(r["flops"] or 0), float(r["bytes"] or 0)
-            alone = cost.compute_time_us(flops, nbytes, hw)
-            shared = cost.compute_time_us(flops, nbytes, hw, sms_taken=sms, hbm_gbps_taken=hbm)
-            out[r["kind"]].append((float(r["time_overlap_us"]) / float(r["time_alone_us"]),
-                                   1 + frac * (shared / alone - 1)))
-    rows = ["| kernels | count | measured slowdown (median) | predicted slowdown (median) |", "|---|---:|---:|---:|"]
-    for kind, pairs in sorted(out.items()):
-        rows.append(f"| {kind} | {len(pairs)} | {statistics.median(m for m, _ in pairs):.3f} "
-                    f"| {statistics.median(p for _, p in pairs):.3f} |")
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
@@ -363,9 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     out += ["", "NCCL all-reduce on A100 (nccl-tests logs of NetX-lab/Echo, Azure ND A100 v4, A100 40GB) "
             "against the collective model under NCCL's own choices (error = predicted / measured - 1):", ""]
     out += collective_rows()
-    out += ["", "Compute slowed by an overlapping all-reduce (NetX-lab/Echo-slowdown, GPT-2 small "
-            "backward, A100, FP32; kernels at least half overlapped, clock-matched):", ""]
-    out += slowdown_rows()
+    out += ["", "Compute slowed by overlapping collectives (NetX-lab/Echo-slowdown and every other "
+            "measurement): section `contention` (`benchmarks/contention.py`)."]
     out += ["", "<details><summary>Every row</summary>", "",
             "| source | table | model (h x l) | GPUs | tp/dp/pp | micro-batch | global batch "
             "| measured s | predicted s | error | filled in |",

@@ -108,8 +108,10 @@ class CostConfig:
     nvls_hbm_bytes_per_bus_byte: float = 8 / 7
     # A compute-bound kernel beside traffic that takes a share p of HBM bandwidth still slows,
     # by (1 - p) ** -exponent: its operand loads queue behind the other traffic in L2 and
-    # HBM. 0: only SMs and the bandwidth a memory-bound kernel needs count.
-    hbm_pressure_exponent: float = 0.0
+    # HBM (the H100 probe: a cuBLAS GEMM ran 1.23x slower beside a copy of 702 GB/s on 8
+    # CTAs, 2.2x beside 1,859 GB/s on 32). Fitted with ``sm_share_per_channel`` to every
+    # source of ``benchmarks/contention.py``; 0 turns the term off.
+    hbm_pressure_exponent: float = 0.8
     # Compute keeps at least this share of HBM bandwidth however much comm wants.
     min_hbm_share: float = 0.1
     # Anchor a collective inside one node to the measured time of NCCL's own choice
@@ -594,17 +596,34 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
 
 @functools.lru_cache(maxsize=1 << 12)
 def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,
-                      cfg: CostConfig = DEFAULT_COSTS, kind: str = "") -> tuple[float, float]:
+                      cfg: CostConfig = DEFAULT_COSTS, kind: str = "", bus_gbps: float | None = None
+                      ) -> tuple[float, float]:
     """(SMs, HBM GB/s) a running ``kind`` collective takes from compute.
 
     SMs: the hardware's ``sm_share_per_channel`` per channel, none where the cluster's NCCL
     settings hand the collective to the copy engines (``NcclEnv.copy_engine``). HBM:
-    ``hbm_bytes_per_bus_byte`` (NVLS: ``nvls_hbm_bytes_per_bus_byte``) per bus byte at the
-    collective's bus bandwidth, wherever it runs.
+    ``hbm_bytes_per_bus_byte`` (NVLS: ``nvls_hbm_bytes_per_bus_byte``) per bus byte at
+    ``bus_gbps``, the rate its bus bytes move (default: the bus bandwidth of ``params``,
+    what a bandwidth-bound collective moves; ``collective_resource_use`` gives the rate of
+    one collective), wherever it runs.
     """
     sms = 0.0 if hw.nccl_env.copy_engine(kind, nodes) else params.nchannels * hw.sm_share_per_channel
     per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if params.algorithm == "nvls" else cfg.hbm_bytes_per_bus_byte
-    return sms, busbw_gbps(params, hw, nodes, cfg) * per_bus_byte
+    peak = busbw_gbps(params, hw, nodes, cfg)
+    return sms, (peak if bus_gbps is None else min(bus_gbps, peak)) * per_bus_byte
+
+
+def collective_resource_use(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams,
+                            hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS,
+                            time_us: float | None = None) -> tuple[float, float]:
+    """(SMs, HBM GB/s) one collective takes from compute while it runs: its CTAs for its
+    whole duration, and HBM at the rate its bus bytes really move over that duration
+    (bus bytes / its time, ``time_us`` when the caller has it), not the link's peak: a
+    latency-bound collective holds its CTAs but moves few bytes."""
+    if time_us is None:
+        time_us = collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
+    rate = nbytes * bus_factor(kind, params.algorithm, group_size) / max(time_us, 1e-9) / 1e3
+    return comm_resource_use(params, hw, nodes=nodes, cfg=cfg, kind=kind, bus_gbps=rate)
 
 
 class ResourceTracker:

@@ -68,13 +68,13 @@ class HardwareProfile:
     # Fixed cost of one kernel launch plus host overhead (us).
     launch_us: float
     # SMs' worth of compute throughput one NCCL channel (one CTA) takes from kernels it
-    # overlaps. A NCCL CTA holds its SM but leaves registers and warp slots that
-    # co-resident compute CTAs partly use, so the share is below 1. Default calibrated
-    # (assumption) so that kernels fully overlapped with NCCL's default all-reduce on
-    # A100/H100 slow by ~22% on average (GEMMs 12-15%, memory-bound kernels up to 38%)
-    # against ISPASS'25's 18.9% average / 40% worst (arXiv 2507.03114);
-    # `lagom-jax profile` measures it on a GPU.
-    sm_share_per_channel: float = 0.6
+    # overlaps. A NCCL CTA holds its SM but leaves registers, shared memory and warp slots
+    # that co-resident compute CTAs use, so the share is well below 1. Fitted jointly with
+    # ``CostConfig.hbm_pressure_exponent`` to every published measurement of compute beside
+    # communication (``benchmarks/contention.py``: the H100 copy-kernel probe, Echo-slowdown's
+    # A100 kernels, ISPASS'25 (arXiv 2507.03114), PyTorch's all-gather + GEMM
+    # microbenchmark), not to one of them; `lagom-jax profile` measures it on a GPU.
+    sm_share_per_channel: float = 0.2
     # XLA's description of this GPU (lagom_jax/data/gpu_targets/<name>.txtpb, taken from
     # openxla/xla xla/backends/gpu/target_config/specs): what a deviceless GPU compile
     # targets. Empty: no description, the step can only be compiled on real GPUs.

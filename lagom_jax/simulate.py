@@ -236,8 +236,9 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
             hit = memo.get((i, p))
             if hit is None:
                 kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
-                hit = memo[(i, p)] = (p, prep.repeat[i] * cost.collective_time_us(kind, nbytes, n, nodes, p, hw),
-                                      cost.comm_resource_use(p, hw, nodes=nodes, kind=kind))
+                one = cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
+                hit = memo[(i, p)] = (p, prep.repeat[i] * one,
+                                      cost.collective_resource_use(kind, nbytes, n, nodes, p, hw, time_us=one))
             last[i] = hit
         _, coll_time[i], coll_use[i] = hit
 

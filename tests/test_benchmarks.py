@@ -177,3 +177,20 @@ def test_flag_effects_rows_are_priced_settings_and_the_microbenchmark_is_judged(
     assert rows[0]["predicted_pct"] > 0 and flag_effects._verdict(rows[0])[0] == "yes"
     md = flag_effects.section(rows)
     assert "Sign right on 1 of 1" in md and "Goal" in md
+
+
+def test_one_contention_model_agrees_with_every_measurement():
+    # benchmarks/contention.py: the same model (SMs per channel, HBM at the collective's own
+    # rate, HBM pressure on matmuls) within 10% at the median of every source, and ISPASS'25's
+    # average (18.9%) and worst (40%) slowdowns within a few points.
+    from benchmarks import contention
+
+    points = contention.copy_probe() + contention.echo() + contention.ispass() + contention.pytorch()
+    by: dict[str, list[float]] = {}
+    for p in points:
+        by.setdefault(p.source + (" " + p.label if p.source == "echo-a100" else ""), []).append(abs(p.error))
+    assert set(by) == {"h100-copy-probe", "echo-a100 gemm", "echo-a100 memory", "ispass25", "pytorch-ag-gemm"}
+    for source, errors in by.items():
+        assert sorted(errors)[len(errors) // 2] < 0.10, (source, errors)
+    mean, worst = (p.predicted for p in contention.ispass())
+    assert 1.15 <= mean <= 1.25 and 1.30 <= worst <= 1.45

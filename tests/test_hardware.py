@@ -32,7 +32,7 @@ def test_datasheet_numbers():
 
 def test_unknown_name_lists_known():
     with pytest.raises(ValueError, match="known: a100-sxm-8, h100-sxm-8, a40-pcie-8, v100-25g, h200-sxm-8, "
-                                         "b200-sxm-8, dgx-h100, a3, a3-mega, a3-ultra, a4\\)"):
+                                         "b200-sxm-8, dgx-h100, a3, a3-mega, a3-ultra, a4, gb200-nvl72\\)"):
         hardware.get("h10")
     with pytest.raises(ValueError, match="h100-sxm-8") as err:
         hardware.resolve("h10")

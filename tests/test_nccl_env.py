@@ -96,4 +96,4 @@ def test_zero_cta_policy_speeds_a_gemm_overlapped_with_an_all_gather():
     zero = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}))
     sm_based = search.run_strategy("xla-default", g, h100).makespan_us
     copy_engine = search.run_strategy("xla-default", g, zero).makespan_us
-    assert copy_engine < 0.97 * sm_based
+    assert copy_engine < 0.99 * sm_based

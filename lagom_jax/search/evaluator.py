@@ -81,7 +81,7 @@ def candidates(
     nodes = shape.nodes
     scored = []
     for p, time_us in cost.candidate_times(*shape, hw):
-        sms, hbm = cost.comm_resource_use(p, hw, nodes=nodes, kind=shape[0])
+        sms, hbm = cost.collective_resource_use(*shape, p, hw, time_us=time_us)
         scored.append(((time_us, sms, hbm), p))
     scored.sort()
     front: list[tuple[tuple[float, float, float], CollectiveParams]] = []
@@ -145,7 +145,7 @@ class Evaluator:
         return candidates(t, self.hw, self.space.max_candidates, num_devices=self.graph.num_devices)
 
     def resources(self, t: Task, p: CollectiveParams) -> tuple[float, float]:
-        return cost.comm_resource_use(p, self.hw, nodes=self.shape(t).nodes, kind=t.kind)
+        return cost.collective_resource_use(*self.shape(t), p, self.hw)
 
     def decomposed(self) -> Rewrite:
         """The step with every windowed-einsum pair decomposed, as XLA does at threshold 0."""
