@@ -1,7 +1,7 @@
 """Contention: the cost model's slowdown of overlapped compute against every measurement.
 
 One contention model (``cost.compute_time_us`` under the SMs and HBM bandwidth running
-collectives hold, ``cost.comm_resource_use``; the simulator for whole steps) is judged on
+collectives hold, ``cost.collective_resource_use``; the simulator for whole steps) is judged on
 every public measurement of compute beside communication, each as published:
 
 * **h100-copy-probe**: the project's own H100 run (``benchmarks/results/gpu/raw.json``,
@@ -135,7 +135,8 @@ def section(points: list[Point]) -> str:
     lines = ["## contention (overlapped compute: the cost model against every measurement)", "",
              f"Machine: {machine_line()}. One contention model for all sources: a running collective holds "
              f"`sm_share_per_channel` ({hw.sm_share_per_channel}) of an SM per channel and HBM bandwidth in "
-             f"proportion to its bus bytes (`cost.comm_resource_use`), and compute runs on what is left "
+             f"proportion to the bus bytes it moves over its duration (`cost.collective_resource_use`), "
+             f"and compute runs on what is left "
              f"(`cost.compute_time_us`; HBM-pressure exponent on matmuls "
              f"{cost.DEFAULT_COSTS.hbm_pressure_exponent}). Error = predicted / measured - 1.", "",
              "| source | points | measured (median) | predicted (median) | median error | median abs error | worst |",

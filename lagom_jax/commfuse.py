@@ -174,11 +174,10 @@ def choose(kind: str, *, rows: int, k: int, n: int, t: int, hw: HardwareProfile,
     hop_nodes = min(nodes, 2)
     params = cost.nccl_default_params("collective-permute", block, 2, hop_nodes, hw)
     send = cost.collective_time_us("collective-permute", block, 2, hop_nodes, params, hw)
-    sms, hbm = cost.comm_resource_use(params, hw, nodes=hop_nodes)
-    step = kernels.gemm_time_us(batch * r, n, k, hw, itemsize=itemsize)
-    slowed = kernels.gemm_time_us(batch * r, n, k, hw, itemsize=itemsize,
-                                  sm_fraction=max(hw.sm_count - sms, 1.0) / hw.sm_count,
-                                  hbm_gbps=max(hw.achieved_hbm_gbps - hbm, 0.1 * hw.achieved_hbm_gbps))
+    sms, hbm = cost.collective_resource_use("collective-permute", block, 2, hop_nodes, params, hw, time_us=send)
+    shape = dict(gemm=(1, batch * r, n, k), itemsize=itemsize)
+    step = cost.compute_time_us(2.0 * batch * r * n * k, 0.0, hw, **shape)
+    slowed = cost.compute_time_us(2.0 * batch * r * n * k, 0.0, hw, **shape, sms_taken=sms, hbm_gbps_taken=hbm)
     # The matmul runs slowed while the transfer holds its SMs and bandwidth, then at full
     # speed; a transfer longer than the slowed matmul is exposed for the rest.
     beside = send if send >= slowed else send + step * (1 - send / slowed)
