@@ -106,6 +106,10 @@ class CostConfig:
     # result once, 2 N bytes per 2(n-1)/n N bus bytes = n/(n-1) (8 GPUs; assumption from
     # the data path of multimem load-reduce / store, not measured).
     nvls_hbm_bytes_per_bus_byte: float = 8 / 7
+    # Bytes a protocol writes and reads per byte of data, [LL, LL128, Simple]: LL carries 8
+    # data bytes and 8 flag bytes per 16-byte line, LL128 120 data bytes per 128-byte line
+    # (NVIDIA/nccl src/include/device.h), so their HBM traffic is that much above the data's.
+    protocol_wire_bytes: tuple[float, float, float] = (2.0, 128 / 120, 1.0)
     # A compute-bound kernel beside traffic that takes a share p of HBM bandwidth still slows,
     # by (1 - p) ** -exponent: its operand loads queue behind the other traffic in L2 and
     # HBM (the H100 probe: a cuBLAS GEMM ran 1.23x slower beside a copy of 702 GB/s on 8
@@ -602,13 +606,15 @@ def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: i
 
     SMs: the hardware's ``sm_share_per_channel`` per channel, none where the cluster's NCCL
     settings hand the collective to the copy engines (``NcclEnv.copy_engine``). HBM:
-    ``hbm_bytes_per_bus_byte`` (NVLS: ``nvls_hbm_bytes_per_bus_byte``) per bus byte at
+    ``hbm_bytes_per_bus_byte`` (NVLS: ``nvls_hbm_bytes_per_bus_byte``) per bus byte, times
+    the protocol's wire bytes per data byte (``protocol_wire_bytes``), at
     ``bus_gbps``, the rate its bus bytes move (default: the bus bandwidth of ``params``,
     what a bandwidth-bound collective moves; ``collective_resource_use`` gives the rate of
     one collective), wherever it runs.
     """
     sms = 0.0 if hw.nccl_env.copy_engine(kind, nodes) else params.nchannels * hw.sm_share_per_channel
     per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if params.algorithm == "nvls" else cfg.hbm_bytes_per_bus_byte
+    per_bus_byte *= cfg.protocol_wire_bytes[PROTOCOL_INDEX[params.protocol]]
     peak = busbw_gbps(params, hw, nodes, cfg)
     return sms, (peak if bus_gbps is None else min(bus_gbps, peak)) * per_bus_byte
 

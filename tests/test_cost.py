@@ -322,3 +322,12 @@ def test_a_latency_bound_collective_takes_little_hbm():
     assert sms == peak_sms and hbm < 0.2 * peak_hbm
     big = cost.nccl_default_params("all-reduce", GiB, 8, 1, hw)
     assert cost.collective_resource_use("all-reduce", GiB, 8, 1, big, hw)[1] > 0.5 * cost.comm_resource_use(big, hw)[1]
+
+
+def test_ll_moves_twice_its_data_through_hbm():
+    # LL writes an 8-byte flag beside every 8 data bytes: at the same data rate it takes twice
+    # Simple's HBM bandwidth, so a slower LL collective does not buy less contention.
+    hw = hardware.get("h100-sxm-8")
+    ll, simple = (CollectiveParams("ring", p, 16, 32 << 10, 512) for p in ("LL", "Simple"))
+    at = dict(kind="all-gather", bus_gbps=20.0)
+    assert cost.comm_resource_use(ll, hw, **at)[1] == pytest.approx(2 * cost.comm_resource_use(simple, hw, **at)[1])
