@@ -32,9 +32,11 @@ Fitting (pure numpy, independent of ``cost``). The model fitted is the one
 * compute alone: ``t = t0 + flops / F`` and ``t = t0 + bytes / B``: a least-squares line
   over the measured sizes gives the achieved rate ``F`` (TFLOP/s) and bandwidth ``B``
   (GB/s) as the inverse slope, and a fixed cost ``t0`` as the intercept;
-* a collective with ``nc`` channels takes ``a * nc`` SMs from overlapping compute, so a
-  compute-bound GEMM slows by ``s(k) = S / (S - a k)`` (``S`` = SM count), i.e.
-  ``1 - 1/s = (a / S) k``: a line through the origin, fitted for ``a``
+* a collective with ``nc`` channels takes ``a * nc`` SMs from overlapping compute, and the
+  HBM traffic beside a compute-bound GEMM (a share ``p`` of its bandwidth) slows it by
+  ``(1 - p) ** -beta`` (``CostConfig.hbm_pressure_exponent``, passed in), so the GEMM slows
+  by ``s(k) = S / (S - a k) * (1 - p) ** -beta`` (``S`` = SM count): with the pressure
+  divided out, ``1 - 1/s' = (a / S) k`` is a line through the origin, fitted for ``a``
   (``HardwareProfile.sm_share_per_channel``);
 * the copy kernel's bandwidth grows by ``b`` GB/s per CTA until HBM saturates:
   ``bw(k) = min(b k, B_sat)``, fitted by trying every split point of the sorted ``k``.
@@ -648,9 +650,13 @@ def fit_line(sizes: Sequence[float], times_us: Sequence[float], *, scale: float,
 
 
 def fit_contention(ctas: Sequence[int], slowdown: Sequence[float], copy_gbps: Sequence[float], *,
-                   sm_count: int, tolerance: float = 0.05) -> ContentionFit:
+                   sm_count: int, tolerance: float = 0.05, hbm_gbps: float | None = None,
+                   pressure_exponent: float = 0.0) -> ContentionFit:
     """Fit ``sm_per_cta`` from the GEMM slowdown curve and ``hbm_gbps_per_cta`` /
     ``hbm_saturation_gbps`` from the copy bandwidth curve.
+
+    With ``pressure_exponent`` > 0 the slowdown the copy's share of ``hbm_gbps`` explains
+    is divided out first, so the SMs fitted are what the cost model adds on top of it.
 
     Needs at least three distinct CTA counts, slowdowns >= 1 - ``tolerance`` and not
     falling with k by more than ``tolerance`` (contention cannot speed the GEMM up), and
@@ -679,10 +685,15 @@ def fit_contention(ctas: Sequence[int], slowdown: Sequence[float], copy_gbps: Se
                            f"({dict(zip(k.tolist(), s.tolist()))}): re-measure with more repeats")
     if (bw <= 0).any():
         raise ProfileError(f"copy bandwidths must be positive, got {bw.tolist()}")
-    # 1 - 1/s = (a/S) k: least squares through the origin.
-    y = 1.0 - 1.0 / s
-    a = float(sm_count * (k @ y) / (k @ k))
-    s_fit = sm_count / np.maximum(sm_count - a * k, 1.0)
+    pressure = np.ones_like(s)
+    if pressure_exponent:
+        if not hbm_gbps or hbm_gbps <= 0:
+            raise ProfileError(f"the pressure term needs the HBM bandwidth, got {hbm_gbps}")
+        pressure = np.maximum(1.0 - bw / hbm_gbps, 0.1) ** -pressure_exponent
+    # 1 - 1/s' = (a/S) k with s' = s / pressure: least squares through the origin, a >= 0.
+    y = 1.0 - 1.0 / (s / pressure)
+    a = max(float(sm_count * (k @ y) / (k @ k)), 0.0)
+    s_fit = sm_count / np.maximum(sm_count - a * k, 1.0) * pressure
     slow_rms = float(np.sqrt(np.mean((s - s_fit) ** 2)))
     # bw = min(b k, B_sat): try every split (first j points linear, the rest saturated).
     best: tuple[float, float, float] | None = None
@@ -858,8 +869,12 @@ def run_profile(out_dir: str | pathlib.Path, *, quick: bool = False,
             progress(f"  contention sweep FAILED ({raw['contention_error']}); the profile keeps "
                      f"the preset's sm_share_per_channel {preset.sm_share_per_channel}")
     if points:
+        from lagom_jax import cost
+
         cfit = fit_contention([p.ctas for p in points], [p.slowdown for p in points],
-                              [p.copy_gbps for p in points], sm_count=prof.sm_count)
+                              [p.copy_gbps for p in points], sm_count=prof.sm_count,
+                              hbm_gbps=prof.achieved_hbm_gbps,
+                              pressure_exponent=cost.DEFAULT_COSTS.hbm_pressure_exponent)
         raw["contention"] = [p.to_dict() for p in points]
         raw["fits"]["contention"] = dataclasses.asdict(cfit)
         prof = dataclasses.replace(prof, sm_share_per_channel=round(min(max(cfit.sm_per_cta, 0.01), 1.0), 3))

@@ -270,3 +270,17 @@ def test_gpu_trace_kernel_times_skip_memcpy_and_derived_lines(tmp_path):
     path.write_bytes(ProfileData.text_proto_to_serialized_xspace(GPU_XSPACE))
     assert profile.device_kernel_times_us(path) == {"marked": [2.0], "other": [7.0]}
     assert profile.per_op_times_us(path) == {"dot.3": 7.0}
+
+
+def test_contention_fit_divides_out_the_hbm_pressure_the_cost_model_adds():
+    # Slowdowns made by the cost model's own law (a SMs per CTA, (1 - p)^-beta for the copy's
+    # share p of HBM) give back a; fitted without the pressure term, the SMs absorb it.
+    sm, hbm, a, beta = 132, 3000.0, 0.3, 0.8
+    ks = np.array([1, 2, 4, 8, 16, 32])
+    bw = np.minimum(80.0 * ks, 2000.0)
+    s = sm / (sm - a * ks) * (1 - bw / hbm) ** -beta
+    fit = profile.fit_contention(ks, s, bw, sm_count=sm, hbm_gbps=hbm, pressure_exponent=beta)
+    assert fit.sm_per_cta == pytest.approx(a, rel=1e-6) and fit.slowdown_rms < 1e-9
+    assert profile.fit_contention(ks, s, bw, sm_count=sm).sm_per_cta > 2 * a
+    with pytest.raises(profile.ProfileError, match="HBM bandwidth"):
+        profile.fit_contention(ks, s, bw, sm_count=sm, pressure_exponent=beta)
