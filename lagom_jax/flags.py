@@ -78,6 +78,9 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
                  "maxCTAs of the NCCL communicators (0 = NCCL decides)"),
         FlagSpec("xla_gpu_nccl_p2p_max_nchannels", int, 0,
                  "maxCTAs for P2P communicators (0 = NCCL decides)"),
+        FlagSpec("xla_gpu_experimental_enable_nccl_symmetric_buffers", bool, False,
+                 "register collective buffers as NCCL symmetric windows (NCCL 2.27+ symmetric "
+                 "kernels; with NCCL_CTA_POLICY=2, copy-engine collectives)"),
         FlagSpec("xla_gpu_threshold_for_windowed_einsum_mib", int, 100000,
                  "operand size above which einsums become collective matmuls"),
         FlagSpec("xla_gpu_pgle_accuracy_checker", str, "PGLE_STRICTNESS_LEVEL_WARN",

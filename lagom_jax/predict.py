@@ -34,11 +34,14 @@ FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
 MESH_AXES = ("data", "fsdp", "model", "expert")
 # Flags that change the program XLA compiles, so compiling with them prices them: the
 # module the cost model reads is the one they make. The NCCL channel cap changes no
-# program; it caps the cost model's NCCL channels instead.
+# program; it caps the cost model's NCCL channels instead. Symmetric buffers change no
+# program either; they are priced only through ``NCCL_CTA_POLICY=2`` (``nccl_env``), which
+# assumes them.
 COMPILE_PRICED_FLAGS = frozenset(
     name for name, spec in flags_lib.KNOWN_FLAGS.items()
     if spec.per_compile and name not in ("xla_gpu_nccl_collective_max_nchannels",
                                          "xla_gpu_nccl_p2p_max_nchannels",
+                                         "xla_gpu_experimental_enable_nccl_symmetric_buffers",
                                          "xla_gpu_pgle_accuracy_checker")
 ) | {"xla_gpu_enable_triton_gemm", "xla_disable_hlo_passes"}
 MODEL_PRICED_FLAGS = frozenset({"xla_gpu_nccl_collective_max_nchannels"})
