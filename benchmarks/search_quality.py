@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from lagom_jax import hardware, search
+from lagom_jax import collective_tables, hardware, search
 from lagom_jax.synthetic import benchmark_graphs, random_graph
 
 from .common import machine_line, write_section
@@ -129,8 +129,9 @@ def main(argv: list[str]) -> None:
             f"worse than every baseline, and lagom never worse than xla-default and recipe: "
             f"{'yes' if never_worse else 'NO'}",
             "",
-            f"lagom changes a collective's parameters only for a predicted gain above "
-            f"{search.Space().min_gain:.0%} of its own time (the model's error on a collective); "
+            f"lagom changes a collective's parameters only for a predicted gain above the model's measured "
+            f"error on a collective of its size, a share of its own time "
+            f"({collective_tables.describe_measured_error()}); "
             "`lagom, every gain` takes any gain (`Space(min_gain=0)`, lagom before that floor). The floor also "
             "holds where lagom starts from autoccl's choices, so it may leave an autoccl gain under the floor "
             "untaken.",

@@ -13,7 +13,7 @@ import math
 import os
 import pathlib
 
-from lagom_jax import nccl_tuner
+from lagom_jax import collective_tables, nccl_tuner
 from lagom_jax.files import atomic_write_text
 from lagom_jax.flags import XlaFlag, compiler_options, render_xla_flags
 from lagom_jax.params import CollectiveParams
@@ -64,8 +64,9 @@ class Plan:
     # empty when the plan was not verified.
     verification: tuple[tuple[str, str], ...] = ()
     # A collective's parameters changed only for a predicted gain above this fraction of
-    # its own time (the search's ``Space.min_gain``: the model's error on a collective).
-    min_gain: float = 0.0
+    # its own time (the search's ``Space.min_gain``; None: the model's measured error for a
+    # collective of its size and span, ``search.space.measured_error``; 0: no floor).
+    min_gain: float | None = 0.0
     # (subject, decision and why) of choices about the program made before the search,
     # e.g. CommFuse rings for a built-in model's MLP (``lagom-jax tune --commfuse``).
     decisions: tuple[tuple[str, str], ...] = ()
@@ -112,7 +113,11 @@ class Plan:
                       "(a row: one instruction, its loop iterations counted)",
                   f"{'collective':<32} {'kind':<18} {'bytes':>10} {'ranks':>5} {'nodes':>5} {'calls':>5}  "
                   f"{'NCCL default':<36} {'chosen':<36} {'time us':>9} {'exposed':>9}  why"]
-        if self.min_gain:
+        if self.min_gain is None:
+            lines.insert(-1, "(a collective's parameters change only where the predicted gain exceeds the cost "
+                             "model's measured error on a collective of its size, a share of its own time: "
+                             f"{collective_tables.describe_measured_error()})")
+        elif self.min_gain:
             lines.insert(-1, f"(a collective's parameters change only where the predicted gain exceeds "
                              f"{self.min_gain:.0%} of its own time, the cost model's error on a collective)")
         for calls, c, total_us, exposed_us in rows[:top]:

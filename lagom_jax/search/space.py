@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from lagom_jax.collective_tables import measured_error
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.passes import COMBINABLE_KINDS, DEFAULT_COMBINE_THRESHOLD_BYTES
 
@@ -21,12 +22,6 @@ CHUNK_CANDIDATES = (2, 4)
 # pipelining it cannot pay for the extra launches.
 MIN_CHUNK_PIECE_BYTES = 1 << 20
 OVERLAP_CANDIDATES = (1, 2, 4)
-# How far the cost model may be off on one collective's time: the tolerance within which
-# tests/test_cost.py holds it to published nccl-tests results (A100/H100 all-reduce bus
-# bandwidth at 1 GiB, 2-node DGX A100, small-message latency). The fitted points are off
-# by 1.5-6.3%; the tolerance, not the fit, is used, because the model has not been
-# compared with measurements it was not fitted to.
-COLLECTIVE_TIME_ERROR = 0.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,15 +52,21 @@ class Space:
     # lagom changes a collective's NCCL parameters only when the predicted step (or the
     # window the collective affects) gets shorter by more than this fraction of the
     # collective's own predicted time under its previous parameters: a smaller gain is
-    # within the model's error on that time and could as well be a loss. 0 takes any gain
-    # (what ``exhaustive`` optimises, so compare the two at 0).
-    min_gain: float = COLLECTIVE_TIME_ERROR
+    # within the model's error on that time and could as well be a loss. None: the model's
+    # measured error for a collective of that size and span (``measured_error``); 0 takes
+    # any gain (what ``exhaustive`` optimises, so compare the two at 0).
+    min_gain: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_candidates is not None and self.max_candidates < 1:
             raise ValueError(f"max_candidates must be >= 1 or None, got {self.max_candidates}")
-        if not 0 <= self.min_gain < 1:
-            raise ValueError(f"min_gain is a fraction of a collective's time in [0, 1), got {self.min_gain}")
+        if self.min_gain is not None and not 0 <= self.min_gain < 1:
+            raise ValueError(f"min_gain is a fraction of a collective's time in [0, 1) or None (the "
+                             f"measured error by size), got {self.min_gain}")
+
+    def floor(self, nbytes: float, nodes: int) -> float:
+        """The fraction of a collective's time a change must gain (``min_gain``)."""
+        return measured_error(nbytes, nodes) if self.min_gain is None else self.min_gain
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,11 +105,11 @@ def _policy_params(ev: Evaluator, structure: Structure, policy: str) -> dict[int
         # "fastest": AutoCCL's objective, the collective's own duration.
         fastest = min(ev.candidates(t), key=lambda p, t=t: ev.time(t, p))
         # "fastest-floored": the same, but NCCL's own choice stays unless the fastest
-        # beats it by more than the model's error on its time (``Space.min_gain``), the
+        # beats it by more than the model's error on its time (``Space.floor``), the
         # floor lagom's own changes meet: a plan asks for 64 channels on a few KiB only
         # with a predicted gain it can show.
         if policy == "fastest-floored" and not _better(ev.time(t, fastest),
-                                                        ev.time(t, default) * (1 - ev.space.min_gain)):
+                                                        ev.time(t, default) * (1 - _floor(ev, t))):
             fastest = default
         out[t.id] = fastest
     return out
@@ -181,6 +181,12 @@ def _prefix(graph: StepGraph, n: int) -> StepGraph:
         for t in graph.tasks[:n]
     )
     return StepGraph(f"{graph.name}[:{n}]", tasks, graph.num_devices)
+
+
+def _floor(ev: Evaluator, t: Task) -> float:
+    """The fraction of ``t``'s time a change of it must gain (``Space.floor``)."""
+    shape = ev.shape(t)
+    return ev.space.floor(shape.bytes, shape.nodes)
 
 
 def _better(a: float, b: float) -> bool:
@@ -259,8 +265,8 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
             pairs = len(found)
             # A rewrite of whole collectives must gain more than the model's error on them
             # (the floor every per-collective change meets), not a rounding of the step.
-            floor = ev.space.min_gain * sum(
-                sev.time(t, sev.default(t)) for t in (sev.graph.tasks[p.collective] for p in found))
+            floor = sum(_floor(sev, t) * sev.time(t, sev.default(t))
+                        for t in (sev.graph.tasks[p.collective] for p in found))
             if _better(ms, best_ms - floor):
                 notes.append(
                     f"windowed einsum (collective matmul) on: {pairs} all-gather/reduce-scatter + matmul "
@@ -309,7 +315,7 @@ def _tune_collectives(ev: Evaluator, structure: Structure, params: dict[int, Col
         scores: dict[CollectiveParams, float] = {current: base}
         _scan(ev.candidates(t), scores, lambda p, cid=cid: ev.window(structure, params, cid, p))
         winner = min(scores, key=lambda p: (scores[p], p != current))
-        floor = space.min_gain * ev.time(t, current)
+        floor = _floor(ev, t) * ev.time(t, current)
         if _better(scores[winner], base - floor):
             params[cid] = winner
         reasons[cid] = _why(ev, t, params[cid], current, scores, scope=scope, seed=seed, floor=floor)
