@@ -102,22 +102,6 @@ EFFECTS: tuple[Effect, ...] = (
 )
 
 
-def _gemm_all_gather(hw_name: str, nccl_env: dict[str, str]) -> float:
-    """The PyTorch microbenchmark as a step: an fp16 8192^3 GEMM beside an independent
-    all-gather of 64 MiB per rank over 8 GPUs (512 MiB gathered); predicted step (us)."""
-    from lagom_jax import hardware, search
-    from lagom_jax.graph import StepGraph, Task
-    from lagom_jax.nccl_env import NcclEnv
-
-    n = 8192
-    gemm = Task(id=0, name="gemm", kind="compute", flops=2 * n**3, bytes=3 * n * n * 2, opcode="fusion",
-                gemm=(1, n, n, n))
-    ag = Task(id=1, name="all-gather", kind="all-gather", bytes=512 << 20, groups=(tuple(range(8)),),
-              is_async=True)
-    hw = dataclasses.replace(hardware.get(hw_name), nccl_env=NcclEnv.from_environ(nccl_env))
-    return search.run_strategy("xla-default", StepGraph("gemm+all-gather", (gemm, ag), num_devices=8), hw).makespan_us
-
-
 def _windowed_einsum_what_if(job: Any) -> float:
     """The compiled step with every all-gather/reduce-scatter + matmul pair rewritten as XLA's
     windowed einsum would (``passes.decompose``, XLA's order), predicted (ms)."""
@@ -146,8 +130,10 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
         start = time.perf_counter()
         row: dict[str, Any] = {"effect": e, "how": e.how, "base_s": None, "predicted_pct": None}
         if e.how == "graph":
-            base, new = _gemm_all_gather("h100-sxm-8", {}), _gemm_all_gather("h100-sxm-8", e.nccl_env)
-            row.update(base_s=base / 1e6)
+            from benchmarks.contention import gemm_beside_all_gather_ms
+
+            base, new = gemm_beside_all_gather_ms(), gemm_beside_all_gather_ms(e.nccl_env)
+            row.update(base_s=base / 1e3)
         elif e.how in ("nccl", "xla"):
             kw = WORKLOADS[e.workload]
             if e.workload not in jobs:

@@ -513,24 +513,23 @@ def _run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _xla_flags(args: argparse.Namespace) -> dict[str, Any]:
-    flags = {}
-    for item in args.xla_flag:
+def _name_values(items: list[str], option: str) -> dict[str, str]:
+    """``NAME=VALUE`` arguments of a repeatable ``option``, by name."""
+    out = {}
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise _UsageError(f"--xla-flag {item!r}: expected NAME=VALUE")
-        flags[name.strip()] = _flag_value(value)
-    return flags
+            raise _UsageError(f"{option} {item!r}: expected NAME=VALUE")
+        out[name.strip()] = value
+    return out
+
+
+def _xla_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: _flag_value(value) for name, value in _name_values(args.xla_flag, "--xla-flag").items()}
 
 
 def _nccl_env(args: argparse.Namespace) -> dict[str, str]:
-    env = {}
-    for item in args.nccl_env:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise _UsageError(f"--nccl-env {item!r}: expected NAME=VALUE")
-        env[name.strip()] = value.strip()
-    return env
+    return {name: value.strip() for name, value in _name_values(args.nccl_env, "--nccl-env").items()}
 
 
 def _run_predict_hlo(args: argparse.Namespace) -> int:

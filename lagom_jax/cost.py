@@ -598,7 +598,6 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
     return max(hw.launch_us + flops / (rate * 1e6 * sm_left) * pressure, memory)
 
 
-@functools.lru_cache(maxsize=1 << 12)
 def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,
                       cfg: CostConfig = DEFAULT_COSTS, kind: str = "", bus_gbps: float | None = None
                       ) -> tuple[float, float]:

@@ -94,7 +94,7 @@ class HardwareProfile:
     nvls_busbw_gbps: float = 0.0
     nvls_channels: int = 0
     # The process-wide NCCL settings the cluster runs with (NCCL_ALGO, NCCL_PROTO,
-    # NCCL_NVLS_ENABLE); NCCL's defaults unless a user's run sets them.
+    # NCCL_NVLS_ENABLE, NCCL_CTA_POLICY); NCCL's defaults unless a user's run sets them.
     nccl_env: NcclEnv = NcclEnv()
 
     def __post_init__(self) -> None:

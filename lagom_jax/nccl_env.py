@@ -91,7 +91,7 @@ class NcclEnv:
             raise ValueError(f"NCCL_CTA_POLICY={policy!r}: priced are 0 (default) and 2 (zero-CTA); "
                              "1 (efficiency) is not priced")
         made = cls(algorithms=algorithms, protocols=protocols, nvls=nvls != "0", zero_cta=policy == "2")
-        if algorithms and not any(made.allows_algorithm(a) for a in ("ring", "tree", "nvls")):
+        if algorithms and not any(made.allows_algorithm(a) for a in ALGORITHMS):
             raise ValueError(f"NCCL_ALGO={env['NCCL_ALGO']!r} with NCCL_NVLS_ENABLE={nvls} leaves no "
                              "algorithm the model prices (ring, tree, nvls)")
         return made

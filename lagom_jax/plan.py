@@ -65,7 +65,7 @@ class Plan:
     verification: tuple[tuple[str, str], ...] = ()
     # A collective's parameters changed only for a predicted gain above this fraction of
     # its own time (the search's ``Space.min_gain``; None: the model's measured error for a
-    # collective of its size and span, ``search.space.measured_error``; 0: no floor).
+    # collective of its size and span, ``collective_tables.measured_error``; 0: no floor).
     min_gain: float | None = 0.0
     # (subject, decision and why) of choices about the program made before the search,
     # e.g. CommFuse rings for a built-in model's MLP (``lagom-jax tune --commfuse``).

@@ -66,6 +66,11 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
     return options, cap
 
 
+def _check_strategy(strategy: str) -> None:
+    if strategy not in ("xla-default", "lagom"):
+        raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+
+
 def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
                         nccl_env: Mapping[str, str] | None) -> hardware_lib.HardwareProfile:
     """``hw`` running with the NCCL channel cap and NCCL environment of a prediction."""
@@ -140,7 +145,8 @@ def predict_train_step_ms(
     the number of GPUs; hardware: a preset (``nodes = GPUs / GPUs per node``); xla_flags:
     applied to the compile (and the NCCL channel cap to the cost model); a flag the cost
     model cannot price is a ValueError naming it. nccl_env: NCCL's process-wide settings
-    the run uses (``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_NVLS_ENABLE``; ``nccl_env.NcclEnv``),
+    the run uses (``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_NVLS_ENABLE``, ``NCCL_CTA_POLICY``;
+    ``nccl_env.NcclEnv``),
     which restrict NCCL's choice for every collective. strategy "xla-default": the program as XLA
     compiles it with ``xla_flags`` and NCCL's own choices; "lagom": as lagom-jax tunes it.
     scan (beyond the issue's contract, default as MaxText): layers under ``scan``, else
@@ -149,8 +155,7 @@ def predict_train_step_ms(
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
     """
-    if strategy not in ("xla-default", "lagom"):
-        raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+    _check_strategy(strategy)
     job = train_step_job(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ffn=ffn,
                          vocab=vocab, seq_len=seq_len, global_batch=global_batch, mesh=mesh,
                          hardware=hardware, dtype=dtype, remat=remat, experts=experts, top_k=top_k,
@@ -184,8 +189,7 @@ def repredict_ms(job: Any, *, nccl_env: Mapping[str, str] | None = None, strateg
     with ``nccl_env`` gives, at the cost of one search."""
     from lagom_jax import job as job_lib
 
-    if strategy not in ("xla-default", "lagom"):
-        raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+    _check_strategy(strategy)
     compiled = job.compiled
     hw = dataclasses.replace(compiled.hardware, nccl_env=NcclEnv.from_environ(nccl_env or {}))
     again = job_lib.plan_compiled(dataclasses.replace(compiled, hardware=hw), strategy=strategy,
@@ -209,8 +213,7 @@ def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardwar
     """
     from lagom_jax import hlo_compile, job
 
-    if strategy not in ("xla-default", "lagom"):
-        raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+    _check_strategy(strategy)
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     options, cap = _split_flags(xla_flags)

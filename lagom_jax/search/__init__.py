@@ -20,7 +20,7 @@ and predicts the step with ``simulate``. Strategies:
   it costs the compute it overlaps;
 * ``lagom`` - start from the best of the three above, where the autoccl seed keeps
   NCCL's own parameters for a collective unless its fastest candidate is predicted
-  faster by more than ``Space.min_gain`` (the model's error, the same floor lagom's own
+  faster by more than ``Space.floor`` (the model's error, the same floor lagom's own
   changes meet; at ``min_gain=0`` the seed is autoccl itself); tune the scheduler, windowed
   einsum and the combine thresholds; rank collectives by priority (their effect on the
   makespan: exposed time plus the compute they slow); tune each in turn over its
