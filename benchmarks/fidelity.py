@@ -45,6 +45,7 @@ from .common import machine_line, write_section
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "megatron_runs.csv"
 SMALL = DATA.parent / "megatron_small_runs.csv"
+CI = DATA.parent / "megatron_ci_runs.csv"
 NCCL_TESTS = DATA.parent / "nccl_tests_a100.csv"
 
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
@@ -55,6 +56,12 @@ H100_README = "NVIDIA/Megatron-LM"
 ZERO_BUBBLE = "https://arxiv.org/abs/2401.10241"
 VOCAB_PARALLEL = "VocabularyParallelism"  # the sail-sg repository's logs and its paper
 VOCAB_PARALLEL_PAPER = "https://arxiv.org/abs/2411.05288"
+MEGATRON_2020 = "NVIDIA/Megatron-LM/blob/5281919420"  # the README's 2020 scaling table
+# The layouts of Megatron-LM's functional tests the host constants (`megatron.Eager`) are
+# fitted on: one micro-batch through 12 layers (tp 1, pp 1), four through 12 layers split by
+# tensor parallelism (tp 4, pp 1), and two through a two-stage pipeline (tp 1, pp 2). Every
+# other layout and variant of that set is held out.
+HOST_FIT_LAYOUTS = ((1, 1), (4, 1), (1, 2))
 
 # Jean Zay's A100 nodes (BLOOM's runs) reach other nodes over 4 Omni-Path 100 Gb/s links
 # (bigscience tr11-176B-ml chronicles): 50 GB/s per node, at the ring efficiency the A100
@@ -76,6 +83,11 @@ SETS = (
     ("held out: one node of 8 A100, pp 8 (Zero Bubble and Vocabulary Parallelism baselines)",
      (ZERO_BUBBLE, VOCAB_PARALLEL)),
     ("held out: Megatron-LM README (H100, settings partly unknown)", (H100_README,)),
+    ("held out: Megatron-LM README 2020, one DGX-A100, tp 1-8 (weak scaling)", (MEGATRON_2020,)),
+    ("host fit: Megatron-LM functional tests, one DGX A100 node (tp/pp 1/1, 4/1, 1/2)", ("ci-a100-fit",)),
+    ("held out: Megatron-LM functional tests, one DGX A100 node (other layouts)", ("ci-a100-held-out",)),
+    ("host fit: Megatron-LM functional tests, one DGX H100 node (tp/pp 1/1, 4/1, 1/2)", ("ci-h100-fit",)),
+    ("held out: Megatron-LM functional tests, one DGX H100 node (other layouts)", ("ci-h100-held-out",)),
 )
 
 
@@ -91,6 +103,8 @@ class Row:
     @property
     def group(self) -> tuple:
         c = self.config
+        if self.source.startswith("ci-"):  # every layout of one model and batch on one node
+            return ("ci", self.hardware.name, c["hidden"], c["layers"], c["global_batch"])
         section = self.table.split(" (line")[0].split(" column")[0]
         return (self.source, section, c["hidden"], c["layers"], c["gpus"], c["global_batch"])
 
@@ -132,8 +146,8 @@ def _options(source: str, r: dict) -> tuple[dict, hardware.HardwareProfile]:
 
 
 def _source_key(url: str) -> str:
-    for key in (NARAYANAN, KORTHIKANTI, MTNLG, BLOOM, H100_README, ZERO_BUBBLE, VOCAB_PARALLEL,
-                VOCAB_PARALLEL_PAPER):
+    for key in (NARAYANAN, KORTHIKANTI, MTNLG, BLOOM, MEGATRON_2020, H100_README, ZERO_BUBBLE,
+                VOCAB_PARALLEL, VOCAB_PARALLEL_PAPER):
         if key in url:
             return VOCAB_PARALLEL if key == VOCAB_PARALLEL_PAPER else key
     return url
@@ -167,6 +181,69 @@ def load(paths: Iterable[pathlib.Path] = (DATA, SMALL)) -> list[Row]:
             filled.append("micro-batch")
         rows.append(Row(source, r["table"], float(r["measured_ms"]), cfg, hw, ", ".join(filled)))
     return rows
+
+
+def _flag(v: str) -> bool:
+    return v.strip().lower() in ("true", "1", "yes")
+
+
+def load_ci(path: pathlib.Path = CI) -> list[Row]:
+    """Megatron-LM's functional tests on one node (`megatron_ci_runs.md`): per GPU (each
+    node has its own host CPU), the rows of the layouts in ``HOST_FIT_LAYOUTS`` are the host
+    fit's, the other rows held out."""
+    rows = []
+    if not path.exists():
+        return rows
+    for r in _rows([path]):
+        h100 = r["gpu"].startswith("h100")
+        hw = hardware.PRESETS["h100-sxm-8" if h100 else "a100-sxm-8"]
+        tp, pp = int(r["tp"]), int(r["pp"])
+        rc = r["recompute"]
+        cfg = dict(hidden=int(r["hidden"]), heads=int(r["heads"]), layers=int(r["layers"]),
+                   seq_len=int(r["seq_len"]), vocab=int(r["vocab"]), gpus=int(r["gpus"]), tp=tp,
+                   dp=int(r["dp"]), pp=pp, micro_batch=int(r["micro_batch"]),
+                   global_batch=int(r["global_batch"]),
+                   recompute=rc if rc in ("none", "selective", "full") else "auto",
+                   virtual_stages=int(r["virtual_stages"] or 1),
+                   distributed_optimizer=_flag(r["distributed_optimizer"]),
+                   overlap_grad_reduce=_flag(r["overlap_grad_reduce"]),
+                   sequence_parallel=_flag(r["sequence_parallel"]) and tp > 1,
+                   dtype=r["dtype"] or "float16")
+        part = "fit" if (tp, pp) in HOST_FIT_LAYOUTS else "held-out"
+        source = f"ci-{'h100' if h100 else 'a100'}-{part}"
+        rows.append(Row(source, r["table"], float(r["measured_ms"]), cfg, hw, ""))
+    return rows
+
+
+def fit_host(rows: list[Row], start: megatron.Eager) -> tuple[megatron.Eager, float]:
+    """The host constants (`megatron.Eager`'s layer, exchange and step host times) that
+    minimise the squared log error over ``rows``, by coordinate descent with shrinking steps
+    from ``start``; returns them and the median absolute error they reach."""
+    def err(e: megatron.Eager) -> float:
+        return sum(math.log(_predict_with(r, e) / r.measured_ms) ** 2 for r in rows)
+
+    names = ("layer_host_us", "microbatch_host_us", "step_host_us")
+    best = start
+    best_err = err(best)
+    step = {n: max(getattr(best, n), 1000.0) / 2 for n in names}
+    while max(step.values()) > 5.0:
+        moved = False
+        for n in names:
+            for sign in (1, -1):
+                cand = dataclasses.replace(best, **{n: max(0.0, getattr(best, n) + sign * step[n])})
+                e = err(cand)
+                if e < best_err - 1e-12:
+                    best, best_err, moved = cand, e, True
+                    break
+        if not moved:
+            step = {n: v / 2 for n, v in step.items()}
+    med = statistics.median(abs(_predict_with(r, best) / r.measured_ms - 1) for r in rows)
+    return best, med
+
+
+def _predict_with(row: Row, eager: megatron.Eager) -> float:
+    run = megatron.GPTRun(**row.config)
+    return megatron.predict(run, row.hardware, gpu_memory_gb=80.0, eager=eager).total_ms
 
 
 def predict(row: Row) -> tuple[float, dict]:
@@ -304,8 +381,19 @@ def collective_rows() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
+    parser.add_argument("--fit-host", action="store_true",
+                        help="fit megatron.Eager's host constants to the host-fit rows and print them")
     args = parser.parse_args(argv)
-    rows = load()
+    if args.fit_host:
+        ci = load_ci()
+        for gpu in ("a100", "h100"):
+            fit_rows = [r for r in ci if r.source == f"ci-{gpu}-fit"]
+            e, med = fit_host(fit_rows, megatron.eager_for(fit_rows[0].hardware))
+            print(f"{gpu}, {len(fit_rows)} rows: layer_host_us={e.layer_host_us:.0f} "
+                  f"microbatch_host_us={e.microbatch_host_us:.0f} step_host_us={e.step_host_us:.0f}; "
+                  f"median abs error {med:.1%}")
+        return 0
+    rows = load() + load_ci()
     results = []
     details = []
     for r in rows:

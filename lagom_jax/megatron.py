@@ -37,9 +37,16 @@ run side by side on one node share its network. Inside one node of a preset with
 collective times (A100: nccl-tests logs of NetX-lab/Echo; H100/B200: XLA's tables) the
 model's time is the measured one (`cost.measured_ratio`).
 
-Eager execution (`Eager`): PyTorch launches every kernel from Python; when kernels are
-shorter than their launch the GPU waits, so each phase takes at least
-``host_us_per_kernel`` per kernel. One factor, fitted to published step times, scales the
+Eager execution (`Eager`): PyTorch issues every kernel from Python, and the GPU cannot run
+ahead of the CPU that feeds it. Each phase takes the longer of its kernels' GPU time and the
+host time to issue them: a transformer layer's forward and backward take Megatron's measured
+host time per layer (`Eager.layer_host_us`); the other phases at least ``host_us_per_kernel``
+per kernel. Each micro-batch adds, on every stage, the schedule's host bookkeeping in series
+with the GPU (Megatron's ``get_batch`` reads the broadcast batch sizes back to the host, and
+a pipeline's ``p2p_communication`` synchronises the device after each exchange), and each
+iteration the host work around the optimizer step (``Eager.step_host_us``). Small layers
+split many ways are bound by the host, not by their kernels: their iteration time stops
+falling with tensor parallelism. One factor, fitted to published step times, scales the
 compute kernels' modelled times to what an eager training step reaches.
 """
 
@@ -76,6 +83,17 @@ OPTIMIZER_BYTES_PER_PARAM = 4 + 28 + 6 + 4
 # workspaces, NCCL buffers, allocator fragmentation (GB). An assumption; a model that
 # needs more than the GPU's memory less this is said not to fit.
 RESERVED_GB = 6.0
+# Megatron-LM's host time, us: one transformer layer's forward and backward for one
+# micro-batch, the rest of one micro-batch's bookkeeping on one stage, one iteration's work
+# beyond its micro-batches. Fitted to Megatron-LM's functional-test iteration times on one
+# DGX A100 node (Selene, 2023) and one DGX H100 node (2024) (`Eager`; benchmarks/data/
+# megatron_ci_runs.md): median abs error 4.9% / 6.6% on the fitted layouts.
+LAYER_HOST_US = 3805.0
+STEP_HOST_US = 6819.0
+MICROBATCH_HOST_US = 0.0
+HOPPER_LAYER_HOST_US = 2237.0
+HOPPER_MICROBATCH_HOST_US = 1631.0
+HOPPER_STEP_HOST_US = 8512.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +220,7 @@ class StepTime:
     tp_comm_ms: float  # tensor-parallel collectives inside forward+backward of one micro-batch
     pp_comm_ms: float  # stage sends of one micro-batch, forward + backward
     dp_comm_ms: float  # gradient all-reduce after the pipeline (incl. tied embedding)
-    optimizer_ms: float
+    optimizer_ms: float  # the optimizer's kernels and the step's host work (Eager.step_host_us)
     recompute: str  # the recomputation the prediction assumed
     memory_gb: float  # weights + state + activations on the fullest GPU
     fits: bool
@@ -211,7 +229,7 @@ class StepTime:
         return (f"{self.total_ms:.1f} ms = pipeline {self.pipeline_ms:.1f} (bubble {self.bubble_ms:.1f}; "
                 f"per micro-batch fwd {self.forward_ms:.2f} + bwd {self.backward_ms:.2f}, of which tp "
                 f"{self.tp_comm_ms:.2f}, pp {self.pp_comm_ms:.2f}) + dp all-reduce "
-                f"{self.dp_comm_ms:.1f} + optimizer {self.optimizer_ms:.1f}; recompute "
+                f"{self.dp_comm_ms:.1f} + optimizer and step host {self.optimizer_ms:.1f}; recompute "
                 f"{self.recompute}; {self.memory_gb:.1f} GB/GPU{'' if self.fits else ' (does not fit)'}")
 
 
@@ -221,8 +239,22 @@ class Eager:
 
     ``host_us_per_kernel``: the CPU time to launch one kernel from Python (op dispatch,
     autograd bookkeeping, the CUDA launch). An assumption of the order PyTorch's profiler
-    reports for eager ops on a server CPU; it bounds only phases whose kernels are shorter
-    than it (small layers split many ways).
+    reports for eager ops on a server CPU; it bounds the phases outside the transformer
+    layers (embedding, output head) when their kernels are shorter than it.
+
+    ``layer_host_us``: the CPU time Megatron-LM takes to issue one transformer layer's
+    forward and backward for one micro-batch (``backward_host_share`` of it in the
+    backward): every module call, view, autograd node, RNG-tracker fork and collective call
+    of the layer, not only its kernel launches. ``microbatch_host_us``: the schedule's host
+    work per micro-batch and stage outside the layers. ``step_host_us``: the host work of one iteration
+    beyond the micro-batches (gradient-norm and loss-scale checks that read GPU values back,
+    the optimizer's launches, the logging of a step). All three were measured from Megatron-
+    LM's own functional tests on one DGX A100 node (a 12-layer, hidden-512 GPT whose kernels
+    are far shorter than its host work, so its iteration time is the host's:
+    ``benchmarks/data/megatron_ci_runs.md``; fitted by ``python -m benchmarks.fidelity
+    --fit-host`` on three layouts and checked on the others) and are properties of that
+    software and its host CPU (AMD EPYC 7742 on NVIDIA's Selene, Megatron-LM of 2023): a
+    faster CPU or a newer PyTorch moves them (`HOPPER_EAGER`: the same tests on DGX H100).
 
     ``kernel_slowdown``: measured compute-kernel time over the kernel model's, fitted once
     to the calibration runs of ``benchmarks/fidelity.py`` (Narayanan et al. 2021 and
@@ -233,20 +265,48 @@ class Eager:
 
     host_us_per_kernel: float = 8.0
     kernel_slowdown: float = 1.10  # fitted: median signed error -8.0% -> 0.0% on 15 calibration rows
+    layer_host_us: float = LAYER_HOST_US
+    backward_host_share: float = 2 / 3
+    microbatch_host_us: float = MICROBATCH_HOST_US
+    step_host_us: float = STEP_HOST_US
+
+    def __post_init__(self) -> None:
+        for name in ("host_us_per_kernel", "kernel_slowdown", "layer_host_us", "microbatch_host_us",
+                     "step_host_us"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"Eager.{name} must be a finite number >= 0, got {v!r}")
+        if not 0 <= self.backward_host_share <= 1:
+            raise ValueError(f"Eager.backward_host_share must lie in [0, 1], got {self.backward_host_share!r}")
 
 
 DEFAULT_EAGER = Eager()
+# The host of a DGX H100 (two Xeon Platinum 8480C) under the Megatron-LM of 2024 issues a
+# layer and a step faster than Selene's DGX A100 (two EPYC 7742) under that of 2023: the same
+# functional tests, fitted the same way (`benchmarks.fidelity --fit-host`).
+HOPPER_EAGER = dataclasses.replace(DEFAULT_EAGER, layer_host_us=HOPPER_LAYER_HOST_US,
+                                   microbatch_host_us=HOPPER_MICROBATCH_HOST_US,
+                                   step_host_us=HOPPER_STEP_HOST_US)
+
+
+def eager_for(hw: HardwareProfile) -> Eager:
+    """The eager step's constants for the node of ``hw``: the DGX H100 host on Hopper and
+    newer GPUs, the DGX A100 host otherwise."""
+    return DEFAULT_EAGER if hw.arch in ("ampere", "volta", "turing") else HOPPER_EAGER
 
 
 class _Phase:
-    """A sequence of kernels on the compute stream: GPU time and the kernels launched."""
+    """A sequence of kernels on the compute stream: GPU time, the kernels launched, and the
+    transformer-layer forwards and backwards whose host work it carries."""
 
-    __slots__ = ("gpu_us", "kernels", "comm_us")
+    __slots__ = ("gpu_us", "kernels", "comm_us", "layer_forwards", "layer_backwards")
 
     def __init__(self) -> None:
         self.gpu_us = 0.0
         self.kernels = 0
         self.comm_us = 0.0
+        self.layer_forwards = 0
+        self.layer_backwards = 0
 
     def add(self, us: float, comm: bool = False) -> None:
         self.gpu_us += us
@@ -254,9 +314,14 @@ class _Phase:
         if comm:
             self.comm_us += us
 
+    def host_us(self, eager: Eager) -> float:
+        share = eager.backward_host_share
+        layers = eager.layer_host_us * (self.layer_forwards * (1 - share) + self.layer_backwards * share)
+        return max(layers, self.kernels * eager.host_us_per_kernel)
+
     def time_us(self, eager: Eager) -> float:
         gpu = (self.gpu_us - self.comm_us) * eager.kernel_slowdown + self.comm_us
-        return max(gpu, self.kernels * eager.host_us_per_kernel)
+        return max(gpu, self.host_us(eager))
 
 
 def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
@@ -354,10 +419,13 @@ def _layer(run: GPTRun, hw: HardwareProfile, cl: _Cluster, recompute: str
 
     fwd = _Phase()
     forward(fwd)
+    fwd.layer_forwards = 1
 
     bwd = _Phase()
+    bwd.layer_backwards = 1
     if recompute == "full":
         forward(bwd)
+        bwd.layer_forwards = 1
     elif recompute == "selective":
         core_forward(bwd)
     for m, n, k, batch in kernels.backward_matmuls(tuple(dense) + core):
@@ -452,19 +520,22 @@ def choose_recompute(run: GPTRun, gpu_memory_gb: float) -> str:
     return "full"
 
 
-def layer_ms(run: GPTRun, hw: HardwareProfile, *, eager: Eager = DEFAULT_EAGER) -> tuple[float, float]:
+def layer_ms(run: GPTRun, hw: HardwareProfile, *, eager: Eager | None = None) -> tuple[float, float]:
     """(forward, backward) of one transformer layer for one micro-batch (ms), with the
     recomputation ``run`` names (``auto`` counts as none)."""
+    eager = eager or eager_for(hw)
     recompute = "none" if run.recompute == "auto" else run.recompute
     fwd, bwd = _layer(run, hw, _Cluster(run, hw), recompute)
     return fwd.time_us(eager) / 1e3, bwd.time_us(eager) / 1e3
 
 
 def predict(run: GPTRun, hw: HardwareProfile, *, gpu_memory_gb: float,
-            eager: Eager = DEFAULT_EAGER) -> StepTime:
-    """The iteration time of ``run`` on ``hw`` (a cluster with enough GPUs for it)."""
+            eager: Eager | None = None) -> StepTime:
+    """The iteration time of ``run`` on ``hw`` (a cluster with enough GPUs for it), under
+    ``eager`` (default: the constants of ``hw``'s node, `eager_for`)."""
     if hw.num_gpus < run.gpus:
         hw = hw.with_nodes(math.ceil(run.gpus / hw.gpus_per_node))
+    eager = eager or eager_for(hw)
     recompute = choose_recompute(run, gpu_memory_gb)
     cl = _Cluster(run, hw)
     B = ITEMSIZE[run.dtype]
@@ -491,7 +562,9 @@ def predict(run: GPTRun, hw: HardwareProfile, *, gpu_memory_gb: float,
         fwd = n * lf + (ef if i == 0 else 0.0) + (hf if i == run.pp - 1 else 0.0)
         bwd = n * lb + (eb if i == 0 else 0.0) + (hb if i == run.pp - 1 else 0.0)
         stages.append((fwd, bwd))
-    per_mb = [fw + bw + pp_comm for fw, bw in stages]
+    # Each stage runs the schedule's bookkeeping of every micro-batch on the host, in series
+    # with its GPU work (the batch broadcast reads sizes back, ``get_batch`` in Megatron-LM).
+    per_mb = [fw + bw + pp_comm + eager.microbatch_host_us for fw, bw in stages]
     m = run.microbatches
     slowest = max(range(run.pp), key=lambda i: per_mb[i])
     # The slowest stage runs all m micro-batches; the others' share of one micro-batch
@@ -514,7 +587,9 @@ def predict(run: GPTRun, hw: HardwareProfile, *, gpu_memory_gb: float,
         dp_comm = max(0.0, dp_comm - stages[slowest][1])
     if run.pp > 1:
         dp_comm += cl.first_last("all-reduce", run.padded_vocab * run.hidden / run.tp * 4)
-    optimizer = kernels.memory_time_us(opt_bytes, hw)
+    # The optimizer's kernels, then the step's host work (it reads the gradient norm and the
+    # loss scale back, so the host cannot run ahead of it into the next iteration).
+    optimizer = kernels.memory_time_us(opt_bytes, hw) + eager.step_host_us
     total = pipeline + dp_comm + optimizer
     mem = memory_gb(run, recompute)
     tp_comm = run.stage_layers(slowest) * (layer_f.comm_us + layer_b.comm_us)
