@@ -285,3 +285,94 @@ def test_the_bubble_never_exceeds_the_pipeline_on_one_node(tp, dp, pp, mb):
         # with room for the ends' imbalance.
         m = r.microbatches
         assert st.bubble_ms <= st.pipeline_ms * (pp - 1) / (m + pp - 1) * 1.6 + 1e-9
+
+
+# The eager host (issue 28): Megatron-LM's host time per layer, micro-batch and step.
+
+SMALL_GPT = dict(hidden=512, heads=8, layers=12, seq_len=1024, vocab=50257, gpus=8, micro_batch=4,
+                 global_batch=32, dtype="float16")
+NO_HOST = megatron.Eager(layer_host_us=0.0, microbatch_host_us=0.0, step_host_us=0.0)
+
+
+def test_a_small_layer_takes_at_least_the_hosts_time_to_issue_it():
+    r = megatron.GPTRun(**SMALL_GPT, tp=8, dp=1, pp=1)
+    e = megatron.DEFAULT_EAGER
+    fwd, bwd = megatron.layer_ms(r, A100)
+    gpu_fwd, gpu_bwd = megatron.layer_ms(r, A100, eager=NO_HOST)
+    assert gpu_fwd + gpu_bwd < 0.5 * e.layer_host_us / 1e3  # the GPU's share is small here
+    assert fwd == pytest.approx(e.layer_host_us * (1 - e.backward_host_share) / 1e3, rel=1e-9)
+    assert bwd == pytest.approx(e.layer_host_us * e.backward_host_share / 1e3, rel=1e-9)
+    # Full recomputation issues the forward again in the backward.
+    full = megatron.GPTRun(**SMALL_GPT, tp=8, dp=1, pp=1, recompute="full")
+    assert megatron.layer_ms(full, A100)[1] == pytest.approx(e.layer_host_us / 1e3, rel=1e-9)
+
+
+def test_a_host_bound_layer_does_not_get_faster_with_tensor_parallelism():
+    # Megatron-LM's functional tests: tp 4 runs four micro-batches per replica in 212.8 ms,
+    # tp 1 one in 60.1 ms: splitting a small layer saves nothing while the host issues it.
+    layer = {t: sum(megatron.layer_ms(megatron.GPTRun(**SMALL_GPT, tp=t, dp=8 // t, pp=1), A100))
+             for t in (1, 2, 4, 8)}
+    assert max(layer.values()) == pytest.approx(min(layer.values()), rel=1e-9)
+    # Without the host it would: the GPU work of the layer falls with every split.
+    gpu = [sum(megatron.layer_ms(megatron.GPTRun(**SMALL_GPT, tp=t, dp=8 // t, pp=1), A100, eager=NO_HOST))
+           for t in (1, 2, 4, 8)]
+    assert gpu == sorted(gpu, reverse=True) and gpu[0] > 1.5 * gpu[-1]
+    # The step then grows with the micro-batches per replica, as measured (3.5x).
+    tp1 = megatron.predict(megatron.GPTRun(**SMALL_GPT, tp=1, dp=8, pp=1), A100, gpu_memory_gb=80)
+    tp4 = megatron.predict(megatron.GPTRun(**SMALL_GPT, tp=4, dp=2, pp=1), A100, gpu_memory_gb=80)
+    assert 2.5 < tp4.total_ms / tp1.total_ms < 4.5
+
+
+def test_the_host_adds_its_bookkeeping_per_micro_batch_and_step():
+    e = dataclasses.replace(NO_HOST, microbatch_host_us=1000.0, step_host_us=5000.0)
+    big = dict(hidden=6144, heads=48, layers=8, seq_len=2048, vocab=51200, gpus=8, tp=8, dp=1,
+               micro_batch=1)
+    for pp, m in ((1, 4), (2, 4)):
+        r = megatron.GPTRun(**(big | dict(tp=8 // pp, pp=pp, global_batch=m)))
+        with_host = megatron.predict(r, A100, gpu_memory_gb=80, eager=e)
+        without = megatron.predict(r, A100, gpu_memory_gb=80, eager=NO_HOST)
+        # Each of the m + pp - 1 ticks of the slowest stage carries one micro-batch's bookkeeping.
+        assert with_host.pipeline_ms - without.pipeline_ms == pytest.approx((m + pp - 1) * 1.0, rel=1e-6)
+        assert with_host.optimizer_ms - without.optimizer_ms == pytest.approx(5.0, rel=1e-9)
+
+
+def test_a_gpu_bound_run_does_not_see_the_host():
+    r = megatron.GPTRun(hidden=12288, heads=96, layers=96, seq_len=2048, vocab=51200, gpus=384,
+                        tp=8, dp=4, pp=12, micro_batch=1, global_batch=1536)
+    a = megatron.predict(r, A100, gpu_memory_gb=80).total_ms
+    b = megatron.predict(r, A100, gpu_memory_gb=80, eager=NO_HOST).total_ms
+    # Only the step's host work and the micro-batches' bookkeeping remain, well under 1%.
+    assert a - b == pytest.approx(megatron.DEFAULT_EAGER.step_host_us / 1e3
+                                  + (1536 // 4 + 11) * megatron.DEFAULT_EAGER.microbatch_host_us / 1e3,
+                                  rel=1e-6)
+    assert a / b - 1 < 0.01
+
+
+def test_each_node_has_its_own_host():
+    assert megatron.eager_for(A100) is megatron.DEFAULT_EAGER
+    assert megatron.eager_for(H100) is megatron.HOPPER_EAGER
+    assert megatron.HOPPER_EAGER.layer_host_us < megatron.DEFAULT_EAGER.layer_host_us
+    with pytest.raises(ValueError, match="layer_host_us"):
+        megatron.Eager(layer_host_us=-1.0)
+    with pytest.raises(ValueError, match="backward_host_share"):
+        megatron.Eager(backward_host_share=1.5)
+
+
+def test_the_host_constants_are_the_fit_of_megatrons_functional_tests():
+    """The defaults are what `benchmarks.fidelity --fit-host` finds (editing one without
+    refitting fails here) and predict the layouts they were not fitted on."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from benchmarks import fidelity
+
+    ci = fidelity.load_ci()
+    assert len(ci) >= 60
+    for gpu, eager in (("a100", megatron.DEFAULT_EAGER), ("h100", megatron.HOPPER_EAGER)):
+        fit_rows = [r for r in ci if r.source == f"ci-{gpu}-fit"]
+        fitted, med = fidelity.fit_host(fit_rows, eager)
+        for name in ("layer_host_us", "microbatch_host_us", "step_host_us"):
+            assert getattr(fitted, name) == pytest.approx(getattr(eager, name), abs=50.0), name
+        assert med < 0.08
+        held = [(r, fidelity.predict(r)[0]) for r in ci if r.source == f"ci-{gpu}-held-out"]
+        assert fidelity.figures(held).median_abs < 0.10  # 4.7% (A100), 8.2% (H100) when fitted
