@@ -224,13 +224,20 @@ class StepTime:
     recompute: str  # the recomputation the prediction assumed
     memory_gb: float  # weights + state + activations on the fullest GPU
     fits: bool
+    # One layer's forward + backward of one micro-batch: the host's time to issue it and
+    # its kernels' GPU time (ms); the larger is what the layer takes.
+    layer_host_ms: float = 0.0
+    layer_gpu_ms: float = 0.0
 
     def describe(self) -> str:
         return (f"{self.total_ms:.1f} ms = pipeline {self.pipeline_ms:.1f} (bubble {self.bubble_ms:.1f}; "
                 f"per micro-batch fwd {self.forward_ms:.2f} + bwd {self.backward_ms:.2f}, of which tp "
                 f"{self.tp_comm_ms:.2f}, pp {self.pp_comm_ms:.2f}) + dp all-reduce "
                 f"{self.dp_comm_ms:.1f} + optimizer and step host {self.optimizer_ms:.1f}; recompute "
-                f"{self.recompute}; {self.memory_gb:.1f} GB/GPU{'' if self.fits else ' (does not fit)'}")
+                f"{self.recompute}; {self.memory_gb:.1f} GB/GPU{'' if self.fits else ' (does not fit)'}"
+                + (f"; layers bound by the host (issued in {self.layer_host_ms:.2f} ms, their "
+                   f"kernels take {self.layer_gpu_ms:.2f}: splitting them further saves nothing)"
+                   if self.layer_host_ms > self.layer_gpu_ms else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,9 +329,11 @@ class _Phase:
         layers = eager.layer_host_us * (self.layer_forwards * (1 - share) + self.layer_backwards * share)
         return max(layers, self.kernels * eager.host_us_per_kernel)
 
+    def gpu_time_us(self, eager: Eager) -> float:
+        return (self.gpu_us - self.comm_us) * eager.kernel_slowdown + self.comm_us
+
     def time_us(self, eager: Eager) -> float:
-        gpu = (self.gpu_us - self.comm_us) * eager.kernel_slowdown + self.comm_us
-        return max(gpu, self.host_us(eager))
+        return max(self.gpu_time_us(eager), self.host_us(eager))
 
 
 def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
@@ -602,4 +611,6 @@ def predict(run: GPTRun, hw: HardwareProfile, *, gpu_memory_gb: float,
         forward_ms=fw / 1e3, backward_ms=bw / 1e3, tp_comm_ms=tp_comm / 1e3,
         pp_comm_ms=pp_comm / 1e3, dp_comm_ms=dp_comm / 1e3, optimizer_ms=optimizer / 1e3,
         recompute=recompute, memory_gb=mem, fits=mem <= gpu_memory_gb - RESERVED_GB,
+        layer_host_ms=(layer_f.host_us(eager) + layer_b.host_us(eager)) / 1e3,
+        layer_gpu_ms=(layer_f.gpu_time_us(eager) + layer_b.gpu_time_us(eager)) / 1e3,
     )

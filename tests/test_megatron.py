@@ -376,3 +376,13 @@ def test_the_host_constants_are_the_fit_of_megatrons_functional_tests():
         assert med < 0.08
         held = [(r, fidelity.predict(r)[0]) for r in ci if r.source == f"ci-{gpu}-held-out"]
         assert fidelity.figures(held).median_abs < 0.10  # 4.7% (A100), 8.2% (H100) when fitted
+
+
+def test_the_prediction_says_when_the_layers_are_bound_by_the_host():
+    small = megatron.predict(megatron.GPTRun(**SMALL_GPT, tp=8, dp=1, pp=1), A100, gpu_memory_gb=80)
+    assert small.layer_host_ms > small.layer_gpu_ms
+    assert "bound by the host" in small.describe()
+    big = megatron.predict(megatron.GPTRun(hidden=6144, heads=48, layers=8, seq_len=2048, vocab=51200,
+                                           gpus=8, tp=8, dp=1, pp=1, micro_batch=4, global_batch=4),
+                           A100, gpu_memory_gb=80)
+    assert big.layer_gpu_ms > big.layer_host_ms and "host" not in big.describe().split("GB/GPU")[1]
