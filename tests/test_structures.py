@@ -1,5 +1,7 @@
 """Compile-in-the-loop structure search (lagom_jax.structures) and its place in the pipeline."""
 
+import dataclasses
+
 import pytest
 
 from lagom_jax import gpu_compile, graph, hardware, job, planning, structures
@@ -58,8 +60,15 @@ def test_taken_flags_reach_the_plan_and_its_verification():
 def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
     src = job.ModelSource("llama", "layers=4,d_model=256,heads=4,kv_heads=2,head_dim=64,d_ff=512,vocab=1024,max_len=256",
                           {"fsdp": 16}, None, 32, 256)
-    tuned = job.run(src, HW, structures=True, verify=False)
+    tuned = job.run(src, HW, structures=True, verify=True)
     decisions = dict(tuned.plan.decisions)
+    # The recompile with every option of the plan makes the module the search predicted:
+    # the same collectives, in the same places (the pipeliner's peeled ones included).
+    checks = dict(tuned.plan.verification)
+    assert checks["collectives"].startswith("as predicted") and checks["placement"].startswith("as predicted")
+    pipelined = [f for f in tuned.plan.flags if "pipelined" in f.name]
+    assert pipelined and not any(f.name.endswith("_combine_threshold_bytes") and k in f.name
+                                 for f in tuned.plan.flags for k in ("all_gather",))
     for cand in structures.CANDIDATES:  # every candidate has a decision with its reason
         subject = f"{cand.flag.name}={str(cand.flag.value).lower()}"
         assert decisions[subject].startswith(("taken: ", "left: ")), decisions
@@ -71,3 +80,41 @@ def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
     text = job.compile_source(src, HW).text
     hlo_only = job.run(job.HloSource(text, "compiled"), HW, structures=True, verify=False)
     assert ("structure search", "not run: compiled cannot be compiled again here") in hlo_only.plan.decisions
+
+
+@needs_gpu_compile
+def test_verification_says_where_the_structure_put_the_collectives():
+    from lagom_jax import verify
+
+    compiled = _compiled()
+    flag = structures.CANDIDATES[0].flag  # the collective pipeliner for all-gathers
+    pipelined = compiled.recompile({flag.name: flag.value})
+    plain, moved = graph.from_hlo_text(compiled.text), graph.from_hlo_text(pipelined)
+    # The pipeliner peels one layer's all-gathers out of the scanned loop: more run outside
+    # it, and the loop runs one iteration fewer.
+    assert verify.placement(moved) != verify.placement(plain)
+    outside = {k: n for (k, trips), n in verify.placement(moved).items() if trips == 1}
+    assert outside["all-gather"] > verify.placement(plain)[("all-gather", 1)]
+    plan = dataclasses.replace(planning.make_plan(moved, HW, strategy="xla-default"), flags=(flag,))
+    # A plan whose predicted step is the pipelined module: the recompile puts them there.
+    _, ok = verify.verify_plan(plan, moved, compiled.text, compiled.recompile)
+    assert ok.placement_matches and dict(ok.lines())["placement"].startswith("as predicted: ")
+    # One that predicted the unpipelined module is told its collectives are elsewhere.
+    tuned, wrong = verify.verify_plan(plan, plain, compiled.text, compiled.recompile)
+    assert not wrong.placement_matches
+    assert dict(wrong.lines())["placement"].startswith("DIFFER: predicted ")
+    assert dict(tuned.verification)["placement"] == dict(wrong.lines())["placement"]
+
+
+def test_kinds_left_at_the_default_threshold_are_never_combined_further():
+    from lagom_jax import search
+
+    with pytest.raises(ValueError, match="all-to-all"):
+        search.Space(default_combine_kinds=("all-to-all",))
+    step = graph.from_hlo_text(open(_fixture().parent.parent / 'gpu_collectives.hlo').read())
+    kinds = {t.kind for t in step.collectives} & {"all-gather", "reduce-scatter", "all-reduce"}
+    fixed = search.Space(default_combine_kinds=tuple(sorted(kinds)))
+    planned = planning.plan(step, HW, strategy="lagom", baselines=("xla-default", "recipe"), space=fixed)
+    # No threshold flag for a fixed kind, whichever seed won, and the collectives stay as compiled.
+    assert not [f for f in planned.plan.flags if f.name.endswith("_combine_threshold_bytes")]
+    assert len(planned.chosen.graph.collectives) == len(step.collectives)

@@ -158,7 +158,10 @@ class Evaluator:
         key = (structure.thresholds, structure.windowed_einsum)
         if key not in self._combined:
             g0 = self.decomposed().graph if structure.windowed_einsum else self.graph
-            self._combined[key] = combine_rewrite(g0, structure.threshold_map)
+            # Kinds left at XLA's default because the pass cannot mimic XLA on them stay as
+            # XLA combined them in the module (the pass combines them no further).
+            thresholds = {**structure.threshold_map, **{k: 0 for k in self.space.default_combine_kinds}}
+            self._combined[key] = combine_rewrite(g0, thresholds)
         return self._combined[key]
 
     def ties(self, structure: Structure) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]]]:

@@ -56,10 +56,19 @@ class Space:
     # measured error for a collective of that size and span (``measured_error``); 0 takes
     # any gain (what ``exhaustive`` optimises, so compare the two at 0).
     min_gain: float | None = None
+    # Kinds whose combine threshold stays XLA's default in every strategy: the combine pass
+    # cannot say how XLA combines them in this module (collectives the pipeliner moved get
+    # combiner keys and thresholds of their own in GpuAllGatherCombiner and friends), so a
+    # threshold chosen for them could compile to another module than the one predicted.
+    default_combine_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_candidates is not None and self.max_candidates < 1:
             raise ValueError(f"max_candidates must be >= 1 or None, got {self.max_candidates}")
+        unknown = sorted(set(self.default_combine_kinds) - set(COMBINABLE_KINDS))
+        if unknown:
+            raise ValueError(f"default_combine_kinds: {unknown} have no combine threshold "
+                             f"(combinable: {', '.join(COMBINABLE_KINDS)})")
         if self.min_gain is not None and not 0 <= self.min_gain < 1:
             raise ValueError(f"min_gain is a fraction of a collective's time in [0, 1) or None (the "
                              f"measured error by size), got {self.min_gain}")

@@ -116,7 +116,11 @@ def _policy_params(ev: Evaluator, structure: Structure, policy: str) -> dict[int
 
 
 def _base_structure(space: Space, structure: Structure) -> Structure:
-    return structure if space.tune_structure else RECIPE_STRUCTURE
+    s = structure if space.tune_structure else RECIPE_STRUCTURE
+    if not space.default_combine_kinds:
+        return s
+    kept = {k: v for k, v in s.threshold_map.items() if k not in space.default_combine_kinds}
+    return dataclasses.replace(s, thresholds=thresholds_of(kept))
 
 
 def _xla_default(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
@@ -253,7 +257,8 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
     # Windowed einsum is tried only where XLA would apply it: pairs with a matmul.
     windowed = [("windowed-einsum", 0)] if ev.space.windowed_einsum and eligible_pairs(sev.graph) else []
     moves: list[tuple[str, int]] = [("latency-hiding", 0)] + windowed + [
-        (kind, v) for kind in COMBINABLE_KINDS if kind in kinds for v in THRESHOLD_CANDIDATES
+        (kind, v) for kind in COMBINABLE_KINDS
+        if kind in kinds and kind not in ev.space.default_combine_kinds for v in THRESHOLD_CANDIDATES
     ]
     for what, value in moves:
         if what == "latency-hiding":
@@ -427,6 +432,7 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
         ]
     else:
         structures = [RECIPE_STRUCTURE]
+    structures = list(dict.fromkeys(_base_structure(space, s) for s in structures))
     sizes = []
     for s in structures:
         sizes.append(math.prod(len(ev.candidates(t)) for t in ev.tuned(s)))
