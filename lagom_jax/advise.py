@@ -722,6 +722,37 @@ def predict_step(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: i
     return megatron.predict(run, hw, gpu_memory_gb=GPU_MEMORY_GB.get(hw.name, 80.0))
 
 
+def rank_steps(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: int, gpus: int,
+               global_batch: int, hardware: str | hardware_lib.HardwareProfile = "a100-sxm-8",
+               micro_batches: tuple[int, ...] = (1, 2, 4, 8), schedule: str = "1f1b",
+               **options: Any) -> list[tuple[dict[str, int], megatron.StepTime]]:
+    """Every tensor x data x pipeline split of ``gpus`` and micro-batch in ``micro_batches``
+    that Megatron-LM can run (the numbers divide) and that fits in GPU memory, with its
+    predicted iteration, fastest first: the ConfigTuner's advice in Megatron's terms.
+    ``options`` as `predict_step`'s. Raises ValueError when no split runs at all."""
+    out = []
+    skipped: list[str] = []
+    for tp in (d for d in range(1, gpus + 1) if gpus % d == 0):
+        for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0):
+            dp = gpus // (tp * pp)
+            for mb in micro_batches:
+                config = dict(tp=tp, dp=dp, pp=pp, micro_batch=mb)
+                try:
+                    step = predict_step(hidden=hidden, heads=heads, layers=layers, seq_len=seq_len,
+                                        vocab=vocab, gpus=gpus, global_batch=global_batch,
+                                        hardware=hardware, schedule=schedule, **config, **options)
+                except ValueError as err:
+                    skipped.append(str(err))
+                    continue
+                if step.fits:
+                    out.append((config, step))
+    if not out:
+        why = f" (e.g. {skipped[0]})" if skipped else " (none fits in GPU memory)"
+        raise ValueError(f"no tp x dp x pp split of {gpus} GPUs with micro-batch in "
+                         f"{list(micro_batches)} runs this model{why}")
+    return sorted(out, key=lambda cs: cs[1].total_ms)
+
+
 def predict_step_ms(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: int, gpus: int,
                     tp: int, dp: int, pp: int, micro_batch: int, global_batch: int,
                     hardware: str | hardware_lib.HardwareProfile = "a100-sxm-8",

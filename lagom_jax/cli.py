@@ -478,6 +478,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", default=None,
                    help="a preset, NAME:nodes=N, or a HardwareProfile JSON file (default a100-sxm-8; "
                    "with --model h100-sxm-8, nodes from the mesh)")
+    p.add_argument("--rank", type=int, default=None, metavar="N",
+                   help="without --model: leave out --tp/--dp/--pp/--micro-batch and list the N "
+                   "fastest splits of --gpus that fit (micro-batch 1, 2, 4, 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -493,6 +496,8 @@ def _run_predict(args: argparse.Namespace) -> int:
         return _run_predict_hlo(args)
     if args.model is not None:
         return _run_predict_model(args)
+    if args.rank is not None:
+        return _run_predict_rank(args)
     missing = [n for n in _PREDICT_INTS if n != "vocab" and getattr(args, n) is None]
     if missing:
         raise _UsageError("without --model, give " + ", ".join("--" + n.replace("_", "-") for n in missing))
@@ -510,6 +515,45 @@ def _run_predict(args: argparse.Namespace) -> int:
         print(json.dumps(dataclasses.asdict(step) | {"config": kw}, indent=2))
     else:
         print(f"predicted {step.total_ms:.1f} ms per iteration: {step.describe()}")
+    return 0
+
+
+_SPLIT_INTS = ("tp", "dp", "pp", "micro_batch")
+
+
+def _run_predict_rank(args: argparse.Namespace) -> int:
+    given = [n for n in _SPLIT_INTS if getattr(args, n) is not None]
+    if given:
+        raise _UsageError("--rank searches " + ", ".join("--" + n.replace("_", "-") for n in _SPLIT_INTS)
+                          + "; leave out " + ", ".join("--" + n.replace("_", "-") for n in given))
+    if args.rank < 1:
+        raise _UsageError(f"--rank must be at least 1, got {args.rank}")
+    model_ints = [n for n in _PREDICT_INTS if n not in _SPLIT_INTS]
+    missing = [n for n in model_ints if n != "vocab" and getattr(args, n) is None]
+    if missing:
+        raise _UsageError("--rank needs " + ", ".join("--" + n.replace("_", "-") for n in missing))
+    from lagom_jax import advise
+
+    kw = {name: getattr(args, name) for name in model_ints}
+    kw["vocab"] = kw["vocab"] or 51200
+    try:
+        ranked = advise.rank_steps(**kw, hardware=args.hardware or "a100-sxm-8", schedule=args.schedule,
+                                   recompute=args.recompute, ffn_hidden=args.ffn_hidden,
+                                   sequence_parallel=args.sequence_parallel)
+    except (ValueError, OSError) as err:
+        raise _UsageError(str(err)) from None
+    top = ranked[:args.rank]
+    if args.json:
+        print(json.dumps([dataclasses.asdict(step) | {"config": kw | config} for config, step in top], indent=2))
+        return 0
+    print(f"{len(ranked)} splits of {kw['gpus']} GPUs run and fit; the {len(top)} fastest (predicted):")
+    print(f"{'rank':>4} {'tp':>3} {'dp':>3} {'pp':>3} {'mb':>3} {'ms/iter':>9} {'vs best':>8}  "
+          "recompute  GB/GPU  layers bound by")
+    best = top[0][1].total_ms
+    for i, (c, st) in enumerate(top, 1):
+        bound = "host" if st.layer_host_ms > st.layer_gpu_ms else "GPU"
+        print(f"{i:>4} {c['tp']:>3} {c['dp']:>3} {c['pp']:>3} {c['micro_batch']:>3} {st.total_ms:>9.1f} "
+              f"{st.total_ms / best - 1:>+8.1%}  {st.recompute:<9}  {st.memory_gb:>6.1f}  {bound}")
     return 0
 
 

@@ -386,3 +386,35 @@ def test_the_prediction_says_when_the_layers_are_bound_by_the_host():
                                            gpus=8, tp=8, dp=1, pp=1, micro_batch=4, global_batch=4),
                            A100, gpu_memory_gb=80)
     assert big.layer_gpu_ms > big.layer_host_ms and "host" not in big.describe().split("GB/GPU")[1]
+
+
+def test_rank_orders_the_layouts_megatrons_functional_tests_measured():
+    # One DGX A100 node, 12 x 512 GPT, micro-batch 4, global batch 32 (benchmarks/data/
+    # megatron_ci_runs.csv, plain fp16 rows): measured 60.1, 95.2, 130.6, 143.6, 212.8 ms.
+    measured = {(1, 1): 60.1, (1, 2): 95.2, (1, 4): 130.6, (2, 2): 143.6, (4, 1): 212.8}
+    ranked = advise.rank_steps(hidden=512, heads=8, layers=12, seq_len=1024, vocab=50257, gpus=8,
+                               global_batch=32, micro_batches=(4,), dtype="float16")
+    times = [st.total_ms for _, st in ranked]
+    assert times == sorted(times) and all(st.fits for _, st in ranked)
+    assert all(c["tp"] * c["dp"] * c["pp"] == 8 and 32 % (c["micro_batch"] * c["dp"]) == 0 for c, _ in ranked)
+    order = [(c["tp"], c["pp"]) for c, _ in ranked if (c["tp"], c["pp"]) in measured]
+    assert order == sorted(measured, key=measured.get)
+    for c, st in ranked:
+        if (c["tp"], c["pp"]) in measured:
+            assert st.total_ms == pytest.approx(measured[(c["tp"], c["pp"])], rel=0.15)
+    with pytest.raises(ValueError, match="no tp x dp x pp split"):
+        advise.rank_steps(hidden=512, heads=8, layers=12, seq_len=1024, vocab=50257, gpus=8,
+                          global_batch=3, micro_batches=(4,))
+
+
+def test_cli_predict_rank_lists_the_fastest_splits(capsys):
+    base = ["predict", "--hidden", "512", "--heads", "8", "--layers", "12", "--seq-len", "1024",
+            "--gpus", "8", "--global-batch", "32"]
+    assert cli.main(base + ["--rank", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "the 3 fastest (predicted)" in out and out.count("host") >= 3
+    assert cli.main(base + ["--rank", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and rows[0]["total_ms"] <= rows[1]["total_ms"] and rows[0]["config"]["tp"] >= 1
+    assert cli.main(base + ["--rank", "3", "--tp", "2"]) == 2
+    assert "leave out --tp" in capsys.readouterr().err
