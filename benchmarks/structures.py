@@ -25,10 +25,14 @@ from typing import Any
 
 WORKLOADS = (
     # (name, model, config, mesh, global batch, seq, remat, preset)
+    ("llama3-8b fsdp 8 (1 node)", "llama", "llama3-8b", {"fsdp": 8}, 16, 4096, "full", "h100-sxm-8"),
     ("llama3-8b fsdp 16 (2 nodes)", "llama", "llama3-8b", {"fsdp": 16}, 32, 4096, "full", "h100-sxm-8"),
     ("llama2-7b data 2 x fsdp 8 (2 a3 VMs)", "llama", "llama2-7b", {"data": 2, "fsdp": 8}, 64, 4096,
      "minimal_flash", "a3"),
     ("llama3-70b fsdp 64 (8 nodes)", "llama", "llama3-70b", {"fsdp": 64}, 64, 4096, "full", "h100-sxm-8"),
+    ("llama3-70b fsdp 256 (32 nodes)", "llama", "llama3-70b", {"fsdp": 256}, 256, 8192, "full", "h100-sxm-8"),
+    ("llama3.1-405b data 8 x fsdp 256 (256 nodes)", "llama", "llama3.1-405b", {"data": 8, "fsdp": 256}, 2048,
+     8192, "full", "h100-sxm-8"),
     ("mixtral-8x7b fsdp 8 x expert 8 (8 nodes)", "mixtral", "mixtral-8x7b", {"fsdp": 8, "expert": 8}, 64, 4096,
      "full", "h100-sxm-8"),
 )
