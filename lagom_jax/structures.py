@@ -84,6 +84,20 @@ def _exposed_by_kind(planned: planning.Planned) -> dict[str, float]:
     return out
 
 
+def _why(before: planning.Planned, after: planning.Planned, kinds: tuple[str, ...]) -> str:
+    """Where a structure's predicted change comes from: the exposed time of the collective
+    kinds it touches, and the rest of the step (compute, its slowdown beside the
+    collectives, the copies a restructured loop adds)."""
+    def split(p: planning.Planned) -> tuple[float, float]:
+        exposed = sum(v for k, v in _exposed_by_kind(p).items() if k in kinds)
+        return exposed, p.plan.makespan_us - exposed
+
+    (e0, r0), (e1, r1) = split(before), split(after)
+    what = "communication" if len(kinds) > 2 else "/".join(kinds)
+    return (f"; exposed {what} {e0 / 1e3:.4g} -> {e1 / 1e3:.4g} ms, the rest (compute slowed "
+            f"beside communication, added copies) {r0 / 1e3:.4g} -> {r1 / 1e3:.4g} ms")
+
+
 def search(text: str, planned: planning.Planned, hw: HardwareProfile,
            recompile: Callable[[Mapping[str, Any]], str], *, strategy: str,
            baselines: tuple[str, ...], log: Callable[[str], None] = lambda _: None,
@@ -127,6 +141,7 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
                                       space=search_lib.Space(default_combine_kinds=tuple(sorted(apart))))
         before, after = best.plan.makespan_us, trial_planned.plan.makespan_us
         change = f"predicted step {before / 1e3:.3f} -> {after / 1e3:.3f} ms ({after / before - 1:+.1%})"
+        change += _why(best, trial_planned, cand.kinds)
         if after < before * (1 - MIN_GAIN):
             chosen, best_text, best = trial, trial_text, trial_planned
             decisions.append((subject, f"taken: {change}"))

@@ -72,6 +72,8 @@ def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
     for cand in structures.CANDIDATES:  # every candidate has a decision with its reason
         subject = f"{cand.flag.name}={str(cand.flag.value).lower()}"
         assert decisions[subject].startswith(("taken: ", "left: ")), decisions
+    priced = [d for d in decisions.values() if "predicted step" in d]
+    assert priced and all("; exposed " in d and "the rest (compute" in d for d in priced)  # the why
     compiles = int(decisions["structure search"].split()[0])
     assert compiles <= len(structures.CANDIDATES)  # each structure compiled at most once
     taken = {s.split("=")[0] for s, d in tuned.plan.decisions if d.startswith("taken")}
