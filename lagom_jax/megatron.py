@@ -276,6 +276,9 @@ class Eager:
     host_us_per_kernel: float = 8.0
     kernel_slowdown: float = 1.10  # fitted: median signed error -8.0% -> 0.0% on 15 calibration rows
     layer_host_us: float = LAYER_HOST_US
+    # Assumed, not fitted (the tests' iteration times only see the sum): the backward issues
+    # about twice the forward's calls (two matmuls per forward matmul, one autograd node per
+    # forward op, the gradient hooks).
     backward_host_share: float = 2 / 3
     microbatch_host_us: float = MICROBATCH_HOST_US
     step_host_us: float = STEP_HOST_US
