@@ -92,10 +92,13 @@ def _why(before: planning.Planned, after: planning.Planned, kinds: tuple[str, ..
         exposed = sum(v for k, v in _exposed_by_kind(p).items() if k in kinds)
         return exposed, p.plan.makespan_us - exposed
 
+    def ms(us: float) -> str:
+        return f"{us / 1e3:.0f}" if us >= 1e6 else f"{us / 1e3:.4g}"
+
     (e0, r0), (e1, r1) = split(before), split(after)
     what = "communication" if len(kinds) > 2 else "/".join(kinds)
-    return (f"; exposed {what} {e0 / 1e3:.4g} -> {e1 / 1e3:.4g} ms, the rest (compute slowed "
-            f"beside communication, added copies) {r0 / 1e3:.4g} -> {r1 / 1e3:.4g} ms")
+    return (f"; exposed {what} {ms(e0)} -> {ms(e1)} ms, the rest (compute slowed beside "
+            f"communication, added copies) {ms(r0)} -> {ms(r1)} ms")
 
 
 def search(text: str, planned: planning.Planned, hw: HardwareProfile,
