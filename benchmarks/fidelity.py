@@ -120,7 +120,7 @@ def _int(v: str) -> int | None:
 def _options(source: str, r: dict) -> tuple[dict, hardware.HardwareProfile]:
     """Per-source settings the rows share (from the papers' method sections)."""
     opts: dict = {}
-    hw = hardware.PRESETS["h100-sxm-8" if r["gpu"].startswith("h100") else "a100-sxm-8"]
+    hw = _preset(r)
     rc = r["recompute"]
     opts["recompute"] = rc if rc in ("none", "selective", "full") else "auto"
     if rc == "selective":
@@ -163,6 +163,19 @@ def _rows(paths: Iterable[pathlib.Path]):
             yield from csv.DictReader(f)
 
 
+def _preset(r: dict) -> hardware.HardwareProfile:
+    return hardware.PRESETS["h100-sxm-8" if r["gpu"].startswith("h100") else "a100-sxm-8"]
+
+
+def _shape(r: dict, vocab: int) -> dict:
+    """The numbers every row gives: model, GPUs and their split, batch (micro-batch None
+    where the row does not print it)."""
+    return dict(hidden=int(r["hidden"]), heads=int(r["heads"]), layers=int(r["layers"]),
+                seq_len=int(r["seq_len"]), vocab=vocab, gpus=int(r["gpus"]), tp=int(r["tp"]),
+                dp=int(r["dp"]), pp=int(r["pp"]), global_batch=int(r["global_batch"]),
+                micro_batch=_int(r["micro_batch"]))
+
+
 def load(paths: Iterable[pathlib.Path] = (DATA, SMALL)) -> list[Row]:
     rows = []
     for r in _rows(paths):
@@ -177,10 +190,7 @@ def load(paths: Iterable[pathlib.Path] = (DATA, SMALL)) -> list[Row]:
         if vocab is None:
             vocab = 51200
             filled.append("vocab")
-        cfg = dict(hidden=int(r["hidden"]), heads=int(r["heads"]), layers=int(r["layers"]),
-                   seq_len=int(r["seq_len"]), vocab=vocab, gpus=int(r["gpus"]), tp=int(r["tp"]),
-                   dp=int(r["dp"]), pp=int(r["pp"]), global_batch=int(r["global_batch"]),
-                   micro_batch=_int(r["micro_batch"]), **opts)
+        cfg = _shape(r, vocab) | opts
         if cfg["micro_batch"] is None:
             filled.append("micro-batch")
         rows.append(Row(source, r["table"], float(r["measured_ms"]), cfg, hw, ", ".join(filled)))
@@ -199,14 +209,10 @@ def load_ci(path: pathlib.Path = CI) -> list[Row]:
     if not path.exists():
         return rows
     for r in _rows([path]):
-        h100 = r["gpu"].startswith("h100")
-        hw = hardware.PRESETS["h100-sxm-8" if h100 else "a100-sxm-8"]
+        hw = _preset(r)
         tp, pp = int(r["tp"]), int(r["pp"])
         rc = r["recompute"]
-        cfg = dict(hidden=int(r["hidden"]), heads=int(r["heads"]), layers=int(r["layers"]),
-                   seq_len=int(r["seq_len"]), vocab=int(r["vocab"]), gpus=int(r["gpus"]), tp=tp,
-                   dp=int(r["dp"]), pp=pp, micro_batch=int(r["micro_batch"]),
-                   global_batch=int(r["global_batch"]),
+        cfg = _shape(r, int(r["vocab"])) | dict(
                    recompute=rc if rc in ("none", "selective", "full") else "auto",
                    virtual_stages=int(r["virtual_stages"] or 1),
                    distributed_optimizer=_flag(r["distributed_optimizer"]),
@@ -214,13 +220,13 @@ def load_ci(path: pathlib.Path = CI) -> list[Row]:
                    sequence_parallel=_flag(r["sequence_parallel"]) and tp > 1,
                    dtype=r["dtype"] or "float16")
         part = "fit" if (tp, pp) in HOST_FIT_LAYOUTS else "held-out"
-        source = f"ci-{'h100' if h100 else 'a100'}-{part}"
+        source = f"ci-{'h100' if hw.arch == 'hopper' else 'a100'}-{part}"
         rows.append(Row(source, r["table"], float(r["measured_ms"]), cfg, hw, ""))
     return rows
 
 
 def fit_host(rows: list[Row], start: megatron.Eager) -> tuple[megatron.Eager, float]:
-    """The host constants (`megatron.Eager`'s layer, exchange and step host times) that
+    """The host constants (`megatron.Eager`'s layer, micro-batch and step host times) that
     minimise the squared log error over ``rows``, by coordinate descent with shrinking steps
     from ``start``; returns them and the median absolute error they reach."""
     def err(e: megatron.Eager) -> float:

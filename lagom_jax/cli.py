@@ -498,17 +498,11 @@ def _run_predict(args: argparse.Namespace) -> int:
         return _run_predict_model(args)
     if args.rank is not None:
         return _run_predict_rank(args)
-    missing = [n for n in _PREDICT_INTS if n != "vocab" and getattr(args, n) is None]
-    if missing:
-        raise _UsageError("without --model, give " + ", ".join("--" + n.replace("_", "-") for n in missing))
     from lagom_jax import advise
 
-    kw = {name: getattr(args, name) for name in _PREDICT_INTS}
-    kw["vocab"] = kw["vocab"] or 51200
+    kw, options = _megatron_args(args, _PREDICT_INTS, "without --model, give ")
     try:
-        step = advise.predict_step(**kw, hardware=args.hardware or "a100-sxm-8", schedule=args.schedule,
-                                   recompute=args.recompute, ffn_hidden=args.ffn_hidden,
-                                   sequence_parallel=args.sequence_parallel)
+        step = advise.predict_step(**kw, **options)
     except (ValueError, OSError) as err:
         raise _UsageError(str(err)) from None
     if args.json:
@@ -521,6 +515,20 @@ def _run_predict(args: argparse.Namespace) -> int:
 _SPLIT_INTS = ("tp", "dp", "pp", "micro_batch")
 
 
+def _megatron_args(args: argparse.Namespace, names: tuple[str, ...] | list[str],
+                   missing_says: str) -> tuple[dict[str, int], dict[str, Any]]:
+    """The Megatron configuration's numbers ``names`` (vocab defaults to 51,200; any other
+    left out is a usage error starting with ``missing_says``) and the options beside them."""
+    missing = [n for n in names if n != "vocab" and getattr(args, n) is None]
+    if missing:
+        raise _UsageError(missing_says + ", ".join("--" + n.replace("_", "-") for n in missing))
+    kw = {name: getattr(args, name) for name in names}
+    kw["vocab"] = kw["vocab"] or 51200
+    return kw, dict(hardware=args.hardware or "a100-sxm-8", schedule=args.schedule,
+                    recompute=args.recompute, ffn_hidden=args.ffn_hidden,
+                    sequence_parallel=args.sequence_parallel)
+
+
 def _run_predict_rank(args: argparse.Namespace) -> int:
     given = [n for n in _SPLIT_INTS if getattr(args, n) is not None]
     if given:
@@ -528,18 +536,11 @@ def _run_predict_rank(args: argparse.Namespace) -> int:
                           + "; leave out " + ", ".join("--" + n.replace("_", "-") for n in given))
     if args.rank < 1:
         raise _UsageError(f"--rank must be at least 1, got {args.rank}")
-    model_ints = [n for n in _PREDICT_INTS if n not in _SPLIT_INTS]
-    missing = [n for n in model_ints if n != "vocab" and getattr(args, n) is None]
-    if missing:
-        raise _UsageError("--rank needs " + ", ".join("--" + n.replace("_", "-") for n in missing))
     from lagom_jax import advise
 
-    kw = {name: getattr(args, name) for name in model_ints}
-    kw["vocab"] = kw["vocab"] or 51200
+    kw, options = _megatron_args(args, [n for n in _PREDICT_INTS if n not in _SPLIT_INTS], "--rank needs ")
     try:
-        ranked = advise.rank_steps(**kw, hardware=args.hardware or "a100-sxm-8", schedule=args.schedule,
-                                   recompute=args.recompute, ffn_hidden=args.ffn_hidden,
-                                   sequence_parallel=args.sequence_parallel)
+        ranked = advise.rank_steps(**kw, **options)
     except (ValueError, OSError) as err:
         raise _UsageError(str(err)) from None
     top = ranked[:args.rank]
@@ -551,7 +552,7 @@ def _run_predict_rank(args: argparse.Namespace) -> int:
           "recompute  GB/GPU  layers bound by")
     best = top[0][1].total_ms
     for i, (c, st) in enumerate(top, 1):
-        bound = "host" if st.layer_host_ms > st.layer_gpu_ms else "GPU"
+        bound = "host" if st.host_bound else "GPU"
         print(f"{i:>4} {c['tp']:>3} {c['dp']:>3} {c['pp']:>3} {c['micro_batch']:>3} {st.total_ms:>9.1f} "
               f"{st.total_ms / best - 1:>+8.1%}  {st.recompute:<9}  {st.memory_gb:>6.1f}  {bound}")
     return 0

@@ -229,6 +229,11 @@ class StepTime:
     layer_host_ms: float = 0.0
     layer_gpu_ms: float = 0.0
 
+    @property
+    def host_bound(self) -> bool:
+        """Whether a layer takes the host's time to issue it rather than its kernels'."""
+        return self.layer_host_ms > self.layer_gpu_ms
+
     def describe(self) -> str:
         return (f"{self.total_ms:.1f} ms = pipeline {self.pipeline_ms:.1f} (bubble {self.bubble_ms:.1f}; "
                 f"per micro-batch fwd {self.forward_ms:.2f} + bwd {self.backward_ms:.2f}, of which tp "
@@ -237,7 +242,7 @@ class StepTime:
                 f"{self.recompute}; {self.memory_gb:.1f} GB/GPU{'' if self.fits else ' (does not fit)'}"
                 + (f"; layers bound by the host (issued in {self.layer_host_ms:.2f} ms, their "
                    f"kernels take {self.layer_gpu_ms:.2f}: splitting them further saves nothing)"
-                   if self.layer_host_ms > self.layer_gpu_ms else ""))
+                   if self.host_bound else ""))
 
 
 @dataclasses.dataclass(frozen=True)
