@@ -468,6 +468,8 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--remat", default="full", choices=tuple(pipeline.REMAT_POLICIES),
                    help="--model: remat policy by MaxText's name (default full)")
+    p.add_argument("--attention", default="flash", choices=("flash", "xla"),
+                   help="--model: flash, the fused kernel (default); xla, the score matrix materialised")
     p.add_argument("--xla-flag", action="append", default=[], metavar="NAME=VALUE",
                    help="--model: an XLA flag applied to the compile (repeatable)")
     p.add_argument("--nccl-env", action="append", default=[], metavar="NAME=VALUE",
@@ -611,13 +613,13 @@ def _run_predict_model(args: argparse.Namespace) -> int:
         mesh = models.parse_mesh(args.mesh)
         ms = predict.predict_train_step_ms(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",
                                            dtype=args.dtype, remat=args.remat, xla_flags=flags,
-                                           strategy=args.strategy, nccl_env=env)
+                                           strategy=args.strategy, nccl_env=env, attention=args.attention)
     except (ValueError, OSError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
     if args.json:
         print(json.dumps({"family": args.model, **kw, "mesh": mesh, "hardware": args.hardware or "h100-sxm-8",
-                          "dtype": args.dtype, "remat": args.remat, "xla_flags": flags, "nccl_env": env,
-                          "strategy": args.strategy, "predicted_ms": ms}, indent=2))
+                          "dtype": args.dtype, "remat": args.remat, "attention": args.attention,
+                          "xla_flags": flags, "nccl_env": env, "strategy": args.strategy, "predicted_ms": ms}, indent=2))
     else:
         print(f"predicted {ms:.1f} ms per step ({args.model}, mesh {args.mesh}, {args.strategy}; "
               "compiled by XLA's GPU pipeline for the cluster, predicted by the cost model)")

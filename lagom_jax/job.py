@@ -36,6 +36,7 @@ from lagom_jax import flags as flags_lib
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import hlo
+from lagom_jax import nccl_settings
 from lagom_jax import planning
 from lagom_jax.plan import Plan
 
@@ -307,8 +308,7 @@ def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_
     predicted[strategy] = best.makespan_us
     plan = dataclasses.replace(best, flags=tuple(outcome.flags) + best.flags,
                                predicted_us=tuple(predicted.items()))
-    return (dataclasses.replace(outcome.planned, plan=plan),
-            compiled.decisions + outcome.decisions)
+    return dataclasses.replace(outcome.planned, plan=plan), outcome.decisions
 
 
 def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.HardwareProfile, *,
@@ -336,8 +336,18 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     planned = planning.plan(step, hw, strategy=strategy, baselines=baselines,
                             fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest())
     decisions = compiled.decisions
+    setting = None
+    if strategy == "lagom":
+        settled = nccl_settings.choose(step, planned, hw, strategy=strategy, fingerprint=planned.plan.fingerprint,
+                                       log=log)
+        planned, hw, setting = settled.planned, settled.hardware, settled.setting
+        decisions += settled.decisions
     if structures and compiled.recompile is not None:
-        planned, decisions = _with_structure(compiled, planned, hw, strategy, baselines, log)
+        planned, structure_decisions = _with_structure(compiled, planned, hw, strategy, baselines, log)
+        decisions += structure_decisions
+        if setting is not None:  # the structure's plan was made under the setting: say so
+            planned = dataclasses.replace(planned, plan=nccl_settings.with_setting(planned.plan, setting,
+                                                                                   compiled.hardware))
     elif structures:
         decisions += (("structure search", f"not run: {compiled.where} cannot be compiled again here"),)
     plan = dataclasses.replace(planned.plan, decisions=decisions)

@@ -70,6 +70,9 @@ class Plan:
     # (subject, decision and why) of choices about the program made before the search,
     # e.g. CommFuse rings for a built-in model's MLP (``lagom-jax tune --commfuse``).
     decisions: tuple[tuple[str, str], ...] = ()
+    # Process-wide NCCL variables the plan runs with (``nccl_settings.choose``), e.g.
+    # NCCL_CTA_POLICY=2 beside XLA's symmetric buffers; part of ``nccl_env()``.
+    nccl_settings: tuple[tuple[str, str], ...] = ()
 
     # -- what the plan predicts --------------------------------------------------------
     @property
@@ -102,6 +105,8 @@ class Plan:
                 f"{self.speedup_over(n):.3f}x over {n} ({times[n] / 1e3:.3f} ms)" for n in others))
         lines.append(f"search: {self.evaluations} evaluations in {self.search_seconds:.2f} s")
         lines += [f"{subject}: {decision}" for subject, decision in self.decisions]
+        if self.nccl_settings:
+            lines.append("NCCL settings for every rank: " + " ".join(f"{k}={v}" for k, v in self.nccl_settings))
         if self.verification:
             lines.append("verified by recompiling with the plan's options:")
             lines += [f"  {subject}: {outcome}" for subject, outcome in self.verification]
@@ -214,7 +219,7 @@ class Plan:
         make a chunk, NVIDIA/nccl ``src/include/device.h`` and
         ``src/include/collectives.h``) raise ``NCCL_BUFFSIZE``.
         """
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(self.nccl_settings)
         simple = {c.params.nthreads for c in self.collectives if c.params.protocol != "LL128"}
         if len(simple) == 1 and (nt := min(512, simple.pop())) != 512:
             env["NCCL_NTHREADS"] = str(nt)
@@ -257,6 +262,7 @@ class Plan:
                     "costs": tuple((k, float(v)) for k, v in raw["costs"]),
                     "verification": tuple((str(a), str(b)) for a, b in raw.get("verification", ())),
                     "decisions": tuple((str(a), str(b)) for a, b in raw.get("decisions", ())),
+                    "nccl_settings": tuple((str(a), str(b)) for a, b in raw.get("nccl_settings", ())),
                 }
             )
         except (KeyError, TypeError, ValueError) as err:

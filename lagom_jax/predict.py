@@ -93,6 +93,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
 
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
+    if attention not in ("flash", "xla"):
+        raise ValueError(f"unknown attention {attention!r}; known: flash, xla")
     unknown = sorted(set(mesh) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"unknown mesh axes {unknown}; known: {', '.join(MESH_AXES)}")
@@ -136,7 +138,7 @@ def predict_train_step_ms(
     seq_len: int, global_batch: int, mesh: Mapping[str, int], hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
     dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
     xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default", scan: bool = True,
-    nccl_env: Mapping[str, str] | None = None,
+    nccl_env: Mapping[str, str] | None = None, attention: str = "flash",
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -150,7 +152,8 @@ def predict_train_step_ms(
     which restrict NCCL's choice for every collective. strategy "xla-default": the program as XLA
     compiles it with ``xla_flags`` and NCCL's own choices; "lagom": as lagom-jax tunes it.
     scan (beyond the issue's contract, default as MaxText): layers under ``scan``, else
-    unrolled (MaxText's ``scan_layers=False``).
+    unrolled (MaxText's ``scan_layers=False``). attention (beyond the contract): "flash", the
+    fused kernel, or "xla", the score matrix materialised (runs that used no fused attention).
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
@@ -159,7 +162,8 @@ def predict_train_step_ms(
     job = train_step_job(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ffn=ffn,
                          vocab=vocab, seq_len=seq_len, global_batch=global_batch, mesh=mesh,
                          hardware=hardware, dtype=dtype, remat=remat, experts=experts, top_k=top_k,
-                         xla_flags=xla_flags, strategy=strategy, scan=scan, nccl_env=nccl_env)
+                         xla_flags=xla_flags, strategy=strategy, scan=scan, nccl_env=nccl_env,
+                         attention=attention)
     return job.predicted_ms(strategy)
 
 

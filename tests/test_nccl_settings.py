@@ -1,0 +1,99 @@
+"""Process-wide NCCL settings as choices of the plan (lagom_jax.nccl_settings)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lagom_jax import hardware, nccl_settings, planning
+from lagom_jax.graph import StepGraph, Task
+from lagom_jax.nccl_env import NcclEnv
+from lagom_jax.plan import Plan
+
+
+def _gemms_beside_all_gathers(n: int = 4, nodes_per_group: int = 1) -> StepGraph:
+    """``n`` 8192^3 GEMMs, each beside an independent all-gather of 512 MiB (the PyTorch
+    copy-engine microbenchmark's shape, pytorch/pytorch PR #172714), in a chain."""
+    tasks, prev = [], ()
+    ranks = tuple(range(8 * nodes_per_group))
+    for i in range(n):
+        ag = Task(id=len(tasks), name=f"ag{i}", kind="all-gather", bytes=512 << 20, groups=(ranks,),
+                  is_async=True, deps=prev)
+        tasks.append(ag)
+        gemm = Task(id=len(tasks), name=f"gemm{i}", kind="compute", flops=2 * 8192**3, bytes=3 * 8192**2 * 2,
+                    opcode="fusion", gemm=(1, 8192, 8192, 8192), deps=prev)
+        tasks.append(gemm)
+        prev = (ag.id, gemm.id)
+    return StepGraph("gemm+ag", tuple(tasks), num_devices=len(ranks))
+
+
+def test_candidates_follow_the_hardware():
+    h100 = hardware.get("h100-sxm-8")
+    names = [s.name for s in nccl_settings.candidates(h100)]
+    assert any("zero-CTA" in n for n in names) and any("NVLS off" in n for n in names)
+    zero = [s for s in nccl_settings.candidates(h100) if s.env.zero_cta][0]
+    assert [f.name for f in zero.flags] == ["xla_gpu_experimental_enable_nccl_symmetric_buffers"]
+    # No NVLink: no copy-engine collectives; no NVSwitch multicast: no NVLS to turn off.
+    assert nccl_settings.candidates(hardware.get("a40-pcie-8")) == ()
+    off = dataclasses.replace(h100, nccl_env=NcclEnv(nvls=False))
+    assert any("NVLS on" in s.name for s in nccl_settings.candidates(off))
+
+
+def test_zero_cta_is_taken_where_it_frees_the_sms_under_overlapped_gemms():
+    h100 = hardware.get("h100-sxm-8")
+    step = _gemms_beside_all_gathers()
+    planned = planning.plan(step, h100, strategy="lagom", baselines=("xla-default",))
+    out = nccl_settings.choose(step, planned, h100, strategy="lagom")
+    assert out.setting is not None and out.setting.env.zero_cta
+    plan = out.planned.plan
+    assert plan.makespan_us < (1 - nccl_settings.SETTING_FLOOR) * planned.plan.makespan_us
+    # The baseline stays XLA's defaults under the cluster's own settings.
+    assert dict(plan.predicted_us)["xla-default"] == dict(planned.plan.predicted_us)["xla-default"]
+    assert dict(plan.nccl_settings) == {"NCCL_CTA_POLICY": "2"}
+    assert plan.nccl_env()["NCCL_CTA_POLICY"] == "2"
+    assert "--xla_gpu_experimental_enable_nccl_symmetric_buffers=true" in plan.xla_flags()
+    assert out.hardware.nccl_env.zero_cta
+    why = dict(out.decisions)[out.setting.name]
+    assert "taken" in why and "all-gather" in why and "MiB" in why
+    assert "NCCL settings for every rank: NCCL_CTA_POLICY=2" in plan.report()
+    again = Plan.from_json(plan.to_json())
+    assert again.nccl_settings == plan.nccl_settings and again.flags == plan.flags
+
+
+def test_a_gain_below_the_floor_is_not_taken(monkeypatch):
+    h100 = hardware.get("h100-sxm-8")
+    step = _gemms_beside_all_gathers()
+    planned = planning.plan(step, h100, strategy="lagom", baselines=("xla-default",))
+    monkeypatch.setattr(nccl_settings, "SETTING_FLOOR", 0.5)
+    out = nccl_settings.choose(step, planned, h100, strategy="lagom")
+    assert out.setting is None and out.planned is planned and out.hardware is h100
+    assert any("not taken: below the 50.0% floor" in why for _, why in out.decisions)
+
+
+def test_settings_that_change_no_collective_are_not_priced():
+    # All-gathers across two nodes: copy engines drive NVLink only, so zero-CTA changes
+    # nothing; no all-reduce, so NVLS changes nothing either. Nothing is searched again.
+    h100 = hardware.get("h100-sxm-8")
+    step = _gemms_beside_all_gathers(nodes_per_group=2)
+    two = h100.with_nodes(2)
+    planned = planning.plan(step, two, strategy="lagom", baselines=())
+    out = nccl_settings.choose(step, planned, two, strategy="lagom")
+    assert out.setting is None
+    assert [why for _, why in out.decisions] == ["not priced: no collective of this step would change"] * 2
+
+
+def test_memory_overhead_rounds_each_collective_buffer_to_the_granularity():
+    step = StepGraph("s", (Task(id=0, name="a", kind="all-gather", bytes=3 << 20, groups=((0, 1),)),
+                           Task(id=1, name="b", kind="all-reduce", bytes=4 << 20, groups=((0, 1),))), 2)
+    assert nccl_settings.memory_overhead_bytes(step) == 1 << 20
+
+
+@pytest.mark.parametrize("env, expect", [(NcclEnv(nvls=False), {"NCCL_NVLS_ENABLE": "1"}),
+                                         (NcclEnv(), {"NCCL_NVLS_ENABLE": "0"})])
+def test_turning_nvls_back_on_is_said(env, expect):
+    hw = dataclasses.replace(hardware.get("h100-sxm-8"), nccl_env=env)
+    setting = [s for s in nccl_settings.candidates(hw) if "NVLS" in s.name][0]
+    plan = nccl_settings.with_setting(Plan(module="m", fingerprint="", hardware=hw.name, gpus_per_node=8, nodes=1,
+                                           strategy="lagom", version="0"), setting, hw)
+    assert dict(plan.nccl_settings) == expect
