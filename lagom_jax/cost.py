@@ -34,6 +34,8 @@ import dataclasses
 import functools
 import math
 
+import numpy as np
+
 from lagom_jax import collective_tables, kernels
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.params import MAX_CHANNELS, CollectiveParams
@@ -136,6 +138,17 @@ class CostConfig:
     # Pipeline steps of an NVLS all-reduce that fill before data flows: a reduce through
     # the switch (multimem load-reduce) and a broadcast back (multimem store).
     nvls_steps: int = 2
+
+    def __hash__(self) -> int:
+        # Every cached cost function takes the config: hash its ~40 fields once.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     def lookup(self, table: tuple[tuple[str, object], ...], key: str):  # noqa: ANN201 - generic row
         for k, v in table:
@@ -540,11 +553,10 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
         return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw, cfg)) for p in cands)
     # The size-free candidates are timed from their tabulated terms (no cache lookup per
     # candidate); NCCL's pick, when it is not one of them, through collective_time_us.
-    out = []
     ratio = measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
-    for p, terms in _size_free_table(kind, group_size, nodes, hw, cfg):
-        _check_args(kind, nbytes, group_size, nodes, p)
-        out.append((p, _time_from_terms(nbytes, group_size, p, terms, hw, cfg) * ratio))
+    fixed, columns = _size_free_columns(kind, group_size, nodes, hw, cfg)
+    _check_args(kind, nbytes, group_size, nodes, fixed[0])  # the size's checks; the params are valid here
+    out = list(zip(fixed, (_times_from_columns(nbytes, group_size, columns, hw, cfg) * ratio).tolist()))
     if len(out) < len(cands):
         i = next((i for i, (p, _) in enumerate(out) if p != cands[i]), len(out))
         out.insert(i, (cands[i], collective_time_us(kind, nbytes, group_size, nodes, cands[i], hw, cfg)))
@@ -557,6 +569,40 @@ def _size_free_table(kind: str, group_size: int, nodes: int, hw: HardwareProfile
     """The size-free candidates of one (kind, group) with their size-free terms."""
     return tuple((p, _size_free_terms(kind, group_size, nodes, p, hw, cfg))
                  for p in _size_free_candidates(kind, group_size, nodes, hw))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _size_free_columns(kind: str, group_size: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
+                       ) -> tuple[tuple[CollectiveParams, ...], dict[str, np.ndarray]]:
+    """``_size_free_table`` as columns, one entry per candidate, for ``_times_from_columns``."""
+    table = _size_free_table(kind, group_size, nodes, hw, cfg)
+    fixed = tuple(p for p, _ in table)
+    bus, bw, one_ch, hop, steps, lat, factor = (np.array(c, dtype=float) for c in zip(
+        *((t[0], t[1], t[2], t[3], t[4], t[5], math.nan if t[6] is None else t[6]) for _, t in table)))
+    nvls = np.array([p.algorithm == "nvls" for p in fixed])
+    per_thread = np.array([p.nthreads * _BYTES_PER_THREAD[p.protocol]
+                           * (group_size if p.protocol == "LL" and p.algorithm == "ring" else 1) for p in fixed],
+                          dtype=float)
+    return fixed, dict(bus=bus, bw=bw, one_ch=one_ch, hop=hop, steps=steps, lat=lat, factor=factor,
+                       nc=np.array([p.nchannels for p in fixed], dtype=float),
+                       chunk=np.array([p.chunk_bytes for p in fixed], dtype=float),
+                       per_thread=per_thread, nvls=nvls)
+
+
+def _times_from_columns(nbytes: float, n: int, c: dict[str, np.ndarray], hw: HardwareProfile, cfg: CostConfig
+                        ) -> np.ndarray:
+    """``_time_from_terms`` of every size-free candidate at once, in the same operations
+    and order (so the same floats): a search tabulates thousands of collective sizes."""
+    nc = c["nc"]
+    lat = np.where(~np.isnan(c["factor"]) & (nbytes / (nc * n) >= 64), c["lat"] * c["factor"], c["lat"])
+    wire = nbytes * c["bus"]
+    busy = np.where(c["nvls"], nc, np.maximum(1.0, np.minimum(nc, np.floor_divide(nbytes, c["per_thread"]))))
+    bw = np.minimum(c["bw"], busy * c["one_ch"])
+    per_channel = wire / busy
+    chunks = np.ceil(per_channel / c["chunk"])
+    fill = np.minimum(c["chunk"], per_channel / c["steps"]) / c["one_ch"]
+    return (hw.launch_us + lat + wire / bw + chunks * c["hop"] * cfg.chunk_sync_fraction + fill
+            + (nc - busy) * cfg.idle_channel_us)
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -611,11 +657,19 @@ def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: i
     what a bandwidth-bound collective moves; ``collective_resource_use`` gives the rate of
     one collective), wherever it runs.
     """
+    sms, peak, per_bus_byte = _resource_terms(params, hw, nodes, cfg, kind)
+    return sms, (peak if bus_gbps is None else min(bus_gbps, peak)) * per_bus_byte
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _resource_terms(params: CollectiveParams, hw: HardwareProfile, nodes: int, cfg: CostConfig, kind: str
+                    ) -> tuple[float, float, float]:
+    """(SMs held, peak bus GB/s, HBM bytes per bus byte) of ``comm_resource_use``: the same
+    few params come back for every collective size the search prices."""
     sms = 0.0 if hw.nccl_env.copy_engine(kind, nodes) else params.nchannels * hw.sm_share_per_channel
     per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if params.algorithm == "nvls" else cfg.hbm_bytes_per_bus_byte
     per_bus_byte *= cfg.protocol_wire_bytes[PROTOCOL_INDEX[params.protocol]]
-    peak = busbw_gbps(params, hw, nodes, cfg)
-    return sms, (peak if bus_gbps is None else min(bus_gbps, peak)) * per_bus_byte
+    return sms, busbw_gbps(params, hw, nodes, cfg), per_bus_byte
 
 
 def collective_resource_use(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams,
@@ -629,6 +683,29 @@ def collective_resource_use(kind: str, nbytes: float, group_size: int, nodes: in
         time_us = collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
     rate = nbytes * bus_factor(kind, params.algorithm, group_size) / max(time_us, 1e-9) / 1e3
     return comm_resource_use(params, hw, nodes=nodes, cfg=cfg, kind=kind, bus_gbps=rate)
+
+
+def candidate_resources(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                        cfg: CostConfig = DEFAULT_COSTS) -> tuple[tuple[CollectiveParams, float, float, float], ...]:
+    """Every ``candidate_times`` entry with the resources it holds: (params, time alone us,
+    SMs, HBM GB/s), as ``collective_resource_use`` gives them, in one pass (the search's
+    Pareto front is cut from this table once per collective size)."""
+    out = []
+    table = _size_free_resources(kind, group_size, nodes, hw, cfg)
+    for p, time_us in candidate_times(kind, nbytes, group_size, nodes, hw, cfg):
+        sms, peak, per_bus_byte, bus = table.get(p) or (*_resource_terms(p, hw, nodes, cfg, kind),
+                                                         bus_factor(kind, p.algorithm, group_size))
+        rate = nbytes * bus / max(time_us, 1e-9) / 1e3
+        out.append((p, time_us, sms, min(rate, peak) * per_bus_byte))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _size_free_resources(kind: str, group_size: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
+                         ) -> dict[CollectiveParams, tuple[float, float, float, float]]:
+    """Per size-free candidate: ``_resource_terms`` and its bus bytes per nBytes."""
+    return {p: (*_resource_terms(p, hw, nodes, cfg, kind), bus_factor(kind, p.algorithm, group_size))
+            for p in _size_free_candidates(kind, group_size, nodes, hw)}
 
 
 class ResourceTracker:
@@ -650,8 +727,9 @@ class ResourceTracker:
         self.hbm += use[1]
 
     def release(self, use: tuple[float, float]) -> None:
-        self.sms = max(self.sms - use[0], 0.0)
-        self.hbm = max(self.hbm - use[1], 0.0)
+        sms, hbm = self.sms - use[0], self.hbm - use[1]  # never below zero (float rounding)
+        self.sms = sms if sms > 0.0 else 0.0
+        self.hbm = hbm if hbm > 0.0 else 0.0
 
     @property
     def idle(self) -> bool:
@@ -661,3 +739,11 @@ class ResourceTracker:
                         itemsize: int = 2, attention: bool = False) -> float:
         return compute_time_us(flops, nbytes, self.hw, sms_taken=self.sms, hbm_gbps_taken=self.hbm,
                                gemm=gemm, itemsize=itemsize, attention=attention)
+
+
+def clear_caches() -> None:
+    """Forget every table this module cached (its ``lru_cache`` functions): a search timed
+    after this pays for tabulating its collectives, as a first search in a process does."""
+    for value in list(globals().values()):
+        if callable(getattr(value, "cache_clear", None)):
+            value.cache_clear()

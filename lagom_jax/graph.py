@@ -89,6 +89,17 @@ class Task:
     def is_collective(self) -> bool:
         return self.kind != "compute"
 
+    def evolve(self, **changes: object) -> Task:
+        """This task with ``changes``: ``dataclasses.replace`` without re-running the
+        constructor, for the passes and the search, which copy tasks by the ten thousand."""
+        unknown = changes.keys() - _TASK_FIELDS
+        if unknown:
+            raise TypeError(f"Task has no field(s) {sorted(unknown)}")
+        new = object.__new__(Task)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
     def piece(self, name: str, parts: int) -> Task:
         """One of ``parts`` equal pieces of this task, named ``name``: FLOPs and bytes
         divided, and a matmul's shape cut along its larger output dimension, so that the
@@ -135,6 +146,9 @@ class Task:
             raise ValueError(f"gpus_per_node must be positive, got {gpus_per_node}")
         sets = list(self.groups) + [tuple(p) for p in self.pairs]
         return max((len({d // gpus_per_node for d in g}) for g in sets), default=1)
+
+
+_TASK_FIELDS = frozenset(f.name for f in dataclasses.fields(Task))
 
 
 class CollectiveShape(NamedTuple):

@@ -85,7 +85,7 @@ def rebuild(name: str, num_devices: int, nodes: Sequence[Node]) -> Rewrite:
             # it through deps instead), so there is no separate wait left to record.
             done = None
         deps = tuple(sorted({new_id[d] for d in n.deps}))
-        tasks.append(dataclasses.replace(n.template, id=i, deps=deps, done_before=done))
+        tasks.append(n.template.evolve(id=i, deps=deps, done_before=done))
     return Rewrite(
         StepGraph(name=name, tasks=tuple(tasks), num_devices=num_devices),
         tuple(n.origin for n in emitted),

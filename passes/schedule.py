@@ -84,7 +84,7 @@ def schedule(
         else:
             # Synchronous: the next compute task in program order waits for it.
             wait = next_compute[t.id]
-        tasks[t.id] = dataclasses.replace(t, done_before=wait, is_async=is_async)
+        tasks[t.id] = t.evolve(done_before=wait, is_async=is_async)
     out = StepGraph(name=graph.name, tasks=tuple(tasks), num_devices=graph.num_devices)
     prio = None if priority is None else tuple(sorted((int(i), float(p)) for i, p in priority.items()))
     return Schedule(out, prio, overlap_limit, latency_hiding)

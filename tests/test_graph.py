@@ -300,3 +300,13 @@ def test_in_place_is_seen_through_dtype_conversions():
     row_bf16, index = 8 * 2, 4
     assert tasks["f"].bytes == index + row_bf16 + row_bf16
     assert tasks["g"].bytes == row_bf16 + index + 8 * 4
+
+
+def test_evolve_is_replace_without_the_constructor():
+    import dataclasses
+
+    t = graph.Task(id=3, name="ag", kind="all-gather", bytes=1 << 20, groups=((0, 1),), deps=(1, 2))
+    assert t.evolve(id=0, deps=(), is_async=True) == dataclasses.replace(t, id=0, deps=(), is_async=True)
+    assert t.evolve().__dict__ == t.__dict__ and t.id == 3
+    with pytest.raises(TypeError, match="no field"):
+        t.evolve(ids=0)

@@ -259,3 +259,23 @@ def test_a_plan_that_chooses_windowed_einsum_sets_its_flag():
     assert ("xla_gpu_threshold_for_windowed_einsum_mib", 0) in [(f.name, f.value) for f in plan.flags]
     assert plan.compiler_options()["xla_gpu_threshold_for_windowed_einsum_mib"] == 0
     flags.validate(plan.xla_flags(), plan.compiler_options())
+
+
+def test_a_search_pauses_the_cycle_collector_and_restores_it():
+    import gc
+
+    from lagom_jax import hardware, search
+    from lagom_jax.synthetic import random_graph
+
+    g = random_graph(6, seed=3, name="gc")
+    search.clear_cache()
+    gc.enable()
+    search.run_strategy("lagom", g, hardware.get("h100-sxm-8"))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        search.clear_cache()
+        search.run_strategy("lagom", g, hardware.get("h100-sxm-8"))
+        assert not gc.isenabled()  # a caller's own choice stays
+    finally:
+        gc.enable()

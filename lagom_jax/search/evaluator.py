@@ -80,8 +80,7 @@ def candidates(
         return _CANDIDATES[key]
     nodes = shape.nodes
     scored = []
-    for p, time_us in cost.candidate_times(*shape, hw):
-        sms, hbm = cost.collective_resource_use(*shape, p, hw, time_us=time_us)
+    for p, time_us, sms, hbm in cost.candidate_resources(*shape, hw):
         scored.append(((time_us, sms, hbm), p))
     scored.sort()
     front: list[tuple[tuple[float, float, float], CollectiveParams]] = []
@@ -131,6 +130,8 @@ class Evaluator:
         self._ties: dict[tuple, tuple[tuple[int, ...], dict[int, tuple[int, ...]]]] = {}
         self._built: dict[Structure, _Built] = {}
         self._windows: dict[tuple, _Built] = {}
+        # policy -> collective shape -> its pick (``strategies._policy_params``)
+        self.policy_picks: dict[str, dict[CollectiveShape, CollectiveParams]] = {}
 
     def shape(self, t: Task) -> CollectiveShape:
         return _shape(t, self.graph.num_devices, self.hw)
@@ -258,10 +259,8 @@ class Evaluator:
             self._windows.clear()
             ids = {old: old - lo for old in range(lo, hi + 1)}
             tasks = tuple(
-                dataclasses.replace(
-                    g1.tasks[old], id=new, done_before=None,
-                    deps=tuple(ids[d] for d in g1.tasks[old].deps if d in ids),
-                )
+                g1.tasks[old].evolve(id=new, done_before=None,
+                                     deps=tuple(ids[d] for d in g1.tasks[old].deps if d in ids))
                 for old, new in ids.items()
             )
             sub = StepGraph(f"{g1.name}[{lo}:{hi + 1}]", tasks, g1.num_devices)
