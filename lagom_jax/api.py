@@ -35,7 +35,7 @@ import jax
 
 from lagom_jax import calibrate as calibrate_lib
 from lagom_jax import flags as flags_lib
-from lagom_jax import deprecation, jax_internals, job, planning, sharing
+from lagom_jax import deprecation, jax_internals, job, nccl_settings, planning, sharing
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
@@ -261,6 +261,9 @@ class Tuned:
                           f"{type(err).__name__}: {err}", TuningWarning, stacklevel=3)
             return baseline, None
         apply_nccl_env(plan)
+        unmet = nccl_settings.unmet_needs(plan, nccl_settings.installed_nccl_version())
+        if unmet:
+            warnings.warn(f"lagom-jax: {unmet}", TuningWarning, stacklevel=3)
         if self._retune is not None:
             self._watch[key] = _Watch(lowered, text, hw, plan)
         return tuned, plan

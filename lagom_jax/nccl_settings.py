@@ -45,7 +45,8 @@ from lagom_jax.nccl_env import COPY_ENGINE_KINDS, NcclEnv
 from lagom_jax.flags import XlaFlag
 from lagom_jax.plan import Plan
 
-__all__ = ["SETTING_FLOOR", "Setting", "Outcome", "candidates", "memory_overhead_bytes", "choose", "with_setting"]
+__all__ = ["SETTING_FLOOR", "Setting", "Outcome", "candidates", "memory_overhead_bytes", "choose", "with_setting",
+           "installed_nccl_version", "unmet_needs"]
 
 SETTING_FLOOR = 0.013
 # XLA's collective memory granularity (collective_memory_granularity, every spec in
@@ -106,6 +107,30 @@ def memory_overhead_bytes(step: StepGraph, granularity: int = COLLECTIVE_MEMORY_
     up to XLA's collective memory granularity, all live at once."""
     return int(sum(math.ceil(t.bytes / granularity) * granularity - t.bytes
                    for t in step.collectives if t.bytes > 0))
+
+
+def installed_nccl_version() -> tuple[int, ...] | None:
+    """The NCCL this process would load, from its pip distribution (the one JAX's CUDA
+    plugin depends on); None where none is installed that way."""
+    from importlib import metadata
+
+    for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
+        try:
+            text = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return tuple(int(x) for x in text.split(".")[:3] if x.isdigit())
+    return None
+
+
+def unmet_needs(plan: Plan, version: tuple[int, ...] | None) -> str:
+    """Why ``plan``'s NCCL settings will not act with NCCL ``version`` ("" when they will
+    or the version is unknown)."""
+    if version is not None and dict(plan.nccl_settings).get("NCCL_CTA_POLICY") == "2" and version < (2, 28):
+        return (f"the plan asks for zero-CTA collectives (NCCL_CTA_POLICY=2), which need NCCL 2.28 or later; "
+                f"this process has NCCL {'.'.join(map(str, version))}, so its collectives keep their SMs "
+                "and the predicted gain of that setting will not come")
+    return ""
 
 
 def _environ(env: NcclEnv, base: NcclEnv) -> tuple[tuple[str, str], ...]:

@@ -97,3 +97,25 @@ def test_turning_nvls_back_on_is_said(env, expect):
     plan = nccl_settings.with_setting(Plan(module="m", fingerprint="", hardware=hw.name, gpus_per_node=8, nodes=1,
                                            strategy="lagom", version="0"), setting, hw)
     assert dict(plan.nccl_settings) == expect
+
+
+def test_zero_cta_on_an_older_nccl_is_said():
+    zero = Plan(module="m", fingerprint="", hardware="h100-sxm-8", gpus_per_node=8, nodes=1, strategy="lagom",
+                version="0", nccl_settings=(("NCCL_CTA_POLICY", "2"),))
+    assert "NCCL 2.27.3" in nccl_settings.unmet_needs(zero, (2, 27, 3))
+    assert nccl_settings.unmet_needs(zero, (2, 28, 9)) == ""
+    assert nccl_settings.unmet_needs(zero, None) == ""  # unknown: nothing to say
+    assert nccl_settings.unmet_needs(dataclasses.replace(zero, nccl_settings=()), (2, 18, 5)) == ""
+
+
+def test_the_launch_script_carries_the_settings(tmp_path):
+    from lagom_jax import artifacts
+
+    h100 = hardware.get("h100-sxm-8")
+    step = _gemms_beside_all_gathers()
+    planned = planning.plan(step, h100, strategy="lagom", baselines=("xla-default",))
+    out = nccl_settings.choose(step, planned, h100, strategy="lagom")
+    launch = artifacts.write(tmp_path, out.planned.plan, out.planned.chosen, lambda _: None)
+    text = launch.read_text() + (tmp_path / "nccl_env.sh").read_text()
+    assert "NCCL_CTA_POLICY=2" in text
+    assert "xla_gpu_experimental_enable_nccl_symmetric_buffers=true" in (tmp_path / "xla_flags.txt").read_text()
