@@ -169,8 +169,12 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
             decisions.append((setting.name, "not priced: no collective of this step would change"))
             continue
         log(f"NCCL settings: pricing {setting.name} ({', '.join(kinds)}) ...")
-        again = planning.plan(step, dataclasses.replace(hw, nccl_env=setting.env), strategy=strategy,
-                              baselines=(), fingerprint=fingerprint)
+        try:
+            again = planning.plan(step, dataclasses.replace(hw, nccl_env=setting.env), strategy=strategy,
+                                  baselines=(), fingerprint=fingerprint)
+        except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
+            decisions.append((setting.name, f"not priced: {err}"))
+            continue
         us = again.plan.makespan_us
         gain = 1.0 - us / base_us
         verdict = "taken" if gain >= SETTING_FLOOR else f"not taken: below the {SETTING_FLOOR:.1%} floor"

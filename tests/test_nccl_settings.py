@@ -119,3 +119,17 @@ def test_the_launch_script_carries_the_settings(tmp_path):
     text = launch.read_text() + (tmp_path / "nccl_env.sh").read_text()
     assert "NCCL_CTA_POLICY=2" in text
     assert "xla_gpu_experimental_enable_nccl_symmetric_buffers=true" in (tmp_path / "xla_flags.txt").read_text()
+
+
+def test_a_setting_that_leaves_no_algorithm_is_reported_not_fatal():
+    # The cluster runs NVLS only: turning NVLS off would leave its all-reduces no algorithm.
+    hw = dataclasses.replace(hardware.get("h100-sxm-8"), nccl_env=NcclEnv.from_environ({"NCCL_ALGO": "NVLS"}))
+    ar = Task(id=0, name="ar", kind="all-reduce", bytes=64 << 20, groups=(tuple(range(8)),), is_async=True)
+    gemm = Task(id=1, name="gemm", kind="compute", flops=2 * 4096**3, bytes=3 * 4096**2 * 2, opcode="fusion",
+                gemm=(1, 4096, 4096, 4096))
+    step = StepGraph("ar+gemm", (ar, gemm), num_devices=8)
+    planned = planning.plan(step, hw, strategy="lagom", baselines=())
+    out = nccl_settings.choose(step, planned, hw, strategy="lagom")
+    assert out.planned is planned
+    why = dict(out.decisions)["NVLS off (NCCL_NVLS_ENABLE=0)"]
+    assert why.startswith("not priced:") and "no" in why and "algorithm" in why
