@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from lagom_jax import collective_tables, kernels
+from lagom_jax import collective_tables, hashing, kernels
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.params import MAX_CHANNELS, CollectiveParams
 
@@ -139,16 +139,9 @@ class CostConfig:
     # the switch (multimem load-reduce) and a broadcast back (multimem store).
     nvls_steps: int = 2
 
-    def __hash__(self) -> int:
-        # Every cached cost function takes the config: hash its ~40 fields once.
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
+    __hash__ = hashing.hash_fields_once
+    __getstate__ = hashing.state_without_hash
 
     def lookup(self, table: tuple[tuple[str, object], ...], key: str):  # noqa: ANN201 - generic row
         for k, v in table:
@@ -425,6 +418,12 @@ def _protocols(hw: HardwareProfile, algorithm: str) -> tuple[str, ...]:
     return tuple(p for p in own if hw.nccl_env.allows_protocol(p))
 
 
+def nvls_shape(kind: str, n: int, nodes: int) -> bool:
+    """Whether NCCL can run NVLS for this collective where the system has NVLS: all-reduces
+    over more than one GPU inside one NVLink domain (the model's NVLS)."""
+    return kind == "all-reduce" and nodes <= 1 and n > 1
+
+
 def _algorithms(kind: str, n: int, nodes: int, hw: HardwareProfile) -> tuple[str, ...]:
     """The (algorithm, protocol) pairs NCCL may pick for this collective, in its scan
     order (Tree, Ring, NVLS), under the cluster's NCCL settings; ValueError where those
@@ -433,7 +432,7 @@ def _algorithms(kind: str, n: int, nodes: int, hw: HardwareProfile) -> tuple[str
     if kind == "all-reduce":
         if n > 2:
             own.insert(0, "tree")
-        if hw.has_nvls and nodes <= 1 and n > 1:
+        if hw.has_nvls and nvls_shape(kind, n, nodes):
             own.append("nvls")
     pairs = tuple((a, p) for a in own if hw.nccl_env.allows_algorithm(a) for p in _protocols(hw, a))
     if not pairs:
@@ -564,21 +563,14 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
 
 
 @functools.lru_cache(maxsize=1 << 10)
-def _size_free_table(kind: str, group_size: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
-                     ) -> tuple[tuple[CollectiveParams, _Terms], ...]:
-    """The size-free candidates of one (kind, group) with their size-free terms."""
-    return tuple((p, _size_free_terms(kind, group_size, nodes, p, hw, cfg))
-                 for p in _size_free_candidates(kind, group_size, nodes, hw))
-
-
-@functools.lru_cache(maxsize=1 << 10)
 def _size_free_columns(kind: str, group_size: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
                        ) -> tuple[tuple[CollectiveParams, ...], dict[str, np.ndarray]]:
-    """``_size_free_table`` as columns, one entry per candidate, for ``_times_from_columns``."""
-    table = _size_free_table(kind, group_size, nodes, hw, cfg)
-    fixed = tuple(p for p, _ in table)
+    """The size-free candidates of one (kind, group) and their ``_size_free_terms`` as
+    columns, one entry per candidate, for ``_times_from_columns``."""
+    fixed = _size_free_candidates(kind, group_size, nodes, hw)
+    terms = [_size_free_terms(kind, group_size, nodes, p, hw, cfg) for p in fixed]
     bus, bw, one_ch, hop, steps, lat, factor = (np.array(c, dtype=float) for c in zip(
-        *((t[0], t[1], t[2], t[3], t[4], t[5], math.nan if t[6] is None else t[6]) for _, t in table)))
+        *((*t[:6], math.nan if t[6] is None else t[6]) for t in terms)))
     nvls = np.array([p.algorithm == "nvls" for p in fixed])
     per_thread = np.array([p.nthreads * _BYTES_PER_THREAD[p.protocol]
                            * (group_size if p.protocol == "LL" and p.algorithm == "ring" else 1) for p in fixed],

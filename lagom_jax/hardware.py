@@ -24,7 +24,7 @@ import math
 import os
 from typing import Any, Literal
 
-from lagom_jax import collective_tables
+from lagom_jax import collective_tables, hashing
 from lagom_jax.nccl_env import NcclEnv
 
 Arch = Literal["volta", "ampere", "hopper", "blackwell"]
@@ -97,17 +97,9 @@ class HardwareProfile:
     # NCCL_NVLS_ENABLE, NCCL_CTA_POLICY); NCCL's defaults unless a user's run sets them.
     nccl_env: NcclEnv = NcclEnv()
 
-    def __hash__(self) -> int:
-        # The cost tables are cached per profile, so a profile is hashed on every lookup:
-        # hash its fields once. Kept out of pickles (string hashes differ per process).
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
+    __hash__ = hashing.hash_fields_once
+    __getstate__ = hashing.state_without_hash
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:

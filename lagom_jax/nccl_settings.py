@@ -38,7 +38,8 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from lagom_jax import planning
+from lagom_jax import cost, planning
+from lagom_jax.units import human_bytes
 from lagom_jax.graph import StepGraph, collective_shape
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.nccl_env import COPY_ENGINE_KINDS, NcclEnv
@@ -82,8 +83,7 @@ def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> list[st
         shape = collective_shape(t, step.num_devices, hw.gpus_per_node)
         if setting.env.zero_cta != hw.nccl_env.zero_cta and setting.env.copy_engine(t.kind, shape.nodes):
             kinds.add(t.kind)
-        if (setting.env.nvls != hw.nccl_env.nvls and t.kind == "all-reduce" and shape.nodes <= 1
-                and shape.ranks > 1):
+        if setting.env.nvls != hw.nccl_env.nvls and cost.nvls_shape(t.kind, shape.ranks, shape.nodes):
             kinds.add(t.kind)
     return sorted(kinds)
 
@@ -149,10 +149,6 @@ def with_setting(plan: Plan, setting: Setting, hw: HardwareProfile) -> Plan:
                                nccl_settings=_environ(setting.env, hw.nccl_env))
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.0f} MiB"
-
-
 def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, strategy: str,
            fingerprint: str = "", log: Callable[[str], None] = lambda _: None) -> Outcome:
     """Plan ``step`` again under each candidate setting; keep the fastest above the floor.
@@ -180,7 +176,7 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
         verdict = "taken" if gain >= SETTING_FLOOR else f"not taken: below the {SETTING_FLOOR:.1%} floor"
         extra = ""
         if setting.env.zero_cta and not hw.nccl_env.zero_cta:
-            extra = f"; memory up to +{_mib(memory_overhead_bytes(step))} (buffers rounded to 2 MiB)"
+            extra = f"; memory up to +{human_bytes(memory_overhead_bytes(step))} (buffers rounded to 2 MiB)"
         decisions.append((setting.name, f"step {base_us / 1e3:.3f} -> {us / 1e3:.3f} ms predicted "
                           f"({gain:+.2%}; changes {', '.join(kinds)}); {verdict}{extra}; needs {setting.needs}"))
         if gain >= SETTING_FLOOR and (best is None or us < best[0]):

@@ -93,8 +93,10 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
 
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
-    if attention not in ("flash", "xla"):
-        raise ValueError(f"unknown attention {attention!r}; known: flash, xla")
+    from lagom_jax.models import attention as attention_lib
+
+    if attention not in attention_lib.IMPLS:
+        raise ValueError(f"unknown attention {attention!r}; known: {', '.join(attention_lib.IMPLS)}")
     unknown = sorted(set(mesh) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"unknown mesh axes {unknown}; known: {', '.join(MESH_AXES)}")
