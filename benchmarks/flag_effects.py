@@ -14,9 +14,8 @@ How a setting reaches the prediction:
   ``predict_train_step_ms(nccl_env=...)``);
 * **xla**: an XLA flag is compiled in (``predict_train_step_ms(xla_flags=...)``), so the
   module the cost model reads is the one the flag makes;
-* **what-if**: where the installed XLA does not apply a flag (it compiles the same module),
-  lagom-jax's own rewrite of what the flag does (``passes.decompose`` with XLA's order for
-  windowed einsum) stands in, and the row says so;
+  where the flag leaves the module unchanged the row says so ("xla: same collectives") and
+  its note says why;
 * **graph**: a microbenchmark is rebuilt as a step graph of its kernels.
 
 Goal (issue: "Collectives and contention priced as measured", item 5): the right sign on
@@ -89,7 +88,12 @@ EFFECTS: tuple[Effect, ...] = (
            note="a rerun measured -1.28%; the issue rejects it as no measurable effect"),
     Effect("llama3-70b/16xH100 fsdp8 tp2", "windowed einsum (--xla_gpu_threshold_for_windowed_einsum_mib=0)",
            3.0, "openxla/xla PR #26948 (comment)", "xla", xla_flags={"xla_gpu_threshold_for_windowed_einsum_mib": 0},
-           note="partial windowed einsum of a 2-D sharded operand; GPU, batch and sequence not published"),
+           note="partial windowed einsum of a 2-D sharded operand; GPU, batch and sequence not published. "
+                "XLA windows a dot only where one operand is split over every partition of the dot "
+                "(spmd/dot_handler.cc, GetWindowedEinsumConfiguration; PR #26948 adds an operand split "
+                "over both axes, as MaxText shards its activations over `tensor` too); the family keeps "
+                "activations whole over `model` (Megatron-style all-reduce), so no dot of this step "
+                "qualifies and the effect is predicted as none"),
     Effect("gemm+all-gather/8xH100", "NCCL_CTA_POLICY=2 (copy-engine all-gather, symmetric buffers)",
            100 * (2.02 - 1.77) / 2.02, "pytorch/pytorch PR #172714 (#176613)", "graph",
            {"NCCL_CTA_POLICY": "2"},
@@ -100,19 +104,6 @@ EFFECTS: tuple[Effect, ...] = (
     Effect("MoE/8xB200", "auto-PGLE", 100 * (1 - 15.02 / 15.08), "marin-community/marin issue #7507", "none",
            note="model not published; PGLE's profile is a measurement the model would replace"),
 )
-
-
-def _windowed_einsum_what_if(job: Any) -> float:
-    """The compiled step with every all-gather/reduce-scatter + matmul pair rewritten as XLA's
-    windowed einsum would (``passes.decompose``, XLA's order), predicted (ms)."""
-    from lagom_jax import search
-    from lagom_jax.passes import XLA_ORDER, decompose, eligible_pairs
-
-    graph = job.compiled.graph()
-    if not eligible_pairs(graph):
-        return job.predicted_ms("xla-default")
-    rewritten = decompose(graph, 0, order=XLA_ORDER)
-    return search.run_strategy("xla-default", rewritten, job.compiled.hardware).makespan_us / 1e3
 
 
 def _collectives(job: Any) -> tuple[tuple[str, float], ...]:
@@ -148,9 +139,6 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
                 new = flagged.predicted_ms("xla-default")
                 if _collectives(flagged) == _collectives(job):
                     row["how"] = "xla: same collectives"
-                    if "xla_gpu_threshold_for_windowed_einsum_mib" in e.xla_flags:
-                        new = _windowed_einsum_what_if(job)
-                        row["how"] = "what-if: XLA compiled the same collectives; lagom's rewrite"
         else:
             out.append(row)
             continue
