@@ -41,6 +41,7 @@ BEFORE = cost.CostConfig(measured_tables=False)
 AFTER = cost.CostConfig()
 XLA_TABLES = {"sm_90": ("xla-h100", "h100-sxm-8"), "sm_100_B200": ("xla-b200", "b200-sxm-8")}
 GiB = 1 << 30
+MARIN_EXPERT_MATRIX = 128 * 6144 * 3072 * 2
 
 # (source, preset, nodes, ranks, kind, bytes, measured bus bandwidth GB/s, citation)
 PUBLISHED = (
@@ -55,6 +56,14 @@ PUBLISHED = (
     ("published", "h100-sxm-8", 1, 8, "all-reduce", 8 * GiB, 478.9, "Azure ND H100 v5 (NVLS)"),
     ("published", "h100-sxm-8", 4, 32, "all-reduce", 8 * GiB, 330.9, "4x8 H100, 3.2 Tb/s IB, aigatech/vpbenchmarking"),
     ("published", "h200-sxm-8", 1, 8, "all-reduce", 8 * GiB, 480.0, "Azure ND H200 v5 (NVLS)"),
+    # Inside a training step, not nccl-tests: MARIN's MoE (pure FSDP over 64 GB200 of one NVL72
+    # rack) gathers its expert weights at 429 GB/s and reduce-scatters their gradients at 445 GB/s
+    # (xprof kernel durations, which include the wait for the slowest peer). The issue gives the
+    # rates, not the sizes: one expert matrix of a layer (128 x 6144 x 3072 bf16) stands in.
+    ("published", "gb200-nvl72", 1, 64, "all-gather", MARIN_EXPERT_MATRIX, 429.0,
+     "MARIN MoE step, NVL72 rack, xprof; marin-community/marin issue #8054"),
+    ("published", "gb200-nvl72", 1, 64, "reduce-scatter", MARIN_EXPERT_MATRIX, 445.0,
+     "MARIN MoE step, NVL72 rack, xprof; marin-community/marin issue #8054"),
 )
 
 
@@ -165,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"| {statistics.median(after[p] / p.measured_us - 1 for p in sel):+.1%} "
                          f"| {statistics.median(abs(after[p] / p.measured_us - 1) for p in sel):.1%} |")
     lines += ["", "Published points (bus bandwidth converted to time):", "",
-              "| system | GPUs | size | measured us | before | after | source |", "|---|---:|---:|---:|---:|---:|---|"]
-    for (_, preset, nodes, n, _kind, size, _bw, cite), p in zip(PUBLISHED, [p for p in pts if p.source == "published"]):
-        lines.append(f"| {preset} x{nodes} | {n} | {size / 2**20:.0f} MiB | {p.measured_us:.0f} "
+              "| system | GPUs | collective | size | measured us | before | after | source |",
+              "|---|---:|---|---:|---:|---:|---:|---|"]
+    for (_, preset, nodes, n, kind, size, _bw, cite), p in zip(PUBLISHED, [p for p in pts if p.source == "published"]):
+        lines.append(f"| {preset} x{nodes} | {n} | {kind} | {size / 2**20:.0f} MiB | {p.measured_us:.0f} "
                      f"| {before[p] / p.measured_us - 1:+.0%} | {after[p] / p.measured_us - 1:+.0%} | {cite} |")
     text = "\n".join(lines)
     print(text)
