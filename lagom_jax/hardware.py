@@ -510,6 +510,20 @@ PRESETS["gb200-nvl72"] = dataclasses.replace(
     nvls_channels=32,
 )
 
+# Azure ND A100 v4: 8x A100 SXM4 40GB with NVSwitch and one 200 Gb/s HDR InfiniBand NIC per
+# GPU, the DGX A100's network on paper (Microsoft's VM documentation; NetX-lab/Echo's
+# nccl-test-log/README.md). Measured, its all-reduce busBw across nodes peaks at 124-128 GB/s
+# at 1-16 GiB over 2-16 VMs (NetX-lab/Echo nccl-test-log/nccl_{16,32,64,128}.log), not the
+# DGX A100's 192: the rate of the 2-VM log at its largest size stands in for the network.
+PRESETS["nd-a100-v4"] = dataclasses.replace(
+    PRESETS["a100-sxm-8"], name="nd-a100-v4", gpu="A100 SXM4 40GB (Azure ND A100 v4)",
+    hbm_gbps=1555.0,  # A100 40GB datasheet, HBM2
+    # No achieved figure for the 40GB part: the 80GB part's achieved/datasheet ratio (assumption).
+    achieved_hbm_gbps=round(1555.0 * 1680.0 / 2039.0),
+    net_busbw_gbps=127.95,
+    xla_target="a100_sxm_40",  # XLA's own description of the 40GB part (a100_sxm_40.txtpb)
+)
+
 # GPU names (as in jax's ``device_kind``) -> the preset with that GPU's links and NCCL
 # tables; H800 shares the H100's Hopper tables, A800 the A100's. The first match wins, so
 # "NVIDIA GB200" (4 GPUs per tray, NVLink across the rack) also lands on b200-sxm-8: same

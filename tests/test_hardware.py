@@ -12,7 +12,7 @@ from lagom_jax import hardware
 NEW_PRESETS = ("h200-sxm-8", "b200-sxm-8", "dgx-h100", "a3", "a3-mega", "a3-ultra", "a4")
 
 
-@pytest.mark.parametrize("name", ["a100-sxm-8", "h100-sxm-8", "a40-pcie-8", "v100-25g", *NEW_PRESETS])
+@pytest.mark.parametrize("name", ["a100-sxm-8", "h100-sxm-8", "a40-pcie-8", "v100-25g", "nd-a100-v4", *NEW_PRESETS])
 def test_presets_exist_and_scale_with_nodes(name):
     hw = hardware.get(name, nodes=4)
     assert hw.name == name and hw.nodes == 4
@@ -32,7 +32,7 @@ def test_datasheet_numbers():
 
 def test_unknown_name_lists_known():
     with pytest.raises(ValueError, match="known: a100-sxm-8, h100-sxm-8, a40-pcie-8, v100-25g, h200-sxm-8, "
-                                         "b200-sxm-8, dgx-h100, a3, a3-mega, a3-ultra, a4, gb200-nvl72\\)"):
+                                         "b200-sxm-8, dgx-h100, a3, a3-mega, a3-ultra, a4, gb200-nvl72, nd-a100-v4\\)"):
         hardware.get("h10")
     with pytest.raises(ValueError, match="h100-sxm-8") as err:
         hardware.resolve("h10")
@@ -283,3 +283,19 @@ def test_deviceless_compile_for_b200_runs_the_latency_hiding_scheduler_unasked(d
     # turning that estimator off changes the module, as on Hopper (xla_schedules_by_default).
     without = built.compiled_text({"xla_gpu_enable_analytical_sol_latency_estimator": False})
     assert not verify._same_module(module, without)
+
+
+def test_azure_a100_preset_carries_its_measured_network_and_the_model_scales_it_over_nodes():
+    """nd-a100-v4's network rate is read from Echo's 2-VM log at 16 GiB; at 16 VMs (128 GPUs,
+    4 GiB: 69,831 us measured, NetX-lab/Echo nccl-test-log/nccl_128.log) the model must carry
+    it, where the DGX A100 rate of a100-sxm-8 is a third too fast."""
+    from lagom_jax import cost
+
+    def predicted(name):
+        return cost.default_time_us("all-reduce", 4 << 30, 128, 16, hardware.get(name, nodes=16))
+
+    assert abs(predicted("nd-a100-v4") / 69_831 - 1) < 0.05
+    assert predicted("a100-sxm-8") / 69_831 - 1 < -0.25
+    azure, dgx = hardware.get("nd-a100-v4"), hardware.get("a100-sxm-8")
+    assert azure.xla_target == "a100_sxm_40" and azure.net_busbw_gbps < dgx.net_busbw_gbps
+    assert (azure.sm_count, azure.intra_busbw_gbps) == (dgx.sm_count, dgx.intra_busbw_gbps)
