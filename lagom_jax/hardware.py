@@ -519,7 +519,7 @@ PRESETS["nd-a100-v4"] = dataclasses.replace(
     PRESETS["a100-sxm-8"], name="nd-a100-v4", gpu="A100 SXM4 40GB (Azure ND A100 v4)",
     hbm_gbps=1555.0,  # A100 40GB datasheet, HBM2
     # No achieved figure for the 40GB part: the 80GB part's achieved/datasheet ratio (assumption).
-    achieved_hbm_gbps=round(1555.0 * 1680.0 / 2039.0),
+    achieved_hbm_gbps=round(1555.0 * PRESETS["a100-sxm-8"].achieved_hbm_gbps / PRESETS["a100-sxm-8"].hbm_gbps),
     net_busbw_gbps=127.95,
     xla_target="a100_sxm_40",  # XLA's own description of the 40GB part (a100_sxm_40.txtpb)
 )
