@@ -90,9 +90,10 @@ def median_per_op(samples: list[dict[str, float]]) -> tuple[dict[str, float], di
 def run(out: str | pathlib.Path, *, allow_cpu: bool = False, model: str = "gpt2", config: str = "124M",
         batch_size: int = 8, seq_len: int | None = None, dtype: str | None = None,
         hw_profile: str | None = None, preset: str | None = None, warmup: int = 3, repeats: int = 10,
-        min_measured_us: float = 2.0, progress: Any = print) -> AccuracyReport:
+        min_measured_us: float = 2.0, attention: str = "xla", tag: str = "",
+        progress: Any = print) -> AccuracyReport:
     """Trace ``repeats`` steps after ``warmup`` and score the cost model (module docstring);
-    writes ``<backend>_accuracy.json`` to ``out``."""
+    writes ``<backend>_accuracy[_<tag>].json`` to ``out``."""
     import jax
 
     from lagom_jax.models import build
@@ -111,7 +112,7 @@ def run(out: str | pathlib.Path, *, allow_cpu: bool = False, model: str = "gpt2"
     hw_after = hardware.HardwareProfile.load(hw_profile) if hw_profile else None
 
     built = build(model, config, "dp", {"data": 1}, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
-                  devices=[device])
+                  devices=[device], attention=attention)
     compiled = built.lower().compile()
     graph = graph_lib.from_module(hlo.parse(compiled.as_text()))
     progress(f"{model} {config} on {device.device_kind}: {len(graph.compute_tasks)} compute tasks, "
@@ -163,7 +164,7 @@ def run(out: str | pathlib.Path, *, allow_cpu: bool = False, model: str = "gpt2"
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     prefix = "gpu" if platform == "gpu" else "cpu"
-    (out / f"{prefix}_accuracy.json").write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
+    (out / f"{prefix}_accuracy{'_' + tag if tag else ''}.json").write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
     return report
 
 
@@ -205,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--dtype", default=None, help="compute dtype (default bfloat16 on GPU, float32 on CPU)")
+    ap.add_argument("--attention", default="xla", help="attention implementation: xla or flash")
+    ap.add_argument("--tag", default="", help="suffix of the output file (several configurations in one directory)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10, help="traced steps")
     ap.add_argument("--min-us", type=float, default=2.0, help="leave out ops measured under this (timer noise)")
@@ -217,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(args.out, allow_cpu=args.allow_cpu, model=args.model, config=args.config,
                      batch_size=args.batch_size, seq_len=args.seq_len, dtype=args.dtype, hw_profile=args.profile,
-                     preset=args.preset, warmup=args.warmup, repeats=args.repeats, min_measured_us=args.min_us)
+                     preset=args.preset, warmup=args.warmup, repeats=args.repeats, min_measured_us=args.min_us,
+                     attention=args.attention, tag=args.tag)
     except (GpuAccuracyError, profile.ProfileError) as e:
         print(f"gpu_accuracy: {e}", file=sys.stderr)
         return 2
     from benchmarks.common import record_gpu_section
 
+    print(markdown(report))
     record_gpu_section("gpu_accuracy", markdown(report), report.backend)
     return 0
 

@@ -1,0 +1,300 @@
+"""Kernel rates and step memory on one GPU: what the cost model prices from public rates.
+
+Parts (``--parts``, comma-separated):
+
+- ``attention``: causal attention of llama3-8b's heads (32 query heads, 8 kv heads, head dim
+  128) at a fixed 16k tokens and sequence 2k-8k, forward and forward+backward, three ways:
+  cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``), the project's Pallas/Triton
+  flash kernel (``lagom_jax.models.attention``, ``impl="flash"``) and XLA's unfused attention.
+  Rates are the causal FLOPs (half of ``4 * b * h * s^2 * d`` forward; the backward
+  counted as 2.5x the forward, FlashAttention-2's count) over the measured time.
+- ``fp8``: the GEMMs of a llama3-70b layer at 8192 tokens (QKV, O, gate/up, down), float8_e4m3fn
+  operands into bf16, beside the same GEMMs in bf16.
+- ``ragged``: ``jax.lax.ragged_dot`` with Mixtral 8x7b's expert up-projection (8 experts,
+  4096 -> 14336) on 16384 routed rows, groups balanced and skewed.
+- ``memory``: a llama2-7b-shaped train step (flash attention, 10 layers, 2 x 4096 tokens: about
+  57 GB by XLA's analysis) sized to fill most of the GPU: the peak bytes in
+  use (``Device.memory_stats``) against XLA's compiled memory analysis of the same step,
+  compiled on the GPU and deviceless for an abstract GPU of the same kind.
+
+Every time is the median of ``--repeats`` timed batches (each ``--inner`` calls, fresh
+inputs per call set, after warm-up) with the interquartile range. Run on the GPU machine::
+
+    python -m benchmarks.gpu_kernels --out DIR
+
+``--allow-cpu --quick`` runs the flow on the CPU with tiny shapes, for tests; nothing it prints
+is a GPU number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+PARTS = ("attention", "fp8", "ragged", "memory")
+
+
+def timed(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], *, repeats: int, inner: int) -> dict[str, float]:
+    """Median and IQR (us per call) of ``fn`` over ``repeats`` batches of ``inner`` calls."""
+    import jax
+
+    for args in arg_sets[:2]:
+        jax.block_until_ready(fn(*args))
+    per = []
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        outs = [fn(*arg_sets[(r * inner + i) % len(arg_sets)]) for i in range(inner)]
+        jax.block_until_ready(outs)
+        per.append((time.perf_counter() - t0) * 1e6 / inner)
+    q1, med, q3 = np.percentile(per, [25, 50, 75])
+    return {"median_us": float(med), "iqr_us": float(q3 - q1)}
+
+
+def _normal(key: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    import jax
+
+    return jax.random.normal(key, shape, jax.numpy.float32).astype(dtype)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def attention(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+
+    from lagom_jax.models import attention as attn
+    from lagom_jax.models.sharding import Layout
+
+    heads, kv, d = (4, 2, 32) if quick else (32, 8, 128)
+    tokens = 256 if quick else 16384
+    seqs = (64, 128) if quick else (2048, 4096, 8192)
+    dt = jnp.float32 if quick else jnp.bfloat16
+    cpu = jax.default_backend() != "gpu"
+
+    def impls() -> dict[str, Callable[..., Any]]:
+        out = {
+            "flash (Pallas/Triton)": lambda q, k, v: attn.attend(q, k, v, causal=True, impl="flash", layout=Layout()),
+            "xla (unfused)": lambda q, k, v: attn.attend(q, k, v, causal=True, impl="xla", layout=Layout()),
+        }
+        if not cpu:
+            out["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                                         implementation="cudnn")
+        return out
+
+    rows = []
+    for s in seqs:
+        b = tokens // s
+        keys = jax.random.split(jax.random.key(s), 9)
+        sets = [(_normal(keys[3 * i], (b, s, heads, d), dt), _normal(keys[3 * i + 1], (b, s, kv, d), dt),
+                 _normal(keys[3 * i + 2], (b, s, kv, d), dt)) for i in range(3)]
+        fwd_flops = 4 * b * heads * s * s * d / 2
+        for name, f in impls().items():
+            fwd = jax.jit(f)
+
+            def loss(q, k, v, f=f):  # noqa: ANN001, ANN202
+                return jnp.sum(f(q, k, v).astype(jnp.float32))
+
+            both = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            for what, fn, flops in (("forward", fwd, fwd_flops), ("forward+backward", both, 3.5 * fwd_flops)):
+                try:
+                    t = timed(fn, sets, repeats=repeats, inner=inner)
+                    row = {"impl": name, "seq": s, "batch": b, "heads": heads, "kv_heads": kv, "head_dim": d,
+                           "pass": what, **t, "tflops": flops / (t["median_us"] * 1e6)}
+                except Exception as e:  # noqa: BLE001 - one kernel failing must not lose the rest
+                    row = {"impl": name, "seq": s, "pass": what, "error": repr(e)[:300]}
+                rows.append(row)
+                progress(f"attention {name} s={s} {what}: "
+                         + (f"{row['median_us']:.0f} us, {row['tflops']:.0f} TFLOP/s" if "error" not in row
+                            else row["error"]))
+    return rows
+
+
+# --------------------------------------------------------------------------------- fp8
+
+
+def fp8(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+
+    m = 256 if quick else 8192
+    # llama3-70b: d_model 8192, 64 heads + 2 x 8 kv heads of 128, d_ff 28672.
+    shapes = {"qkv": (m, 10240, 8192), "o": (m, 8192, 8192), "gate/up": (m, 28672, 8192),
+              "down": (m, 8192, 28672)}
+    if quick:
+        shapes = {k: (m, n // 64, kk // 64) for k, (_, n, kk) in shapes.items()}
+    rows = []
+    for name, (mm, n, k) in shapes.items():
+        keys = jax.random.split(jax.random.key(n + k), 4)
+        for dtype in ("bfloat16", "float8_e4m3fn"):
+            dt = jnp.dtype(dtype)
+            sets = [(_normal(keys[2 * i], (mm, k), dt), _normal(keys[2 * i + 1], (k, n), dt)) for i in range(2)]
+            fn = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.bfloat16))
+            try:
+                t = timed(fn, sets, repeats=repeats, inner=inner)
+                hlo = fn.lower(*sets[0]).compile().as_text()
+                row = {"gemm": name, "m": mm, "n": n, "k": k, "dtype": dtype, **t,
+                       "tflops": 2 * mm * n * k / (t["median_us"] * 1e6),
+                       "cublaslt_fp8": "__cublas$lt$matmul$f8" in hlo}
+            except Exception as e:  # noqa: BLE001
+                row = {"gemm": name, "dtype": dtype, "error": repr(e)[:300]}
+            rows.append(row)
+            progress(f"gemm {name} {mm}x{n}x{k} {dtype}: "
+                     + (f"{row['median_us']:.0f} us, {row['tflops']:.0f} TFLOP/s" if "error" not in row
+                        else row["error"]))
+    return rows
+
+
+# ------------------------------------------------------------------------------ ragged
+
+
+def ragged(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+
+    g, k, n, m = (4, 64, 128, 512) if quick else (8, 4096, 14336, 16384)
+    dt = jnp.float32 if quick else jnp.bfloat16
+    splits = {"balanced": [1 / g] * g,
+              "skewed": [0.4, 0.2, 0.12, 0.1, 0.08, 0.05, 0.03, 0.02][:g]}
+    rows = []
+    keys = jax.random.split(jax.random.key(7), 4)
+    sets_base = [(_normal(keys[2 * i], (m, k), dt), _normal(keys[2 * i + 1], (g, k, n), dt)) for i in range(2)]
+    for name, frac in splits.items():
+        sizes = np.floor(np.array(frac) / sum(frac) * m).astype(np.int32)
+        sizes[0] += m - sizes.sum()
+        gs = jnp.asarray(sizes)
+        sets = [(a, b, gs) for a, b in sets_base]
+        fwd = jax.jit(lambda a, b, s: jax.lax.ragged_dot(a, b, s))
+
+        def loss(a, b, s):  # noqa: ANN001, ANN202
+            return jnp.sum(jax.lax.ragged_dot(a, b, s).astype(jnp.float32))
+
+        both = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        for what, fn, mult in (("forward", fwd, 1), ("forward+backward", both, 3)):
+            try:
+                t = timed(fn, sets, repeats=repeats, inner=inner)
+                row = {"groups": name, "group_sizes": sizes.tolist(), "m": m, "k": k, "n": n, "pass": what, **t,
+                       "tflops": mult * 2 * m * k * n / (t["median_us"] * 1e6)}
+            except Exception as e:  # noqa: BLE001
+                row = {"groups": name, "pass": what, "error": repr(e)[:300]}
+            rows.append(row)
+            progress(f"ragged_dot {name} {what}: "
+                     + (f"{row['median_us']:.0f} us, {row['tflops']:.0f} TFLOP/s" if "error" not in row
+                        else row["error"]))
+    return rows
+
+
+# ------------------------------------------------------------------------------ memory
+
+
+def memory(quick: bool, layers: int, batch: int, seq: int, progress: Any) -> dict[str, Any]:
+    """Peak bytes of a llama2-7b-shaped step, measured and as XLA's memory analysis says."""
+    import jax
+
+    from lagom_jax import gpu_compile, hardware, profile
+    from lagom_jax.models import build
+
+    config = ("layers=2,d_model=64,heads=4,kv_heads=4,d_ff=128,vocab=256,max_len=64" if quick
+              else f"layers={layers},d_model=4096,heads=32,kv_heads=32,d_ff=11008,vocab=32000,max_len=4096")
+    seq = 64 if quick else seq
+    dtype = "float32" if quick else "bfloat16"
+    device = jax.devices()[0]
+    out: dict[str, Any] = {"config": config, "batch": batch, "seq": seq, "dtype": dtype,
+                           "device_kind": device.device_kind}
+
+    def analysis(compiled: Any) -> dict[str, int]:
+        ma = compiled.memory_analysis()
+        fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+                  "temp_size_in_bytes", "generated_code_size_in_bytes")
+        return {f: int(getattr(ma, f)) for f in fields}
+
+    attention = "xla" if quick else "flash"  # XLA's attention would spend the memory on scores
+    out["attention"] = attention
+    built = build("llama", config, "dp", {"data": 1}, batch_size=batch, seq_len=seq, dtype=dtype, devices=[device],
+                  attention=attention)
+    t0 = time.perf_counter()
+    compiled = built.lower().compile()
+    out["compile_s"] = time.perf_counter() - t0
+    out["compiled_here"] = analysis(compiled)
+    state, _ = built.init(jax.random.key(0))
+    b1 = built.init(jax.random.key(1))[1]
+    jax.block_until_ready((state, b1))
+    stats0 = device.memory_stats() or {}
+    out["in_use_before_bytes"] = int(stats0.get("bytes_in_use", 0))
+    state, metrics = compiled(state, b1)
+    jax.block_until_ready((state, metrics))
+    stats = device.memory_stats() or {}
+    out["peak_bytes_in_use"] = int(stats.get("peak_bytes_in_use", 0))
+    out["bytes_limit"] = int(stats.get("bytes_limit", 0))
+    out["loss"] = float(metrics["loss"])
+    progress(f"memory: peak {out['peak_bytes_in_use'] / 2**30:.2f} GiB of {out['bytes_limit'] / 2**30:.2f}; "
+             f"analysis {out['compiled_here']}")
+    del state, metrics, b1
+    if jax.default_backend() == "gpu":
+        try:
+            hw = hardware.get(profile.base_preset_for(device.device_kind))
+            gpu_compile.prepare()
+            devs = gpu_compile.devices(hw, 1)
+            built_d = build("llama", config, "dp", {"data": 1}, batch_size=batch, seq_len=seq, dtype=dtype,
+                            devices=devs, attention=attention)
+            out["deviceless_target"] = hw.name
+            out["compiled_deviceless"] = analysis(built_d.lower().compile())
+        except Exception as e:  # noqa: BLE001
+            out["deviceless_error"] = repr(e)[:300]
+        progress(f"memory deviceless: {out.get('compiled_deviceless') or out.get('deviceless_error')}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/gpu", help="directory for gpu_kernels.json")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {', '.join(PARTS)}")
+    ap.add_argument("--repeats", type=int, default=15, help="timed batches per kernel")
+    ap.add_argument("--inner", type=int, default=5, help="calls per timed batch")
+    ap.add_argument("--memory-layers", type=int, default=10, help="layers of the memory step")
+    ap.add_argument("--memory-batch", type=int, default=2)
+    ap.add_argument("--memory-seq", type=int, default=4096)
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (tests)")
+    ap.add_argument("--allow-cpu", action="store_true", help="run on the CPU (tests; not GPU numbers)")
+    args = ap.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        ap.error(f"unknown part(s) {unknown}; known: {', '.join(PARTS)}")
+
+    import jax
+
+    if jax.default_backend() != "gpu" and not args.allow_cpu:
+        print(f"gpu_kernels: the default backend is {jax.default_backend()!r}, not a GPU; nothing measured "
+              "(--allow-cpu runs the flow on the CPU for tests)", file=sys.stderr)
+        return 2
+    from lagom_jax import profile
+
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / ("gpu_kernels.json" if jax.default_backend() == "gpu" else "cpu_kernels.json")
+    result: dict[str, Any] = {"environment": profile.environment_info()}
+    for part in parts:
+        t0 = time.perf_counter()
+        try:
+            if part == "memory":
+                result[part] = memory(args.quick, args.memory_layers, args.memory_batch, args.memory_seq, print)
+            else:
+                result[part] = globals()[part](args.quick, args.repeats, args.inner, print)
+        except Exception:  # noqa: BLE001 - record and go on to the next part
+            result[part] = {"error": traceback.format_exc()[-2000:]}
+            print(f"{part}: FAILED\n{result[part]['error']}")
+        print(f"{part}: {time.perf_counter() - t0:.0f} s", flush=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")  # after every part: nothing lost on a timeout
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

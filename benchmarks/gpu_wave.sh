@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Every single-GPU measurement of the contention, per-op, kernel-rate and memory questions,
+# in one call of a GPU machine (its time is scarce): each part under its own time limit and
+# log, so that one failing part loses nothing of the others. Writes everything under
+# $OUT/gpu and packs it into $OUT/gpu_wave.tgz.
+#
+#   OUT=/tmp/out bash benchmarks/gpu_wave.sh [part ...]
+#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash (default: all)
+#
+# Needs: an NVIDIA GPU, JAX with its CUDA plugin, CuPy. lagom_jax is imported from this
+# checkout (copied into a site folder as the package layout maps it), nothing is installed.
+set -u
+OUT=${OUT:-/tmp/lagom_gpu_wave}
+W=$OUT/gpu
+mkdir -p "$W"
+export PYTHONUNBUFFERED=1
+SITE=$(mktemp -d)
+cp -r lagom_jax "$SITE/" && cp -r passes "$SITE/lagom_jax/passes" && cp -r models "$SITE/lagom_jax/models"
+export PYTHONPATH=$SITE:$PWD
+PY=${PYTHON:-python3}
+parts=${*:-order gpt5b llama2_7b memory kernels llama3_8b_flash}
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
+  $PY -c "import cupy; print('cupy', cupy.__version__)"; } > "$W/machine.txt" 2>&1
+cat "$W/machine.txt"
+
+part() {  # name limit_s command...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$W/$name.log" 2>&1
+  echo "rc=$? after $((SECONDS - t0)) s" >> "$W/$name.log"
+  grep -v "^I0000\|^W0000\|absl::InitializeLog" "$W/$name.log" | tail -n 25
+  tar czf "$OUT/gpu_wave.tgz" -C "$W" .  # after every part: a call stopped at its limit keeps the rest
+}
+
+acc() {  # tag model config batch seq attention
+  part "acc_$1" "${ACC_LIMIT:-100}" $PY -m benchmarks.gpu_accuracy --out "$W" --tag "$1" --model "$2" --config "$3" \
+    --batch-size "$4" --seq-len "$5" --attention "$6" --profile benchmarks/results/gpu/hardware.json \
+    --warmup 2 --repeats 6
+}
+
+for p in $parts; do
+  case $p in
+    order) part order 80 $PY -m benchmarks.gpu_order --out "$W" ;;
+    kernels) part kernels 120 $PY -m benchmarks.gpu_kernels --out "$W" --parts attention,fp8,ragged --repeats 10 --inner 4 ;;
+    memory) XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 part memory 110 $PY -m benchmarks.gpu_kernels --out "$W/mem" --parts memory ;;
+    gpt5b) acc gpt5b gpt2 "layers=2,d_model=4096,heads=32,d_ff=16384,max_len=2048" 4 2048 xla ;;
+    llama2_7b) acc llama2_7b llama "layers=2,d_model=4096,heads=32,kv_heads=32,d_ff=11008,vocab=32000,max_len=4096" 2 4096 xla ;;
+    llama3_8b_flash) ACC_LIMIT=80 acc llama3_8b_flash llama "layers=2,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,max_len=8192" 1 8192 flash ;;
+    *) echo "unknown part $p" ;;
+  esac
+done
+ls -la "$W" "$W/mem" 2>/dev/null
