@@ -607,7 +607,7 @@ def fastest_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
 def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
                     sms_taken: float = 0.0, hbm_gbps_taken: float = 0.0,
                     gemm: tuple[int, ...] = (), itemsize: int = 2, attention: bool = False,
-                    cfg: CostConfig = DEFAULT_COSTS) -> float:
+                    kernel: str = "", cfg: CostConfig = DEFAULT_COSTS) -> float:
     """Time of one compute kernel on the SMs and HBM bandwidth left over.
 
     A kernel that runs a matmul (``gemm`` = (batch, m, n, k)) is timed by its shape
@@ -615,7 +615,9 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
     other operands make it memory-bound; any other kernel by the roofline of its FLOPs
     and bytes. Matmul throughput scales with the SMs left (a channel's CTA holds its SM
     for the collective's whole duration); bandwidth is what the collectives leave, but
-    never below ``min_hbm_share`` of the achieved rate.
+    never below ``min_hbm_share`` of the achieved rate. A library kernel with its own
+    measured rate (``kernel``: cuDNN attention, fp8 matmuls; `kernels.kernel_tflops`) runs
+    at that rate instead of the BF16 matmul rate.
     """
     if flops < 0 or nbytes < 0:
         raise ValueError(f"flops and bytes must be >= 0, got flops={flops}, bytes={nbytes}")
@@ -625,14 +627,15 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
     pressure = 1.0
     if hbm_gbps_taken > 0 and cfg.hbm_pressure_exponent:
         pressure = (hbm / hw.achieved_hbm_gbps) ** -cfg.hbm_pressure_exponent
+    own_rate = kernels.kernel_tflops(kernel, hw) if kernel else None
     if gemm:
         batch, m, n, k = gemm
-        shape = dict(batch=batch, itemsize=itemsize, sm_fraction=sm_left)
+        shape = dict(batch=batch, itemsize=itemsize, sm_fraction=sm_left, tflops=own_rate)
         own = kernels.gemm_time_us(m, n, k, hw, **shape, hbm_gbps=hbm)
         if pressure == 1.0:
             return max(own, memory)
         return max(kernels.gemm_time_us(m, n, k, hw, **shape) * pressure, own, memory)
-    rate = hw.attention_tflops if attention and hw.attention_tflops else hw.achieved_tflops
+    rate = own_rate or (hw.attention_tflops if attention and hw.attention_tflops else hw.achieved_tflops)
     return max(hw.launch_us + flops / (rate * 1e6 * sm_left) * pressure, memory)
 
 
@@ -728,9 +731,9 @@ class ResourceTracker:
         return self.sms <= 0.0 and self.hbm <= 0.0
 
     def compute_time_us(self, flops: float, nbytes: float, gemm: tuple[int, ...] = (),
-                        itemsize: int = 2, attention: bool = False) -> float:
+                        itemsize: int = 2, attention: bool = False, kernel: str = "") -> float:
         return compute_time_us(flops, nbytes, self.hw, sms_taken=self.sms, hbm_gbps_taken=self.hbm,
-                               gemm=gemm, itemsize=itemsize, attention=attention)
+                               gemm=gemm, itemsize=itemsize, attention=attention, kernel=kernel)
 
 
 def clear_caches() -> None:

@@ -15,7 +15,7 @@ import math
 import re
 from typing import Literal, NamedTuple
 
-from lagom_jax import deprecation, hlo
+from lagom_jax import custom_calls, deprecation, hlo
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -78,6 +78,13 @@ class Task:
     # Compute only: a fused attention kernel (flash attention), which the cost model times
     # at the hardware's measured fused-attention rate rather than its matmul rate.
     fused_attention: bool = False
+    # Compute only: a library kernel with its own measured rate ("attention-forward",
+    # "attention-backward", "fp8-matmul"; ``kernels.kernel_tflops``), or "unpriced": a
+    # custom call no model knows, timed by its bytes only and named in the Plan
+    # (``custom_calls``). "": the cost model's own rules.
+    kernel: str = ""
+    # Compute only: the custom call's target ("" for any other instruction).
+    custom_call: str = ""
 
     @property
     def itemsize(self) -> int:
@@ -516,6 +523,9 @@ class _Builder:
             target = inst.attributes.get("custom_call_target", "").strip('"')
             if target in _GEMM_TARGETS:
                 return _gemm_flops(inst, shapes[0])
+            priced = custom_calls.price(inst, shapes)
+            if priced is not None:
+                return priced.flops
             attention = flash_attention_flops(inst, shapes)
             # Any other custom call (XLA's and others' kernels) stays at 0 FLOPs: timed by
             # the bytes it reads and writes.
@@ -722,10 +732,19 @@ class _Builder:
             else:
                 flops = self.inst_flops(comp, inst)
             nbytes = self.memory_bytes(comp, inst)
+            target = custom_calls.custom_call_target(inst)
+            priced = custom_calls.price(inst, [comp.by_name[o].shape for o in inst.operands]) if target else None
+            kernel = priced.kernel if priced is not None else ""
+            if priced is not None:
+                nbytes = priced.bytes
+            gemm = self.gemm(comp, inst) if flops and not kernel else ()
+            if gemm and target == "__cublas$lt$matmul$f8":
+                kernel = "fp8-matmul"
             return self.emit(
                 name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,
-                gemm=self.gemm(comp, inst) if flops else (),
-                fused_attention=op == "custom-call" and triton_kernel(inst)[0] in FLASH_KERNELS,
+                gemm=gemm, kernel=kernel, custom_call=target,
+                fused_attention=(op == "custom-call" and triton_kernel(inst)[0] in FLASH_KERNELS
+                                 or kernel.startswith("attention-")),
                 opcode=op, deps=tuple(sorted(deps)), trip_count=trip, iteration=iteration,
                 computation="/".join(self.scope), post_order=self.post_order(comp)[inst.name],
             )

@@ -37,12 +37,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from lagom_jax import gpu_compile, jax_internals
+from lagom_jax import custom_calls, gpu_compile, jax_internals
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import hlo as hlo_lib
 
-__all__ = ["COLLECTIVE_OPCODES", "HloCompileError", "Layout", "classify", "compile_unoptimized",
-           "layout", "partitions", "portable_text"]
+__all__ = ["COLLECTIVE_OPCODES", "HloCompileError", "Layout", "classify", "compile_options",
+           "compile_unoptimized", "layout", "partitions", "portable_text"]
 
 
 class HloCompileError(ValueError):
@@ -256,6 +256,22 @@ def _compile_here(text: str, hw: hardware_lib.HardwareProfile, lay: Layout,
                               f"{hw.gpu}: {_one_line(e)}") from None
 
 
+def compile_options(module: hlo_lib.Module, options: Mapping[str, Any] | None
+                    ) -> tuple[dict[str, Any], tuple[custom_calls.StandIn, ...]]:
+    """The XLA options to compile ``module`` with here, and the custom calls stood in for.
+
+    ``options`` plus ``xla_gpu_mock_custom_calls=true`` where the module calls a target
+    the installed XLA has no handler for (``custom_calls.stand_ins``: Transformer Engine's
+    fused attention in XLA's benchmark modules), unless ``options`` sets it already. The
+    option is for this compile only; the caller keeps it out of every Plan.
+    """
+    found = custom_calls.stand_ins(module)
+    out = dict(options or {})
+    if found:
+        out.setdefault(custom_calls.MOCK_OPTION, True)
+    return out, (found if out.get(custom_calls.MOCK_OPTION) else ())
+
+
 def compile_unoptimized(text: str, hw: hardware_lib.HardwareProfile, *,
                         partitions: int | None = None, options: Mapping[str, Any] | None = None,
                         isolated: bool = True, timeout_s: float = 1800.0) -> str:
@@ -264,7 +280,8 @@ def compile_unoptimized(text: str, hw: hardware_lib.HardwareProfile, *,
     Compiled for ``partitions`` (default :func:`partitions` of the module) abstract GPUs
     of ``hw`` (``gpu_compile.devices``; a count above one node must equal
     ``hw.num_gpus``), with the :func:`layout` of the module and the XLA ``options``
-    (``xla_gpu_*`` debug options, as for ``gpu_compile``). Nothing runs.
+    (``xla_gpu_*`` debug options, as for ``gpu_compile``), plus the mock of custom calls
+    without a handler (:func:`compile_options`). Nothing runs.
 
     ``isolated`` (default): compile in a fresh process, so an XLA abort costs that
     process, not the caller. Otherwise in this process, after ``gpu_compile.prepare()``
@@ -281,6 +298,7 @@ def compile_unoptimized(text: str, hw: hardware_lib.HardwareProfile, *,
     if not unopt:
         raise HloCompileError(f"the module is already compiled ({why})")
     lay = layout(text, partitions)
+    options, _ = compile_options(module, options)
     portable, _ = portable_text(text)
     if not isolated:
         gpu_compile.prepare()

@@ -32,6 +32,7 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lagom_jax import custom_calls
 from lagom_jax import flags as flags_lib
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
@@ -275,8 +276,10 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
     def recompile(options: Mapping[str, Any]) -> str:
         return hlo_compile.compile_unoptimized(src.text, hw, partitions=n, options={**base, **options})
 
+    _, stood_in = hlo_compile.compile_options(module, base)
+    decisions = (("custom calls", custom_calls.describe_stand_ins(stood_in)),) if stood_in else ()
     return Compiled(recompile({}), f"XLA:GPU deviceless compile of {src.where} for {n}x {hw.gpu}", hw,
-                    recompile=recompile)
+                    decisions=decisions, recompile=recompile)
 
 
 def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_lib.HardwareProfile,
@@ -336,6 +339,9 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     planned = planning.plan(step, hw, strategy=strategy, baselines=baselines,
                             fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest())
     decisions = compiled.decisions
+    missing = custom_calls.unpriced(step.tasks)
+    if missing:
+        decisions += (("unpriced custom calls", custom_calls.describe_unpriced(missing)),)
     setting = None
     if strategy == "lagom":
         settled = nccl_settings.choose(step, planned, hw, strategy=strategy, fingerprint=planned.plan.fingerprint,

@@ -60,11 +60,12 @@ DEFAULT_GEMM = GemmModel()
 @functools.lru_cache(maxsize=1 << 14)
 def gemm_time_us(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1, itemsize: int = 2,
                  sm_fraction: float = 1.0, hbm_gbps: float | None = None,
-                 model: GemmModel = DEFAULT_GEMM) -> float:
+                 model: GemmModel = DEFAULT_GEMM, tflops: float | None = None) -> float:
     """Time of one (batched) matmul ``[m, k] x [k, n]`` on ``hw`` (us).
 
     ``sm_fraction`` is the share of SMs left to it (collectives running beside it hold
-    the rest); ``hbm_gbps`` the bandwidth left (default: the achieved rate).
+    the rest); ``hbm_gbps`` the bandwidth left (default: the achieved rate); ``tflops``
+    its best-shape rate (default: the profile's BF16 rate; fp8 matmuls run faster).
     """
     if min(m, n, k, batch) < 0 or itemsize <= 0:
         raise ValueError(f"gemm dims must be >= 0 and itemsize > 0, got m={m} n={n} k={k} "
@@ -72,7 +73,7 @@ def gemm_time_us(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1,
     if min(m, n, k, batch) == 0:
         return hw.launch_us
     sms = max(hw.sm_count * sm_fraction, 1.0)
-    per_sm = hw.achieved_tflops * 1e6 / hw.sm_count  # flops per us of one SM at best shape
+    per_sm = (tflops or hw.achieved_tflops) * 1e6 / hw.sm_count  # flops per us of one SM at best shape
     best = math.inf
     for tm, tn, rate in model.tiles:
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
@@ -124,3 +125,75 @@ def backward_matmuls(forward: tuple[Matmul, ...]) -> tuple[Matmul, ...]:
 def matmuls_us(matmuls: tuple[Matmul, ...], hw: HardwareProfile, *, itemsize: int = 2) -> float:
     """Total time of matmuls run one after another."""
     return sum(gemm_time_us(m, n, k, hw, batch=b, itemsize=itemsize) for m, n, k, b in matmuls)
+
+
+# ------------------------------------------------------------ library kernels by rate
+#
+# Kernels a program calls from a library (cuDNN's fused attention through Transformer
+# Engine, cuBLASLt's fp8 matmuls) run at their own measured rates, not at the BF16
+# matmul rate of the profile. Each rate is TFLOP/s counted the way its source counts
+# FLOPs; ``lagom_jax.custom_calls`` counts a call's FLOPs the same way.
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionRates:
+    """Dense TFLOP/s of cuDNN's flash attention (what Transformer Engine's fused attention
+    runs on Hopper and Blackwell), forward and backward, for head dim 128 at long sequences.
+
+    FLOPs are counted as FlashAttention's papers count them: forward ``4 b h s_q s_k d``,
+    halved under a causal mask; backward 2.5 times the forward. ``source`` names the
+    measurement.
+    """
+
+    forward: float
+    backward: float
+    source: str
+
+
+# H100 SXM5, cuDNN 9 (FlashAttention-3, Shah et al., arXiv 2407.08608, figures 5-6: head
+# dim 128, 16k tokens per batch, hidden 2048): forward causal 529 TFLOP/s at sequence 8k
+# (518 at 4k, 539 at 16k); backward 518 at 8k (the paper's backward figure has no causal
+# variant: the non-causal rate stands in). H200 is the same chip with more HBM: the same rates.
+# B200, cuDNN 9.13 (FlashAttention-4, arXiv 2603.05451: "up to 1.3x over cuDNN 9.13" at a
+# peak of 1613 TFLOP/s BF16 forward): 1613 / 1.3 = 1241 forward; no cuDNN backward on
+# B200 was published: the H100's backward/forward ratio (518/529) stands in (assumption).
+ATTENTION_RATES: dict[str, AttentionRates] = {
+    "hopper": AttentionRates(529.0, 518.0, "cuDNN 9 on H100 SXM5 (FlashAttention-3 paper, figs 5-6)"),
+    "blackwell": AttentionRates(1241.0, round(1241.0 * 518.0 / 529.0, 1),
+                                "cuDNN 9.13 on B200 (FlashAttention-4 paper: FA4 1613 = 1.3x cuDNN); "
+                                "backward from H100's ratio (assumption)"),
+}
+
+# fp8 tensor-core peak over BF16 peak: 2x on Hopper (H100 SXM5 datasheet: 1,979 vs 989
+# dense TFLOP/s) and Blackwell (DGX B200 datasheet: 4.5 vs 2.25 PFLOP/s per GPU). No
+# best-shape fp8 matmul measurement is in the profiles: the achieved BF16 rate times this
+# ratio stands in (assumption). GPUs before Hopper have no fp8 tensor cores.
+FP8_RATE_RATIO: dict[str, float] = {"hopper": 2.0, "blackwell": 2.0}
+
+
+def attention_rates(hw: HardwareProfile) -> AttentionRates:
+    """The cuDNN attention rates of ``hw``'s GPU; where none was measured, the profile's
+    fused-attention rate (FlashAttention-2 fwd+bwd), else its matmul rate, for both."""
+    rates = ATTENTION_RATES.get(hw.arch)
+    if rates is not None:
+        return rates
+    rate = hw.attention_tflops or hw.achieved_tflops
+    why = "FlashAttention-2 fwd+bwd" if hw.attention_tflops else "the best-shape matmul rate"
+    return AttentionRates(rate, rate, f"no cuDNN attention measurement for {hw.gpu}: {why}")
+
+
+def fp8_tflops(hw: HardwareProfile) -> float:
+    """The achieved fp8 matmul rate of ``hw`` (``FP8_RATE_RATIO`` x the BF16 rate)."""
+    return hw.achieved_tflops * FP8_RATE_RATIO.get(hw.arch, 1.0)
+
+
+def kernel_tflops(kernel: str, hw: HardwareProfile) -> float | None:
+    """The rate a library kernel named by ``custom_calls`` runs at on ``hw`` (None: no own
+    rate, the cost model's default applies)."""
+    if kernel == "attention-forward":
+        return attention_rates(hw).forward
+    if kernel == "attention-backward":
+        return attention_rates(hw).backward
+    if kernel == "fp8-matmul":
+        return fp8_tflops(hw)
+    return None

@@ -43,7 +43,11 @@ COMPILE_PRICED_FLAGS = frozenset(
                                          "xla_gpu_nccl_p2p_max_nchannels",
                                          "xla_gpu_experimental_enable_nccl_symmetric_buffers",
                                          "xla_gpu_pgle_accuracy_checker")
-) | {"xla_gpu_enable_triton_gemm", "xla_disable_hlo_passes"}
+) | {"xla_gpu_enable_triton_gemm", "xla_disable_hlo_passes",
+     # Compile-time only: stands in for custom calls without a handler here, which the
+     # cost model prices from the calls themselves (``custom_calls``); it never reaches a
+     # Plan. ``predict_hlo_step_ms`` turns it on by itself where a module needs it.
+     "xla_gpu_mock_custom_calls"}
 MODEL_PRICED_FLAGS = frozenset({"xla_gpu_nccl_collective_max_nchannels"})
 
 
@@ -213,7 +217,10 @@ def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardwar
     modules, a dump's ``*.before_optimizations.txt``) is compiled deviceless for its device
     count on ``hardware`` (``nodes`` = that count / GPUs per node unless given) with
     ``xla_flags``, and the compiled module is predicted. strategy as for
-    :func:`predict_train_step_ms`. Raises ValueError for a flag the model cannot price, a
+    :func:`predict_train_step_ms`. Custom calls the installed XLA has no handler for
+    (Transformer Engine's fused attention) are mocked for that compile only and priced from
+    their operands and backend config (``lagom_jax.custom_calls``); a custom call no model
+    prices is named in a ``custom_calls.UnpricedWarning``. Raises ValueError for a flag the model cannot price, a
     module that does not fit the cluster, or one XLA will not compile (one line with XLA's
     message), and ``HloParseError`` for text that is not HLO.
     """
@@ -230,5 +237,19 @@ def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardwar
     # A module before optimization grows a one-node cluster to its device count (job.HloSource).
     hw = _with_nccl_settings(hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware, cap, nccl_env)
     source = job.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))
-    return job.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False).predicted_ms(strategy)
+    done = job.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False)
+    _warn_unpriced(done, os.fspath(path))
+    return done.predicted_ms(strategy)
+
+
+def _warn_unpriced(done: Any, where: str) -> None:
+    """Name the custom calls a prediction could not price (``custom_calls.UnpricedWarning``)."""
+    import warnings
+
+    from lagom_jax import custom_calls
+
+    for key, why in done.plan.decisions:
+        if key == "unpriced custom calls":
+            warnings.warn(f"{where}: unpriced custom calls in the prediction: {why}",
+                          custom_calls.UnpricedWarning, stacklevel=3)
 

@@ -168,11 +168,11 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
                     f"collective {t.name!r} (id {t.id}) has done_before={j}, which is not a compute task id")
             pending[j] += 1
             succ[t.id].append(j)
-    work = tuple(None if c else (t.flops, t.bytes, t.gemm, t.itemsize, t.fused_attention)
+    work = tuple(None if c else (t.flops, t.bytes, t.gemm, t.itemsize, t.fused_attention, t.kernel)
                  for t, c in zip(tasks, is_coll))
     compute_alone = tuple(
         0.0 if c else r * cost.compute_time_us(*w[:2], hw, gemm=w[2], itemsize=w[3],  # type: ignore[index]
-                                               attention=w[4])  # type: ignore[index]
+                                               attention=w[4], kernel=w[5])  # type: ignore[index]
         for w, c, r in zip(work, is_coll, repeat))
     default_params = {i: cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
                       for i, k in enumerate(coll_key) if k is not None}
