@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from lagom_jax import gpu_compile, hardware, hlo_compile
+from lagom_jax import gpu_compile, hardware, hlo, hlo_compile
 
 HERE = pathlib.Path(__file__).parent / "fixtures" / "hlo"
 UNOPT = HERE / "unoptimized"
@@ -183,11 +183,12 @@ def test_corrupt_modules_raise_one_line():
     assert bad != text
     message = _one_line_error(bad, _hw(8))
     assert "XLA cannot compile" in message and "255" in message
-    # A custom call no handler serves.
+    # A custom call no handler serves, with the mock turned off: XLA names it.
     ffi = ("HloModule m, num_partitions=2\n\nENTRY e {\n  p = f32[8]{0} parameter(0)\n"
            "  ROOT c = f32[8]{0} custom-call(p), custom_call_target=\"lagom_no_such_kernel\", "
            "api_version=API_VERSION_TYPED_FFI\n}\n")
-    assert "lagom_no_such_kernel" in _one_line_error(ffi, _hw(2))
+    no_mock = {"xla_gpu_mock_custom_calls": False}
+    assert "lagom_no_such_kernel" in _one_line_error(ffi, _hw(2), options=no_mock)
 
 
 @needs_gpu_compile
@@ -197,9 +198,15 @@ def test_device_count_must_fit_the_cluster():
 
 
 @needs_gpu_compile
-def test_xla_benchmark_module_needs_transformer_engine():
-    message = _one_line_error(LLAMA8B_CP.read_text(), _hw(4))
+def test_xla_benchmark_module_needs_transformer_engine_unless_mocked():
+    text = LLAMA8B_CP.read_text()
+    message = _one_line_error(text, _hw(4), options={"xla_gpu_mock_custom_calls": False})
     assert "te_fused_attn" in message and "No FFI handler" in message
+    options, stood_in = hlo_compile.compile_options(hlo.parse(text), None)
+    assert options == {"xla_gpu_mock_custom_calls": True}
+    assert {s.target for s in stood_in} == {"te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi"}
+    compiled = hlo_compile.compile_unoptimized(text, _hw(4))  # mocked by itself
+    assert "te_fused_attn_forward_ffi" in compiled and "is_scheduled=true" in compiled
 
 
 @needs_gpu_compile
@@ -213,7 +220,6 @@ def test_isolated_compile_reports_errors_in_one_line():
 # -- wired into the pipeline: predict_hlo_step_ms, tune/simulate/predict on such modules ------------
 
 _UNOPT = pathlib.Path(__file__).parent / "fixtures" / "hlo" / "unoptimized"
-_XLA_LLAMA = pathlib.Path(__file__).parent / "fixtures" / "hlo" / "xla" / "hlo_llama3_8b_cp_bf16_1x4__0.hlo"
 
 
 @needs_gpu_compile
@@ -243,13 +249,16 @@ def test_flags_cannot_apply_to_a_compiled_module(tmp_path):
 
 
 @needs_gpu_compile
-def test_tune_compiles_verifies_and_refuses_in_one_line(capsys):
+def test_tune_compiles_verifies_and_refuses_in_one_line(capsys, tmp_path):
     from lagom_jax import cli
 
     assert cli.main(["tune", str(_UNOPT / "jax_fsdp_mlp_8.after_spmd.hlo"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["compiled_by"].startswith("XLA:GPU deviceless compile of")
     assert out["verification"]  # recompiled with the plan's options
-    assert cli.main(["tune", str(_XLA_LLAMA)]) == 2
+    bad = tmp_path / "bad.hlo"
+    bad.write_text((_UNOPT / "jax_fsdp_mlp_8.after_spmd.hlo").read_text().replace(
+        "bf16[256,256]{1,0} all-gather(%param)", "bf16[255,256]{1,0} all-gather(%param)", 1))
+    assert cli.main(["tune", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "te_fused_attn_forward_ffi" in err[-1] and err[-1].startswith("lagom-jax tune: error:")
+    assert "255" in err[-1] and err[-1].startswith("lagom-jax tune: error:")

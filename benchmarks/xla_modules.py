@@ -1,0 +1,176 @@
+"""XLA's own GPU benchmark modules: compiled, priced, tuned and verified, one row each.
+
+XLA keeps the programs it tunes GPUs on in openxla/xla ``xla/tools/benchmarks/hlo/``
+(Apache-2.0): Llama 3.1 8B/70B/405B and Mixtral 8x7B training steps in bf16 and fp8 on
+1x8 to 64x8 H100s, and a few others. They are too large to keep here (up to 4 MB each):
+this script takes the folder they were downloaded to (``DIR``; e.g. a checkout's
+``xla/tools/benchmarks/hlo``) and runs every ``*.hlo`` in it through the pipeline of
+``lagom-jax tune`` (``job.run`` on an ``HloSource``), each in its own process so that its
+peak memory is its own and an XLA abort costs one row:
+
+* **compile**: deviceless with XLA's GPU pipeline for the module's device count of the
+  hardware preset; the custom calls jaxlib has no handler for (Transformer Engine's fused
+  attention) are mocked for that compile only (``lagom_jax.custom_calls``);
+* **price**: the stood-in calls from their backend config (cuDNN flash attention rates);
+* **tune**: lagom's search against XLA's defaults;
+* **verify**: the plan's options recompiled (``--no-verify`` skips it).
+
+Rows: compile s, search s, verify s, collectives, the stood-in calls and their priced
+time, unpriced calls, predicted step under XLA's defaults, lagom's predicted gain, peak
+RSS. Calibration: XLA's PR #31030 measured two of these one-node steps on H100
+(``CALIBRATION``); the table gives the model's error on them. The multi-node steps the
+same PRs report are held aside (not used here) to judge the model across nodes.
+
+Run: ``python -m benchmarks.xla_modules DIR [--modules NAME ...] [--hardware h100-sxm-8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import sys
+import time
+
+# Measured step seconds on 8x H100 (one node), "main" column of openxla/xla PR #31030.
+CALIBRATION = {"hlo_llama31_8b_bf16_1x8": 1.3696, "hlo_mixtral_8x7b_bf16_1x8": 0.7445}
+NAME = "xla_modules"
+
+
+def _rss_gb() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 1e6  # KiB -> GB
+
+
+def one(path: str, hardware: str, verify: bool) -> dict:
+    """One module through the pipeline, in this process (the compile runs in a child)."""
+    from lagom_jax import cost, custom_calls, hlo, hlo_compile, job
+    from lagom_jax import hardware as hardware_lib
+
+    text = pathlib.Path(path).read_text()
+    row: dict = {"module": pathlib.Path(path).stem}
+    module = hlo.parse(text)
+    unoptimized, why = hlo_compile.classify(module)
+    if unoptimized:
+        row["devices"] = hlo_compile.partitions(module)
+    row["stood_in"] = {s.target: s.count for s in custom_calls.stand_ins(module)}
+    hw = hardware_lib.resolve_cluster(hardware).hardware
+    t0 = time.perf_counter()
+    try:
+        compiled = job.compile_source(job.HloSource(text, row["module"]), hw)
+    except Exception as e:  # noqa: BLE001 - XLA's one-line reason is the row
+        row["failed"] = f"compile: {type(e).__name__}: {e}"
+        return row
+    row["compile_s"] = time.perf_counter() - t0
+    step = compiled.graph()
+    chw = compiled.hardware
+    row["collectives"] = len(step.collectives)
+    # The graph unrolls loops: every executed call is a task of its own.
+    priced = sum(cost.compute_time_us(t.flops, t.bytes, chw, kernel=t.kernel)
+                 for t in step.compute_tasks if t.kernel.startswith("attention-"))
+    row["priced_ms"] = priced / 1e3
+    row["unpriced"] = custom_calls.unpriced(step.tasks)
+    t1 = time.perf_counter()
+    done = job.plan_compiled(compiled, strategy="lagom", baselines=("xla-default",), verify=False)
+    row["search_s"] = time.perf_counter() - t1
+    predicted = dict(done.plan.predicted_us)
+    row["xla_default_ms"] = predicted["xla-default"] / 1e3
+    row["lagom_ms"] = predicted["lagom"] / 1e3
+    row["options"] = len(done.plan.compiler_options())
+    row["flags_clean"] = custom_calls.MOCK_OPTION not in json.dumps(done.plan.xla_flags()) + json.dumps(
+        {k: str(v) for k, v in done.plan.compiler_options().items()})
+    if verify and compiled.recompile is not None:
+        from lagom_jax import verify as verify_lib
+
+        t2 = time.perf_counter()
+        try:
+            plan, _ = verify_lib.verify_plan(done.plan, done.planned.chosen.graph, compiled.text,
+                                             compiled.recompile)
+            row["verified"] = "; ".join(f"{k}: {v}" for k, v in plan.verification)[:200]
+        except Exception as e:  # noqa: BLE001
+            row["verified"] = f"failed: {type(e).__name__}: {e}"[:200]
+        row["verify_s"] = time.perf_counter() - t2
+    row["rss_gb"] = _rss_gb()
+    return row
+
+
+def _row_md(r: dict) -> str:
+    if "failed" in r:
+        return f"| {r['module']} | {r.get('devices', '')} | - | - | - | - | {_calls(r)} | - | - | - | - | {r['failed'][:160]} |"
+    gain = r["xla_default_ms"] / r["lagom_ms"] if r.get("lagom_ms") else float("nan")
+    verify = f"{r['verify_s']:.0f}" if "verify_s" in r else "-"
+    unpriced = ", ".join(f"{k} x{n}" for k, n in r["unpriced"].items()) or "none"
+    return (f"| {r['module']} | {r.get('devices', '')} | {r['compile_s']:.1f} | {r['search_s']:.1f} | {verify} | "
+            f"{r['collectives']} | {_calls(r)} | {r['priced_ms']:.1f} | {unpriced} | {r['xla_default_ms']:.1f} | "
+            f"{gain:.3f}x | {r['rss_gb']:.1f} GB |")
+
+
+def _calls(r: dict) -> str:
+    return ", ".join(f"{k} x{n}" for k, n in r.get("stood_in", {}).items()) or "none"
+
+
+def render(rows: list[dict], hardware: str, machine: str) -> str:
+    lines = [f"## XLA's benchmark modules ({hardware})", "",
+             f"Machine: {machine}. Every `*.hlo` of openxla/xla `xla/tools/benchmarks/hlo/` present, "
+             "compiled deviceless for its device count (custom calls without a handler mocked for the "
+             "compile only and priced from their backend config), tuned by lagom and, where asked, "
+             "verified by recompiling. *Predicted* steps; compile/search/verify are seconds here.", "",
+             "| module | GPUs | compile s | search s | verify s | collectives | stood in | priced ms "
+             "| unpriced | predicted step ms (XLA defaults) | lagom gain | peak RSS |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [_row_md(r) for r in rows]
+    cal = [r for r in rows if r["module"] in CALIBRATION and "xla_default_ms" in r]
+    if cal:
+        lines += ["", "Calibration against XLA PR #31030's one-node H100 steps (measured, \"main\" column); "
+                  "no constant was fitted to them:", "",
+                  "| module | measured s | predicted s | error |", "| --- | --- | --- | --- |"]
+        for r in cal:
+            measured = CALIBRATION[r["module"]]
+            predicted = r["xla_default_ms"] / 1e3
+            lines.append(f"| {r['module']} | {measured:.4f} | {predicted:.4f} | {predicted / measured - 1:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", nargs="?", help="folder holding XLA's benchmark *.hlo modules")
+    parser.add_argument("--modules", nargs="*", default=None, help="module names (file stems) to run")
+    parser.add_argument("--hardware", default="h100-sxm-8")
+    parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--record", action="store_true", help="write the section of RESULTS.md")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one, args.hardware, not args.no_verify)))
+        return 0
+    if not args.dir:
+        parser.error("give the folder of XLA's benchmark modules (xla/tools/benchmarks/hlo)")
+    from benchmarks import common
+
+    paths = sorted(pathlib.Path(args.dir).glob("*.hlo"))
+    if args.modules:
+        paths = [p for p in paths if p.stem in args.modules]
+    rows = []
+    for p in paths:
+        extra = ["--hardware", args.hardware] + (["--no-verify"] if args.no_verify else [])
+        t = time.perf_counter()
+        try:
+            row = common.json_from_child("benchmarks.xla_modules", "--one", str(p), *extra, timeout_s=args.timeout)
+        except Exception as e:  # noqa: BLE001 - a timeout is a row too
+            row = {"failed": f"{type(e).__name__}: {e}"}
+        row.setdefault("module", p.stem)
+        row["wall_s"] = time.perf_counter() - t
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    md = render(rows, args.hardware, common.machine_line())
+    print(md)
+    if args.record:
+        common.write_section(NAME, md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
