@@ -81,7 +81,8 @@ class Task:
     # Compute only: a library kernel with its own measured rate ("attention-forward",
     # "attention-backward", "fp8-matmul"; ``kernels.kernel_tflops``), or "unpriced": a
     # custom call no model knows, timed by its bytes only and named in the Plan
-    # (``custom_calls``). "": the cost model's own rules.
+    # (``custom_calls``), or "host-transfer": an async copy between HBM and host memory
+    # (``host_transfers``), timed by its HBM side. "": the cost model's own rules.
     kernel: str = ""
     # Compute only: the custom call's target ("" for any other instruction).
     custom_call: str = ""
@@ -262,6 +263,8 @@ _COLLECTIVE_START = {
 _COLLECTIVE_DONE = frozenset({
     "all-reduce-done", "all-gather-done", "collective-permute-done", "reduce-scatter-done",
     "all-to-all-done", "async-done",
+    # Async pairs of non-collectives (host offloading's transfers): the start is the task.
+    "fusion-done", "copy-done",
 })  # fmt: skip
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 
@@ -666,7 +669,7 @@ class _Builder:
             return 2.0 * operands[1] + sum(operands[2:])
         if inst.opcode == "dynamic-slice" and operands:
             return 2.0 * inst.shape.bytes + sum(operands[1:])
-        if inst.opcode != "fusion" or not inst.called_computations:
+        if inst.opcode not in ("fusion", "fusion-start") or not inst.called_computations:
             return float(inst.shape.bytes + sum(operands))
         fused = self.module.computation(inst.called_computations[0])
         params = {i.name: int(i.literal) for i in fused.instructions if i.opcode == "parameter"}
@@ -737,6 +740,8 @@ class _Builder:
             kernel = priced.kernel if priced is not None else ""
             if priced is not None:
                 nbytes = priced.bytes
+            if op in ("fusion-start", "copy-start") and _HOST_MEMORY in inst.source:
+                kernel = "host-transfer"
             gemm = self.gemm(comp, inst) if flops and not kernel else ()
             if gemm and target == "__cublas$lt$matmul$f8":
                 kernel = "fp8-matmul"
@@ -778,6 +783,20 @@ class _Builder:
             # A synchronous collective blocks the stream: the next task waits for it.
             self.waiting.append(tid)
         return tid
+
+
+# XLA's memory space of pinned host memory in a layout (``{1,0:S(5)}``;
+# ``Layout::kHostMemorySpace`` in xla/layout.h).
+_HOST_MEMORY = ":S(5)}"
+
+
+def host_transfers(tasks) -> tuple[int, float]:
+    """(count, bytes) of the async transfers between HBM and host memory among ``tasks``
+    (host offloading: ``fusion-start`` of a dynamic-update-slice into, or a dynamic-slice
+    from, a buffer in host memory). The bytes are those crossing PCIe: half of what the
+    task reads and writes in HBM (the slice is read on one side and written on the other)."""
+    moved = [t.bytes / 2 for t in tasks if t.kernel == "host-transfer"]
+    return len(moved), float(sum(moved))
 
 
 def _called_names(inst: hlo.Instruction, key: str) -> list[str]:

@@ -186,7 +186,8 @@ def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log)
     built = models.build(src.model, src.config, recipe, shape, batch_size=src.batch_size,
                          seq_len=seq_len, dtype=src.dtype, devices=target.devices,
                          remat=src.remat, scan=src.scan, attention=src.attention)
-    log(f"{target.where} ({dataclasses.replace(src, recipe=recipe).describe()}) ...")
+    by = f" by {gpu_compile.compiler()}" if target.deviceless else ""
+    log(f"{target.where}{by} ({dataclasses.replace(src, recipe=recipe).describe()}) ...")
     base = dict(src.compiler_options)
     text = built.compiled_text(base)
     recompile = (lambda options: built.compiled_text({**base, **options})) if target.deviceless else None
@@ -251,7 +252,7 @@ def _compile_step(src: StepSource, hw: hardware_lib.HardwareProfile, log: Log) -
                         (f"could not compile the step for {hw.gpu} GPUs without a GPU "
                          f"({type(err).__name__}: {err}); tuning XLA:CPU's module instead: "
                          f"{gpu_compile.CPU_FALLBACK_LOSS}",))
-    log(f"tuning XLA:GPU's module, compiled deviceless for {hw.gpu}")
+    log(f"tuning XLA:GPU's module, compiled deviceless for {hw.gpu} by {gpu_compile.compiler()}")
     return Compiled(text, f"XLA:GPU deviceless compile for {hw.gpu}", hw,
                     recompile=lambda options: gpu_compile.compile_for_cluster(
                         src.jitted, src.args, src.kwargs, hw, options))
@@ -261,7 +262,7 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
     """An HLO text: read as it is when XLA compiled it; compiled for the cluster first when
     it is a module before optimization (the cluster grows to the module's device count
     when it is larger than one node of ``hw`` and ``hw`` names one node)."""
-    from lagom_jax import hlo_compile
+    from lagom_jax import gpu_compile, hlo_compile
 
     module = hlo.parse(src.text)
     unoptimized, why = hlo_compile.classify(module)
@@ -271,7 +272,7 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
     hw = mesh_cluster(hw, n, grow=True)
     base = dict(src.compiler_options)
     log(f"{src.where} is HLO before optimization ({why}); compiling it for {n}x {hw.gpu} "
-        "with XLA's GPU pipeline (deviceless) ...")
+        f"with XLA's GPU pipeline (deviceless, {gpu_compile.compiler()}) ...")
 
     def recompile(options: Mapping[str, Any]) -> str:
         return hlo_compile.compile_unoptimized(src.text, hw, partitions=n, options={**base, **options})
@@ -342,6 +343,15 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     missing = custom_calls.unpriced(step.tasks)
     if missing:
         decisions += (("unpriced custom calls", custom_calls.describe_unpriced(missing)),)
+    transfers, moved = graph_lib.host_transfers(step.tasks)
+    if transfers:
+        from lagom_jax import kernels
+
+        decisions += (("host offloading", (
+            f"{transfers} async transfers between HBM and host memory ({moved / 1e9:.2f} GB, "
+            f"{kernels.host_transfer_us(moved, hw) / 1e3:.1f} ms over the host link at its datasheet rate); XLA "
+            "runs them beside compute (fusion-start/-done) and they are taken as hidden: only their HBM "
+            "side is priced, the host link is not a modelled resource yet")),)
     setting = None
     if strategy == "lagom":
         settled = nccl_settings.choose(step, planned, hw, strategy=strategy, fingerprint=planned.plan.fingerprint,

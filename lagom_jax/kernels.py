@@ -197,3 +197,14 @@ def kernel_tflops(kernel: str, hw: HardwareProfile) -> float | None:
     if kernel == "fp8-matmul":
         return fp8_tflops(hw)
     return None
+
+
+# GB/s one way over the GPU's host link: PCIe Gen5 x16 on H100/H200 SXM ("PCIe Gen5: 128
+# GB/s", both ways, NVIDIA H100 datasheet) and B200 (HGX B200: PCIe Gen5 x16), Gen4 x16 on
+# A100 SXM ("PCIe Gen4: 64 GB/s"). Datasheet rates; transfers reach less.
+HOST_LINK_GBPS: dict[str, float] = {"ampere": 32.0, "hopper": 64.0, "blackwell": 64.0}
+
+
+def host_transfer_us(nbytes: float, hw: HardwareProfile) -> float:
+    """Time of ``nbytes`` moved one way between HBM and host memory over the host link."""
+    return nbytes / (HOST_LINK_GBPS.get(hw.arch, 16.0) * 1e3)

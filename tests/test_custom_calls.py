@@ -155,3 +155,32 @@ def test_predicting_names_unpriced_calls():
     with warnings.catch_warnings():
         warnings.simplefilter("error", custom_calls.UnpricedWarning)
         assert lagom_jax.predict_hlo_step_ms(LLAMA, xla_flags={"xla_gpu_mock_custom_calls": True}) > 0
+
+
+_HOST_OFFLOAD = """HloModule host
+%dus (p0: bf16[32,1024], p1: bf16[1,1024], p2: s32[], p3: s32[]) -> bf16[32,1024] {
+  %p0 = bf16[32,1024]{1,0:S(5)} parameter(0)
+  %p1 = bf16[1,1024]{1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %p3 = s32[] parameter(3)
+  ROOT %d = bf16[32,1024]{1,0:S(5)} dynamic-update-slice(%p0, %p1, %p2, %p3)
+}
+
+ENTRY %e {
+  %buf = bf16[32,1024]{1,0:S(5)} parameter(0)
+  %x = bf16[1,1024]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %s = ((bf16[32,1024]{1,0:S(5)}, bf16[1,1024]{1,0}, s32[], s32[]), bf16[32,1024]{1,0:S(5)}, u32[]) fusion-start(%buf, %x, %i, %i), kind=kCustom, calls=%dus
+  ROOT %dn = bf16[32,1024]{1,0:S(5)} fusion-done(%s)
+}
+"""
+
+
+def test_host_offloading_moves_the_slice_and_is_named():
+    tasks = graph.from_hlo_text(_HOST_OFFLOAD).compute_tasks
+    (transfer,) = tasks  # the -done is no task of its own
+    assert transfer.kernel == "host-transfer"
+    assert graph.host_transfers(tasks) == (1, pytest.approx(1024 * 2 + 8, rel=0.01))  # the slice, not the buffer
+    done = job.plan_compiled(job.Compiled(_HOST_OFFLOAD, "host", H100), strategy="xla-default", baselines=(),
+                             verify=False)
+    assert "1 async transfers between HBM and host memory" in dict(done.plan.decisions)["host offloading"]
