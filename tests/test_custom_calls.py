@@ -184,3 +184,21 @@ def test_host_offloading_moves_the_slice_and_is_named():
     done = job.plan_compiled(job.Compiled(_HOST_OFFLOAD, "host", H100), strategy="xla-default", baselines=(),
                              verify=False)
     assert "1 async transfers between HBM and host memory" in dict(done.plan.decisions)["host offloading"]
+
+
+@needs_gpu_compile
+def test_tune_takes_a_module_with_te_attention(tmp_path, capsys):
+    import json
+
+    from lagom_jax import cli
+
+    assert cli.main(["tune", str(LLAMA), "--json", "--out", str(tmp_path / "plan")]) == 0
+    out = capsys.readouterr().out
+    assert "xla_gpu_mock_custom_calls=true (compile-time only" in out
+    plan = json.loads(out)
+    assert plan["verification"]
+    # What reaches the job (flags, env, launch script) never turns attention into a no-op;
+    # the report and plan.json explain the compile, so they name the option.
+    for name in ("launch.sh", "xla_flags.txt", "nccl_env.sh"):
+        assert "mock_custom_calls" not in (tmp_path / "plan" / name).read_text(), name
+    assert "mock_custom_calls" not in json.dumps(json.loads((tmp_path / "plan" / "plan.json").read_text()).get("flags"))
