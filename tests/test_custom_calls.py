@@ -202,3 +202,14 @@ def test_tune_takes_a_module_with_te_attention(tmp_path, capsys):
     for name in ("launch.sh", "xla_flags.txt", "nccl_env.sh"):
         assert "mock_custom_calls" not in (tmp_path / "plan" / name).read_text(), name
     assert "mock_custom_calls" not in json.dumps(json.loads((tmp_path / "plan" / "plan.json").read_text()).get("flags"))
+
+
+@needs_gpu_compile
+def test_xlas_own_topk_is_not_stood_in_for():
+    text = (FIXTURES / "te_moe_1layer_8.hlo").read_text()
+    assert {s.target for s in custom_calls.stand_ins(hlo.parse(text))} == {
+        "te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi"}
+    compiled = job.compile_source(job.HloSource(text, "moe"), H100)
+    step = compiled.graph()
+    assert custom_calls.unpriced(step.tasks) == {}
+    assert any(t.kind == "all-to-all" for t in step.collectives)
