@@ -515,6 +515,19 @@ class _Builder:
             return best
         return ()
 
+    def fp8_dot(self, comp: hlo.Computation, inst: hlo.Instruction) -> bool:
+        """Whether ``inst`` runs a matmul of fp8 operands: a dot, or one in the computations
+        it calls (XLA's Triton GEMM fusions of fp8 dots, nested ones included)."""
+        if inst.opcode == "dot":
+            return any(comp.by_name[o].shape.dtype.startswith("f8") for o in inst.operands[:2])
+        if inst.opcode not in ("fusion", "call", "async-start"):
+            return False
+        for name in inst.called_computations:
+            called = self.module.computation(name)
+            if any(self.fp8_dot(called, i) for i in called.instructions if i.opcode in ("dot", "fusion")):
+                return True
+        return False
+
     def inst_flops(self, comp: hlo.Computation, inst: hlo.Instruction) -> float:
         op = inst.opcode
         shapes = [comp.by_name[o].shape for o in inst.operands]
@@ -743,7 +756,7 @@ class _Builder:
             if op in ("fusion-start", "copy-start") and _HOST_MEMORY in inst.source:
                 kernel = "host-transfer"
             gemm = self.gemm(comp, inst) if flops and not kernel else ()
-            if gemm and target == "__cublas$lt$matmul$f8":
+            if gemm and (target == "__cublas$lt$matmul$f8" or self.fp8_dot(comp, inst)):
                 kernel = "fp8-matmul"
             return self.emit(
                 name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,

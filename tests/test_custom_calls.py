@@ -213,3 +213,25 @@ def test_xlas_own_topk_is_not_stood_in_for():
     step = compiled.graph()
     assert custom_calls.unpriced(step.tasks) == {}
     assert any(t.kind == "all-to-all" for t in step.collectives)
+
+
+_F8_TRITON = """HloModule f8t
+%gemm (a: f8e4m3fn[4096,4096], b: f8e4m3fn[4096,4096]) -> bf16[4096,4096] {
+  %a = f8e4m3fn[4096,4096]{1,0} parameter(0)
+  %b = f8e4m3fn[4096,4096]{1,0} parameter(1)
+  ROOT %d = bf16[4096,4096]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %e {
+  %a = f8e4m3fn[4096,4096]{1,0} parameter(0)
+  %b = f8e4m3fn[4096,4096]{1,0} parameter(1)
+  ROOT %f = bf16[4096,4096]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm, backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
+}
+"""
+
+
+def test_xlas_triton_fp8_gemm_fusions_run_at_the_fp8_rate():
+    (t,) = graph.from_hlo_text(_F8_TRITON).compute_tasks
+    assert t.kernel == "fp8-matmul" and t.gemm == (1, 4096, 4096, 4096)
+    (b,) = graph.from_hlo_text(_F8_TRITON.replace("f8e4m3fn", "bf16")).compute_tasks
+    assert b.kernel == ""
