@@ -21,7 +21,8 @@ RSS. Calibration: XLA's PR #31030 measured two of these one-node steps on H100
 (``CALIBRATION``); the table gives the model's error on them. The multi-node steps the
 same PRs report are held aside (not used here) to judge the model across nodes.
 
-Run: ``python -m benchmarks.xla_modules DIR [--modules NAME ...] [--hardware h100-sxm-8]``.
+Run: ``python -m benchmarks.xla_modules DIR [--modules NAME ...] [--hardware h100-sxm-8] [--record]``;
+``--rows LOG`` re-renders an earlier run's printed rows with ``--modules`` run again.
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-verify", action="store_true")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--record", action="store_true", help="write the section of RESULTS.md")
+    parser.add_argument("--rows", metavar="LOG", help="rows of an earlier run (its printed JSON lines): "
+                        "run only --modules again and render them all")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -153,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     paths = sorted(pathlib.Path(args.dir).glob("*.hlo"))
     if args.modules:
         paths = [p for p in paths if p.stem in args.modules]
+    earlier: dict[str, dict] = {}
+    if args.rows:
+        for line in pathlib.Path(args.rows).read_text().splitlines():
+            if line.startswith("{") and '"module"' in line:
+                row = json.loads(line)
+                earlier[row["module"]] = row
     rows = []
     for p in paths:
         extra = ["--hardware", args.hardware] + (["--no-verify"] if args.no_verify else [])
@@ -165,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         row["wall_s"] = time.perf_counter() - t
         print(json.dumps(row), flush=True)
         rows.append(row)
+    if earlier:
+        fresh = {r["module"]: r for r in rows}
+        rows = [fresh.get(name, row) for name, row in sorted({**earlier, **fresh}.items())]
     md = render(rows, args.hardware, common.machine_line())
     print(md)
     if args.record:

@@ -235,3 +235,15 @@ def test_xlas_triton_fp8_gemm_fusions_run_at_the_fp8_rate():
     assert t.kernel == "fp8-matmul" and t.gemm == (1, 4096, 4096, 4096)
     (b,) = graph.from_hlo_text(_F8_TRITON.replace("f8e4m3fn", "bf16")).compute_tasks
     assert b.kernel == ""
+
+
+@needs_gpu_compile
+def test_the_benchmark_row_of_a_module():
+    from benchmarks import xla_modules
+
+    row = xla_modules.one(str(LLAMA), "h100-sxm-8", verify=False)
+    assert row["stood_in"] == {"te_fused_attn_backward_ffi": 2, "te_fused_attn_forward_ffi": 2}
+    assert row["priced_ms"] > 0 and row["unpriced"] == {} and row["flags_clean"]
+    assert row["lagom_ms"] <= row["xla_default_ms"] * (1 + 1e-9)
+    md = xla_modules.render([row, {"module": "broken", "failed": "compile: HloCompileError: no"}], "h100-sxm-8", "here")
+    assert "| te_llama_2layer_8 | 8 |" in md and "| broken |" in md and "HloCompileError" in md
