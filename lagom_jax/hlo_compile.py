@@ -64,7 +64,7 @@ _COMPILED_OPCODES = frozenset({
 # Custom calls that XLA's GPU pipeline writes (gemm and convolution rewriters).
 _COMPILED_CUSTOM_CALL = re.compile(r"^(__cublas\$|__cudnn\$conv|__cudnn\$norm)")
 # Custom calls that only a module before SPMD partitioning has.
-_SPMD_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
+_SPMD_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "CustomSPMDPartitioning"})
 
 
 def _module(text: str | hlo_lib.Module) -> hlo_lib.Module:
@@ -298,6 +298,14 @@ def compile_unoptimized(text: str, hw: hardware_lib.HardwareProfile, *,
     if not unopt:
         raise HloCompileError(f"the module is already compiled ({why})")
     lay = layout(text, partitions)
+    custom_rules = sum(1 for i in _instructions(module) if i.opcode == "custom-call"
+                       and i.attributes.get("custom_call_target", "").strip('"') == "CustomSPMDPartitioning")
+    if custom_rules:
+        raise HloCompileError(
+            f"the module is before SPMD partitioning and calls CustomSPMDPartitioning x{custom_rules} "
+            "(jax.experimental.custom_partitioning): its partitioning rules are Python callbacks of the "
+            "process that traced it, which HLO text does not carry, so XLA cannot partition it here; "
+            "dump the module after SPMD partitioning (--xla_dump_hlo_pass_re=spmd-partitioning) instead")
     options, _ = compile_options(module, options)
     portable, _ = portable_text(text)
     if not isolated:

@@ -262,3 +262,12 @@ def test_tune_compiles_verifies_and_refuses_in_one_line(capsys, tmp_path):
     assert cli.main(["tune", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "255" in err[-1] and err[-1].startswith("lagom-jax tune: error:")
+
+
+def test_custom_partitioning_before_spmd_is_refused_in_one_line():
+    text = ("HloModule m, num_partitions=4\n\nENTRY e {\n  p = f32[8]{0} parameter(0), sharding={devices=[4]<=[4]}\n"
+            "  ROOT c = f32[8]{0} custom-call(p), custom_call_target=\"CustomSPMDPartitioning\", "
+            "api_version=API_VERSION_STATUS_RETURNING, sharding={devices=[4]<=[4]}\n}\n")
+    with pytest.raises(hlo_compile.HloCompileError, match="CustomSPMDPartitioning x1") as info:
+        hlo_compile.compile_unoptimized(text, _hw(4))
+    assert "\n" not in str(info.value) and "after SPMD partitioning" in str(info.value)
