@@ -24,8 +24,10 @@ What the mocked call costs is then priced from the call itself (:func:`price`):
 * **XLA's own calls** that remain after its pipeline (cuBLAS and cuBLASLt matmuls, fp8
   ones included, cuDNN convolutions and norms, XLA's TopK kernel, Triton kernels): priced
   by ``graph`` as every other kernel.
-* **Anything else** is *unpriced*: timed by the bytes it reads and writes only, and named
-  as unpriced in the Plan and the prediction (:func:`unpriced`), never silently free.
+* **Anything else** (a vendor's FFI kernel, a jaxlib solver, a jax-triton or Mosaic GPU
+  kernel) is *unpriced*: timed by the bytes it reads and writes only, and named as
+  unpriced in the Plan and the prediction (:func:`unpriced`), never silently free. Only
+  those without a handler here are mocked for the compile.
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ _XLA_OWN = frozenset({
     "xla_ffi_python_gpu_callback", "xla_ffi_partitioned_python_gpu_callback",
 })
 _XLA_OWN_PREFIX = ("__cublas$", "__cudnn$", "__gpu$", "xla.sdy.", "xla.gpu.", "__triton")
+# Targets jaxlib's CUDA/ROCm plugins register handlers for (jaxlib/gpu: the PRNG, solvers,
+# sparse kernels, jax-triton and Mosaic GPU calls): they compile here, no mock needed.
+_JAXLIB_PREFIX = ("cu_", "cusolver_", "cublas_", "cusparse_", "hip_", "hipsolver_", "hipsparse_",
+                  "triton_kernel_call", "mosaic_gpu")
+# Calls whose bytes are their cost (memory-bound elementwise kernels): priced by ``graph``.
+_BYTES_ONLY = frozenset({"cu_threefry2x32", "hip_threefry2x32"})
 
 # Custom calls XLA's pipeline writes that ``graph`` prices as kernels (matmuls by shape,
 # the rest by FLOPs and bytes): not unpriced.
@@ -83,7 +91,8 @@ def custom_call_target(inst: hlo.Instruction) -> str:
 
 def needs_mock(target: str) -> bool:
     """Whether XLA's GPU pipeline needs a handler from outside for ``target``."""
-    return bool(target) and target not in _XLA_OWN and not target.startswith(_XLA_OWN_PREFIX)
+    return (bool(target) and target not in _XLA_OWN
+            and not target.startswith(_XLA_OWN_PREFIX + _JAXLIB_PREFIX))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,8 +253,9 @@ def price(inst: hlo.Instruction, operands: list[hlo.Shape]) -> Priced | None:
     if call is not None:
         itemsize = max(1, (hlo.dtype_bits(operands[0].dtype) or 16) // 8) if operands else 2
         return Priced(call.flops, attention_bytes(call, itemsize), call.kernel)
-    if not needs_mock(target):
-        return None  # the partitioner's and host offloading's markers: XLA prices them itself
+    if target in _XLA_OWN or target.startswith(_XLA_OWN_PREFIX) or target in _BYTES_ONLY:
+        return None  # the partitioner's and host offloading's markers, memory-bound kernels
+    # No model for its FLOPs: a vendor FFI kernel, a jaxlib solver, a jax-triton or Mosaic kernel.
     return Priced(0.0, float(inst.shape.bytes + sum(s.bytes for s in operands)), "unpriced")
 
 

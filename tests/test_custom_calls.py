@@ -83,6 +83,7 @@ def test_attention_runs_at_cudnns_rate_not_the_matmul_rate():
 def test_which_calls_need_a_stand_in():
     assert custom_calls.needs_mock("te_fused_attn_forward_ffi")
     assert custom_calls.needs_mock("acme_fused_gelu_ffi")
+    assert not custom_calls.needs_mock("cu_threefry2x32")  # jaxlib's CUDA plugin has it
     for own in ("TopK", "Sharding", "MoveToHost", "__cublas$gemm", "__cudnn$convForward", "xla.sdy.GlobalToLocalShape"):
         assert not custom_calls.needs_mock(own), own
     module = hlo.parse(LLAMA.read_text())
