@@ -18,6 +18,12 @@ Two kinds of unoptimized module are compiled:
   partitioner turns into collectives; compiled with SPMD partitioning on (Shardy when the
   module carries Shardy attributes).
 
+Custom calls the installed jaxlib has no handler for (Transformer Engine's fused attention
+in XLA's Llama and Mixtral benchmark modules) are mocked for the compile here with XLA's
+``xla_gpu_mock_custom_calls`` (:func:`compile_options`); they stay in the compiled module
+and ``custom_calls`` prices them. A module before SPMD partitioning that uses JAX's
+``custom_partitioning`` cannot be partitioned from its text and is refused in one line.
+
 The way from HLO text to the compiler goes through StableHLO (jaxlib 0.10.2's PJRT
 compile takes an MLIR module only; ``jax_internals.compile_hlo_for_devices``). Two kinds
 of HLO do not survive that way and are rewritten first, each to an equivalent form
