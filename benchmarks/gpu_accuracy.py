@@ -68,11 +68,34 @@ class AccuracyReport:
 
 
 def predict(graph: graph_lib.StepGraph, hw: hardware.HardwareProfile) -> dict[str, float]:
-    """Predicted time (us) per compute-op name, summed over the tasks carrying that name."""
+    """Predicted time (us) per compute-op name, summed over the tasks carrying that name.
+
+    Each task is timed as the simulator times it alone: by its matmul shape, operand width,
+    fused-attention flag and library kernel where the task has them."""
     out: dict[str, float] = {}
     for t in graph.compute_tasks:
-        out[t.name] = out.get(t.name, 0.0) + cost.compute_time_us(t.flops, t.bytes, hw)
+        out[t.name] = out.get(t.name, 0.0) + cost.compute_time_us(
+            t.flops, t.bytes, hw, gemm=t.gemm, itemsize=t.itemsize, attention=t.fused_attention)
     return out
+
+
+def rescore(directory: str | pathlib.Path, hw_name: str | None = None,
+            min_measured_us: float = 2.0) -> list[tuple[str, float, float]]:
+    """Score the current cost model on recorded runs, without a GPU: for every
+    ``gpu_accuracy_<tag>.json`` in ``directory`` that has its compiled module beside it
+    (``gpu_accuracy_<tag>.hlo.txt``), (tag, MAPE recorded then, MAPE now) with the preset
+    the run used (or ``hw_name``)."""
+    rows = []
+    for path in sorted(pathlib.Path(directory).glob("gpu_accuracy_*.json")):
+        text = path.with_suffix(".hlo.txt")
+        if not text.exists():
+            continue
+        rec = json.loads(path.read_text())
+        hw = hardware.get(hw_name or rec["before"]["hardware"])
+        graph = graph_lib.from_module(hlo.parse(text.read_text()))
+        now = profile.accuracy(rec["measured_us"], predict(graph, hw), min_measured_us=min_measured_us)
+        rows.append((path.stem.removeprefix("gpu_accuracy_"), rec["before"]["mape_percent"], now.mape))
+    return rows
 
 
 def median_per_op(samples: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -114,7 +137,8 @@ def run(out: str | pathlib.Path, *, allow_cpu: bool = False, model: str = "gpt2"
     built = build(model, config, "dp", {"data": 1}, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
                   devices=[device], attention=attention)
     compiled = built.lower().compile()
-    graph = graph_lib.from_module(hlo.parse(compiled.as_text()))
+    text = compiled.as_text()
+    graph = graph_lib.from_module(hlo.parse(text))
     progress(f"{model} {config} on {device.device_kind}: {len(graph.compute_tasks)} compute tasks, "
              f"{graph.total_flops / 1e9:.2f} GFLOP per step")
 
@@ -164,7 +188,9 @@ def run(out: str | pathlib.Path, *, allow_cpu: bool = False, model: str = "gpt2"
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     prefix = "gpu" if platform == "gpu" else "cpu"
-    (out / f"{prefix}_accuracy{'_' + tag if tag else ''}.json").write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
+    stem = f"{prefix}_accuracy{'_' + tag if tag else ''}"
+    (out / f"{stem}.hlo.txt").write_text(text)  # to score later cost models on this run (`rescore`)
+    (out / f"{stem}.json").write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
     return report
 
 

@@ -12,8 +12,8 @@ Parts (``--parts``, comma-separated):
   operands into bf16, beside the same GEMMs in bf16.
 - ``ragged``: ``jax.lax.ragged_dot`` with Mixtral 8x7b's expert up-projection (8 experts,
   4096 -> 14336) on 16384 routed rows, groups balanced and skewed.
-- ``memory``: a llama2-7b-shaped train step (flash attention, 10 layers, 2 x 4096 tokens: about
-  57 GB by XLA's analysis) sized to fill most of the GPU: the peak bytes in
+- ``memory``: llama2-7b-shaped train steps (flash attention, 2 x 4096 tokens, 6 and 10 layers:
+  about 36 and 57 GB by XLA's analysis, the second near the GPU's memory): the peak bytes in
   use (``Device.memory_stats``) against XLA's compiled memory analysis of the same step,
   compiled on the GPU and deviceless for an abstract GPU of the same kind.
 
@@ -195,7 +195,10 @@ def ragged(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[st
 
 
 def memory(quick: bool, layers: int, batch: int, seq: int, progress: Any) -> dict[str, Any]:
-    """Peak bytes of a llama2-7b-shaped step, measured and as XLA's memory analysis says."""
+    """Peak bytes of a llama2-7b-shaped step, measured and as XLA's memory analysis says.
+
+    The analysis is recorded before the step runs, so that a step that does not fit (the
+    allocator may fail on fragmentation where the analysis fits) still leaves it."""
     import jax
 
     from lagom_jax import gpu_compile, hardware, profile
@@ -205,8 +208,9 @@ def memory(quick: bool, layers: int, batch: int, seq: int, progress: Any) -> dic
               else f"layers={layers},d_model=4096,heads=32,kv_heads=32,d_ff=11008,vocab=32000,max_len=4096")
     seq = 64 if quick else seq
     dtype = "float32" if quick else "bfloat16"
+    attention = "xla" if quick else "flash"  # XLA's attention would spend the memory on scores
     device = jax.devices()[0]
-    out: dict[str, Any] = {"config": config, "batch": batch, "seq": seq, "dtype": dtype,
+    out: dict[str, Any] = {"config": config, "batch": batch, "seq": seq, "dtype": dtype, "attention": attention,
                            "device_kind": device.device_kind}
 
     def analysis(compiled: Any) -> dict[str, int]:
@@ -215,40 +219,40 @@ def memory(quick: bool, layers: int, batch: int, seq: int, progress: Any) -> dic
                   "temp_size_in_bytes", "generated_code_size_in_bytes")
         return {f: int(getattr(ma, f)) for f in fields}
 
-    attention = "xla" if quick else "flash"  # XLA's attention would spend the memory on scores
-    out["attention"] = attention
+    if jax.default_backend() == "gpu":
+        try:
+            hw = hardware.get(profile.base_preset_for(device.device_kind))
+            gpu_compile.prepare()
+            built_d = build("llama", config, "dp", {"data": 1}, batch_size=batch, seq_len=seq, dtype=dtype,
+                            devices=gpu_compile.devices(hw, 1), attention=attention)
+            out["deviceless_target"] = hw.name
+            out["compiled_deviceless"] = analysis(built_d.lower().compile())
+        except Exception as e:  # noqa: BLE001
+            out["deviceless_error"] = repr(e)[:300]
+        progress(f"memory {layers} layers deviceless: {out.get('compiled_deviceless') or out.get('deviceless_error')}")
     built = build("llama", config, "dp", {"data": 1}, batch_size=batch, seq_len=seq, dtype=dtype, devices=[device],
                   attention=attention)
     t0 = time.perf_counter()
     compiled = built.lower().compile()
     out["compile_s"] = time.perf_counter() - t0
     out["compiled_here"] = analysis(compiled)
-    state, _ = built.init(jax.random.key(0))
-    b1 = built.init(jax.random.key(1))[1]
-    jax.block_until_ready((state, b1))
-    stats0 = device.memory_stats() or {}
-    out["in_use_before_bytes"] = int(stats0.get("bytes_in_use", 0))
-    state, metrics = compiled(state, b1)
-    jax.block_until_ready((state, metrics))
+    progress(f"memory {layers} layers analysis on the GPU: {out['compiled_here']}")
+    try:
+        state, _ = built.init(jax.random.key(0))
+        b1 = built.init(jax.random.key(1))[1]
+        jax.block_until_ready((state, b1))
+        out["in_use_before_bytes"] = int((device.memory_stats() or {}).get("bytes_in_use", 0))
+        state, metrics = compiled(state, b1)
+        jax.block_until_ready((state, metrics))
+        out["loss"] = float(metrics["loss"])
+        del state, metrics, b1
+    except Exception as e:  # noqa: BLE001 - an out-of-memory is a result too
+        out["run_error"] = repr(e)[:400]
     stats = device.memory_stats() or {}
     out["peak_bytes_in_use"] = int(stats.get("peak_bytes_in_use", 0))
     out["bytes_limit"] = int(stats.get("bytes_limit", 0))
-    out["loss"] = float(metrics["loss"])
-    progress(f"memory: peak {out['peak_bytes_in_use'] / 2**30:.2f} GiB of {out['bytes_limit'] / 2**30:.2f}; "
-             f"analysis {out['compiled_here']}")
-    del state, metrics, b1
-    if jax.default_backend() == "gpu":
-        try:
-            hw = hardware.get(profile.base_preset_for(device.device_kind))
-            gpu_compile.prepare()
-            devs = gpu_compile.devices(hw, 1)
-            built_d = build("llama", config, "dp", {"data": 1}, batch_size=batch, seq_len=seq, dtype=dtype,
-                            devices=devs, attention=attention)
-            out["deviceless_target"] = hw.name
-            out["compiled_deviceless"] = analysis(built_d.lower().compile())
-        except Exception as e:  # noqa: BLE001
-            out["deviceless_error"] = repr(e)[:300]
-        progress(f"memory deviceless: {out.get('compiled_deviceless') or out.get('deviceless_error')}")
+    progress(f"memory {layers} layers: peak {out['peak_bytes_in_use'] / 2**30:.2f} GiB of "
+             f"{out['bytes_limit'] / 2**30:.2f}; {out.get('run_error', 'ran')}")
     return out
 
 
@@ -258,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {', '.join(PARTS)}")
     ap.add_argument("--repeats", type=int, default=15, help="timed batches per kernel")
     ap.add_argument("--inner", type=int, default=5, help="calls per timed batch")
-    ap.add_argument("--memory-layers", type=int, default=10, help="layers of the memory step")
+    ap.add_argument("--memory-layers", default="6,10", help="layers of the memory steps (comma-separated; "
+                    "each runs in this process, the smaller first)")
     ap.add_argument("--memory-batch", type=int, default=2)
     ap.add_argument("--memory-seq", type=int, default=4096)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (tests)")
@@ -285,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             if part == "memory":
-                result[part] = memory(args.quick, args.memory_layers, args.memory_batch, args.memory_seq, print)
+                result[part] = [memory(args.quick, int(n), args.memory_batch, args.memory_seq, print)
+                                for n in args.memory_layers.split(",")]
             else:
                 result[part] = globals()[part](args.quick, args.repeats, args.inner, print)
         except Exception:  # noqa: BLE001 - record and go on to the next part

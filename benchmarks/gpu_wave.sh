@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1
 SITE=$(mktemp -d)
 cp -r lagom_jax "$SITE/" && cp -r passes "$SITE/lagom_jax/passes" && cp -r models "$SITE/lagom_jax/models"
 export PYTHONPATH=$SITE:$PWD
-PY=${PYTHON:-python3}
+PY="${PYTHON:-python3} -P"  # -P: the site copy, not the checkout's lagom_jax, comes first
 parts=${*:-order gpt5b llama2_7b memory kernels llama3_8b_flash}
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
@@ -44,8 +44,8 @@ acc() {  # tag model config batch seq attention
 for p in $parts; do
   case $p in
     order) part order 80 $PY -m benchmarks.gpu_order --out "$W" ;;
-    kernels) part kernels 120 $PY -m benchmarks.gpu_kernels --out "$W" --parts attention,fp8,ragged --repeats 10 --inner 4 ;;
-    memory) XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 part memory 110 $PY -m benchmarks.gpu_kernels --out "$W/mem" --parts memory ;;
+    kernels) part kernels 120 $PY -m benchmarks.gpu_kernels --out "$W" --parts "${KERNEL_PARTS:-attention,fp8,ragged}" --repeats 10 --inner 4 ;;
+    memory) XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 part memory 110 $PY -m benchmarks.gpu_kernels --out "$W/mem" --parts memory --memory-layers "${MEMORY_LAYERS:-6,10}" ;;
     gpt5b) acc gpt5b gpt2 "layers=2,d_model=4096,heads=32,d_ff=16384,max_len=2048" 4 2048 xla ;;
     llama2_7b) acc llama2_7b llama "layers=2,d_model=4096,heads=32,kv_heads=32,d_ff=11008,vocab=32000,max_len=4096" 2 4096 xla ;;
     llama3_8b_flash) ACC_LIMIT=80 acc llama3_8b_flash llama "layers=2,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,max_len=8192" 1 8192 flash ;;

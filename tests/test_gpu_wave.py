@@ -1,0 +1,102 @@
+"""The one-call GPU wave (benchmarks/gpu_order.py, gpu_kernels.py, gpu_wave_report.py) on the CPU.
+
+The probes need an NVIDIA GPU and CuPy; here the parts that do not are checked: how a case's
+numbers are read, the kernels' flow on tiny shapes, the report built from the recorded raw
+files of the 2026-11-25 H100 run, and rescoring a recorded per-op run without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import pytest
+
+from benchmarks import gpu_accuracy, gpu_kernels, gpu_order, gpu_wave_report
+from lagom_jax import hardware
+
+WAVE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu" / "wave_2026-11-25"
+
+
+def _case(**kw) -> gpu_order.Case:
+    base = dict(kind="hold", order="dep", priority="normal", ctas=2,
+                gemm_us=[100.0, 130.0, 130.0, 120.0], gemm_start_us=[0.0, 100.0, 230.0, 360.0],
+                ready_us=98.0, cta_start_us=[99.0, 100.0], end_us=400.0, bytes_moved=0, alone_us=100.0)
+    return gpu_order.Case(**{**base, **kw})
+
+
+def test_a_case_counts_only_the_gemms_that_ran_inside_the_collective():
+    c = _case()
+    # GEMM 0 ran before the CTAs started, GEMM 3 outlived the collective: only 1 and 2 count
+    # (a GEMM counts from the moment the last CTA is resident).
+    assert c.overlapped() == [130.0, 130.0]
+    s = c.summary()
+    assert s["slowdown"] == pytest.approx(1.3) and s["overlapped_gemms"] == 2
+    assert s["wait_first_cta_us"] == pytest.approx(1.0) and s["wait_last_cta_us"] == pytest.approx(2.0)
+    assert _case(cta_start_us=[99.0, 101.0]).overlapped() == [130.0]  # a CTA late into GEMM 1
+    assert s["gemms_before_last_cta"] == 1 and s["gbps"] is None
+
+
+def test_a_collective_that_never_overlaps_has_no_slowdown():
+    c = _case(cta_start_us=[500.0], end_us=600.0)
+    assert c.overlapped() == [] and c.summary()["slowdown"] is None
+
+
+def test_the_probe_refuses_without_cupy(monkeypatch, capsys):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_cupy(name, *a, **k):  # noqa: ANN001, ANN202
+        if name == "cupy":
+            raise ImportError("no cupy here")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_cupy)
+    assert gpu_order.main(["--out", "unused"]) == 2
+    assert "needs CuPy" in capsys.readouterr().err
+
+
+def test_kernel_rates_flow_on_cpu(tmp_path):
+    assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--parts", "fp8"]) == 2  # no GPU, no --allow-cpu
+    assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--allow-cpu", "--parts", "fp8,ragged",
+                             "--repeats", "1", "--inner", "1"]) == 0
+    raw = json.loads((tmp_path / "cpu_kernels.json").read_text())
+    assert {r["gemm"] for r in raw["fp8"]} == {"qkv", "o", "gate/up", "down"}
+    assert {r["dtype"] for r in raw["fp8"]} == {"bfloat16", "float8_e4m3fn"}
+    assert all("error" not in r and r["median_us"] > 0 for r in raw["fp8"] + raw["ragged"])
+    skewed = next(r for r in raw["ragged"] if r["groups"] == "skewed")
+    assert sum(skewed["group_sizes"]) == skewed["m"] and skewed["group_sizes"][0] > skewed["group_sizes"][-1]
+    with pytest.raises(SystemExit):
+        gpu_kernels.main(["--allow-cpu", "--parts", "nonsense"])
+
+
+def test_the_report_reads_the_recorded_h100_wave():
+    orders = [json.loads(p.read_text()) for p in sorted(WAVE.glob("gpu_order*.json"))]
+    md = gpu_wave_report.order_section(orders)
+    assert len(orders) == 2 and "| hold | first | normal | 64 |" in md
+    # Priority does not move a case beyond the run-to-run spread: the finding the text states.
+    first = {(c["kind"], c["order"], c["priority"], c["ctas"]): c["slowdown"] for c in orders[0]["cases"]}
+    for (kind, order, prio, k), sd in first.items():
+        if prio == "high" and sd is not None:
+            assert abs(sd - first[(kind, order, "normal", k)]) < 0.05
+    raw = json.loads((WAVE / "gpu_kernels.json").read_text())
+    mem = gpu_wave_report.memory_section(raw)
+    assert "| 6 | 38.684 | 38.705 | 38.684 |" in mem and "| 9 |" in mem and "no:" in mem
+    assert "| cudnn | 8192 | forward+backward |" in gpu_wave_report.kernels_section(raw)
+
+
+def test_a_recorded_run_rescores_without_a_gpu(tmp_path):
+    import gzip
+
+    for suffix in (".json", ".hlo.txt.gz"):
+        shutil.copy(WAVE / f"gpu_accuracy_llama2_7b{suffix}", tmp_path)
+    with gzip.open(tmp_path / "gpu_accuracy_llama2_7b.hlo.txt.gz", "rt") as f:
+        (tmp_path / "gpu_accuracy_llama2_7b.hlo.txt").write_text(f.read())
+    [(tag, then, now)] = gpu_accuracy.rescore(tmp_path)
+    assert tag == "llama2_7b" and then > 0 and now > 0
+    # Another preset prices the same measured ops differently.
+    [(_, _, other)] = gpu_accuracy.rescore(tmp_path, hw_name="a100-sxm-8")
+    assert other != pytest.approx(now)
+    assert hardware.get("a100-sxm-8").achieved_tflops < hardware.get("h100-sxm-8").achieved_tflops
