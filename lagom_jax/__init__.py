@@ -7,6 +7,21 @@ from lagom_jax.quiet import import_jax_quietly as _import_jax_quietly
 
 _import_jax_quietly()  # before any module below imports JAX
 
+
+def _warn_outside_the_tested_range() -> None:
+    import warnings
+
+    import jax
+
+    from lagom_jax.environment import JaxVersionWarning, range_warning
+
+    message = range_warning(jax.__version__)
+    if message is not None:
+        warnings.warn(message, JaxVersionWarning, stacklevel=3)
+
+
+_warn_outside_the_tested_range()
+
 from lagom_jax.api import Tuned as Tuned
 from lagom_jax.api import TuningWarning as TuningWarning
 from lagom_jax.api import auto_hardware as auto_hardware

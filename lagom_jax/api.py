@@ -35,7 +35,7 @@ import jax
 
 from lagom_jax import calibrate as calibrate_lib
 from lagom_jax import flags as flags_lib
-from lagom_jax import deprecation, jax_internals, job, nccl_settings, planning, sharing
+from lagom_jax import deprecation, environment, jax_internals, job, nccl_settings, planning, sharing
 from lagom_jax import graph as graph_lib
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import search as search_lib
@@ -248,6 +248,10 @@ class Tuned:
             warnings.warn(f"lagom-jax: could not compile the step for tuning ({err}); running it untuned",
                           TuningWarning, stacklevel=3)
             return self._jitted, None
+        bad = environment.bad_environment()  # before anything loads a mismatched plugin
+        if bad is not None:
+            warnings.warn(f"lagom-jax: {bad}; running the step untuned", TuningWarning, stacklevel=3)
+            return baseline, None
         try:
             resolved = hardware_lib.resolve_cluster(self._hardware)
             hw, note = resolved.hardware, resolved.note

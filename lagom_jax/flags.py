@@ -21,6 +21,8 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 
+from lagom_jax import jax_internals
+
 FlagValue = bool | int | str
 
 
@@ -141,14 +143,17 @@ _UNKNOWN_FLAG = re.compile(r"Unknown flag in XLA_FLAGS: --([A-Za-z0-9_]+)")
 _BAD_VALUE = re.compile(r"Couldn't interpret value (.*?) for flag ([A-Za-z0-9_]+)")
 _NO_OPTION = re.compile(r"No such compile option: '([A-Za-z0-9_]+)'")
 
-# The child process: XLA_FLAGS is parsed when CompileOptions() is first built, then a tiny
-# function is compiled with the options read from stdin.
+# The child process: XLA_FLAGS is parsed (jax_internals.parse_xla_flags, loaded from its
+# file so that the child does not import all of lagom_jax), then a tiny function is
+# compiled with the options read from stdin.
 _CHILD = r"""
-import json, sys
+import importlib.util, json, sys
 opts = json.loads(sys.stdin.read())
 import jax
-from jax._src.lib import xla_client
-xla_client.CompileOptions()
+spec = importlib.util.spec_from_file_location("_lagom_jax_internals", sys.argv[1])
+internals = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(internals)
+internals.parse_xla_flags()
 jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=opts)
 print("LAGOM_FLAGS_OK")
 """
@@ -177,7 +182,7 @@ def _validate_cached(xla_flags: str, options_json: str) -> None:
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.pop("XLA_FLAGS_RESET", None)
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
+        [sys.executable, "-c", _CHILD, jax_internals.__file__],
         input=options_json,
         env=env,
         capture_output=True,

@@ -10,10 +10,13 @@ From JAX this is ``jax.experimental.topologies.get_topology_desc(platform="cuda"
 target_config=..., topology="1xHOSTSxGPUS")`` and the usual ``jit(...).lower(...).compile()``
 on a mesh of those devices.
 
-What it needs: ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt`` of jaxlib's version, and, on a
+What it needs: JAX's CUDA plugin of jaxlib's version (``jax-cuda12-plugin`` and
+``jax-cuda12-pjrt``, or CUDA 13's; ``pip install 'lagom-jax[deviceless]'``), and, on a
 machine without a CUDA driver, JAX's platforms limited to the CPU before its backends
 start (else the plugin's start-up check fails on ``cuInit`` and the plugin is dropped):
-:func:`prepare` does that. No CUDA libraries are needed.
+:func:`prepare` does that. No CUDA libraries are needed. A plugin of another version or
+CUDA major is refused before it loads (``environment.problems``), with the install that
+fixes it.
 
 What it cannot do without a GPU: gemm autotuning. Gemms keep XLA's default Triton tiles;
 an autotune-results file recorded on a real GPU (``xla_gpu_load_autotune_results_from``)
@@ -39,12 +42,13 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lagom_jax import environment
 from lagom_jax import hardware as hardware_lib
 from lagom_jax import jax_internals
 
 __all__ = ["CPU_FALLBACK_LOSS", "ChildAborted", "CompileCrash", "CompiledStep", "DevicelessUnavailable",
            "StepDevices", "compile_builtin", "compile_builtin_isolated", "compile_for_cluster",
-           "devices",
+           "compiler", "devices",
            "prepare", "run_isolated", "step_devices", "target_config", "topology_string", "unavailable_reason"]
 
 # The CUDA 12 plugin (what lagom-jax installs) or CUDA 13's (newer jax on GPU hosts).
@@ -78,8 +82,10 @@ def prepare() -> None:
     """
     import jax
 
-    if (jax_internals.backends_started() or jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS")
-            or not _plugin_installed() or _has_cuda_driver()):
+    if jax_internals.backends_started() or not _plugin_installed() or _has_cuda_driver():
+        return
+    jax_internals.allow_cuda_plugin_without_driver()
+    if jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS"):
         return
     jax.config.update("jax_platforms", "cpu")
 
@@ -89,14 +95,23 @@ def unavailable_reason() -> str | None:
 
     Starts JAX's backends (after :func:`prepare`): plugins register when they start.
     """
+    found = environment.problems(environment.installed(), deviceless=True)
+    if found:
+        return "; ".join(found)
     if not _plugin_installed():
-        return ("the CUDA PJRT plugin is not installed (pip install jax-cuda12-plugin==<jaxlib "
-                "version> jax-cuda12-pjrt==<jaxlib version>; needs Python >= 3.11)")
+        return ("the CUDA PJRT plugin's module is missing (pip install --force-reinstall "
+                "'lagom-jax[deviceless]')")
     prepare()
     if "cuda" not in jax_internals.registered_platforms():
         return ("the CUDA plugin did not register: JAX started with CUDA enabled on a machine "
                 "without a CUDA driver (set JAX_PLATFORMS=cpu before JAX starts)")
     return None
+
+
+def compiler() -> str:
+    """The plugin that compiles for abstract GPUs here, e.g. ``jax-cuda12-plugin 0.10.2``."""
+    found = [p for p in environment.installed().plugins if p.plugin]
+    return ", ".join(f"{p.name} {p.plugin}" for p in found) or "no CUDA plugin"
 
 
 def topology_string(hw: hardware_lib.HardwareProfile, num_devices: int | None = None) -> str:

@@ -1,11 +1,14 @@
 """Every use of JAX's private internals, in one place.
 
-lagom-jax reaches below JAX's public API for six things: whether backends (a GPU one)
-have started and which plugins registered, a jitted function's static arguments, the
-``jax.distributed`` client that shares one Plan between processes, compiling a lowered
-step for devices of another platform (abstract GPUs), and compiling an HLO module given
-as text for such devices. Each is checked with
-``CHECKED_JAX``; on another version an attribute that moved raises ``JaxInternalsError``
+lagom-jax reaches below JAX's public API for these things: whether backends (a GPU one)
+have started and which plugins registered, letting the CUDA plugin register on a machine
+without a driver, a jitted function's static arguments, the ``jax.distributed`` client
+that shares one Plan between processes, parsing ``XLA_FLAGS``, compiling a lowered step
+for devices of another platform (abstract GPUs), and compiling an HLO module given as
+text for such devices. Each is checked on every release in ``CHECKED_JAX``
+(tests/test_jax_internals.py pins each; the test matrix runs it on the oldest and the
+newest); where one differs between them, the function here handles both and says
+since when. On another version an attribute that moved raises ``JaxInternalsError``
 naming it, and every caller treats that as "not available" (tuning goes on without it,
 or the step runs untuned with a warning).
 """
@@ -13,10 +16,15 @@ or the step runs untuned with a warning).
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-CHECKED_JAX = "0.10.2"
+# The releases every function below was checked on (lagom_jax.environment.TESTED_JAX).
+CHECKED_JAX = ("0.9.0", "0.9.2", "0.10.0", "0.10.2")
+_CHECKED = f"{CHECKED_JAX[0]} to {CHECKED_JAX[-1]}"
 
 
 class JaxInternalsError(RuntimeError):
@@ -31,7 +39,7 @@ def _internal(what: str) -> Iterator[None]:
         import jax
 
         raise JaxInternalsError(f"{what} is not available in jax {jax.__version__} (lagom-jax checked it "
-                                f"with jax {CHECKED_JAX}): {type(err).__name__}: {err}") from err
+                                f"with jax {_CHECKED}): {type(err).__name__}: {err}") from err
 
 
 def backends_started() -> bool:
@@ -61,6 +69,47 @@ def registered_platforms() -> set[str]:
         return set(xla_bridge._backend_factories)
 
 
+def _release(version: str) -> tuple[int, ...]:
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
+
+
+# jax-cudaNN-pjrt releases whose plugin checks the CUDA runtime even when JAX's platforms
+# exclude CUDA: before 0.9.2 (jax_plugins/xla_cuda12/__init__.py ``initialize``; 0.9.2
+# added the ``should_validate`` test of ``jax_platforms``).
+_PLUGIN_CHECKS_CUDA_ALWAYS_BEFORE = (0, 9, 2)
+
+
+def allow_cuda_plugin_without_driver() -> None:
+    """Let JAX's CUDA plugin register in a process on a machine without a CUDA driver.
+
+    Deviceless compiling needs the plugin registered, not started. From jax-cuda12-pjrt
+    0.9.2 on, the plugin skips its CUDA-runtime check when JAX's platforms exclude CUDA
+    (what ``gpu_compile.prepare`` arranges); before 0.9.2 it always checks, fails on the
+    missing runtime, and JAX drops it, unless ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK`` is set
+    when the backends start. So only for those releases this sets that variable (never
+    overriding a value the user gave). Call it only where no driver exists: there the check
+    could only fail.
+    """
+    for major in (12, 13):
+        try:
+            version = importlib.metadata.version(f"jax-cuda{major}-pjrt")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if _release(version) < _PLUGIN_CHECKS_CUDA_ALWAYS_BEFORE:
+            os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+
+def parse_xla_flags() -> None:
+    """Make XLA parse ``XLA_FLAGS`` now: XLA reads them when the first ``CompileOptions``
+    is built, and aborts the process on an unknown flag or a bad value (which is why
+    ``flags.validate`` calls this in a child process)."""
+    with _internal("jax._src.lib.xla_client.CompileOptions"):
+        from jax._src.lib import xla_client
+
+        xla_client.CompileOptions()
+
+
 def jit_statics(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(static_argnums, static_argnames) of a ``jax.jit`` function; empty for other wrappers."""
     info = getattr(jitted, "_jit_info", None)  # jax's PjitInfo
@@ -76,6 +125,20 @@ def distributed_state() -> tuple[Any, int, int]:
 
         state = distributed.global_state
         return state.client, int(state.process_id or 0), int(state.num_processes or 1)
+
+
+def _call_by_name(fn: Any, values: Mapping[str, Any]) -> Any:
+    """``fn`` called with the entries of ``values`` its signature names, all by keyword.
+
+    For a private function whose parameters came and went between releases while their
+    names kept their meaning: ``pxla.create_compile_options`` took ``mesh``,
+    ``spmd_lowering``, ``auto_spmd_lowering`` and ``pmap_nreps`` in 0.9.x, only ``mesh``
+    and ``auto_spmd_lowering`` of them in 0.10.0, none from 0.10.2 on. A parameter it
+    names that ``values`` lacks raises KeyError (a JaxInternalsError under ``_internal``).
+    """
+    import inspect
+
+    return fn(**{name: values[name] for name in inspect.signature(fn).parameters})
 
 
 def compile_for_devices(lowered: Any, devices_for: Any, options: Mapping[str, Any] | None = None) -> str:
@@ -98,10 +161,14 @@ def compile_for_devices(lowered: Any, devices_for: Any, options: Mapping[str, An
         devices: Sequence[Any] = devices_for(compile_args["num_devices"])
         module = lowered.compiler_ir("stablehlo")
         client = devices[0].client
-        compile_options = pxla.create_compile_options(
-            module, compile_args["tuple_args"], [False] * len(compile_args["global_in_avals"]),
-            [False] * len(compile_args["global_out_avals"]), client,
-            np.array(devices, dtype=object), dict(options or {}))
+        compile_options = _call_by_name(pxla.create_compile_options, {
+            "computation": module, "tuple_args": compile_args["tuple_args"],
+            "allow_prop_to_inputs": [False] * len(compile_args["global_in_avals"]),
+            "allow_prop_to_outputs": [False] * len(compile_args["global_out_avals"]),
+            "backend": client, "np_dev": np.array(devices, dtype=object),
+            "compiler_options": dict(options or {}),
+            # Before 0.10.2 (the automatic SPMD partitioner's and pmap's parameters):
+            "mesh": None, "auto_spmd_lowering": False, "spmd_lowering": True, "pmap_nreps": 1})
         executable = compiler.backend_compile_and_load(
             client, module, xc.DeviceList(tuple(devices)), compile_options, [])
         return executable.hlo_modules()[0].to_string()
@@ -130,7 +197,8 @@ def compile_hlo_for_devices(text: str, devices: Sequence[Any], *, replicas: bool
         from jax._src.lib.mlir import ir
 
         hlo_to_stablehlo = xc._xla.mlir.hlo_to_stablehlo
-        from_text = xc.hlo.hlo_module_from_text
+        # xla_client.hlo from 0.10.2 on; jaxlib's extension module before.
+        from_text = xc.hlo.hlo_module_from_text if hasattr(xc, "hlo") else xc._xla.hlo_module_from_text
         get_compile_options = compiler.get_compile_options
         make_ir_context = mlir.make_ir_context
         device_list = xc.DeviceList
