@@ -66,9 +66,12 @@ ORDER_FINDINGS = """What the probe says (both runs agree within 0.01-0.04 in slo
   kernel becomes ready the next compute kernel is not yet eligible (it waits for the one
   running on its own stream); there is no second waiting kernel for the priority to beat.
 - **A collective that arrives while a GEMM runs waits for that GEMM to end** (`second`: its CTAs
-  start 830-870 us after launch, at the end of the running GEMM; `dep`: 1316-1348 us, at the end
-  of the GEMM it depends on), then takes the SMs before the next GEMM's CTAs, at any priority.
-  No row shows a collective CTA starting inside a running GEMM: no preemption.
+  start 830-870 us after launch, when the running GEMM ends), then takes SMs before the next GEMM,
+  at either priority. One made ready by an event at a GEMM boundary (`dep`, XLA's case) does worse:
+  the next GEMM, already queued on the compute stream, wins the freed SMs and runs at full speed
+  (0.996-1.000x alone), and the collective's CTAs start only when that GEMM ends (1316-1348 us
+  after it became ready, one whole GEMM). No CTA of a collective ever started inside a running
+  GEMM: no preemption, and no handoff at a wave (cuBLAS's Hopper GEMM holds its SMs to the end).
 - **Resident first, it takes whole SMs**: `hold first` costs the GEMMs 1.064 at 1 CTA, 1.22 at
   16, 1.31 at 32 and 1.80 at 64. Losing k of 132 SMs would give 1.008, 1.14, 1.32 and 1.94:
   beyond a few CTAs each held CTA costs about one SM, and any held SM costs ~6% at once (the
