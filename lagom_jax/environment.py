@@ -137,9 +137,10 @@ def range_warning(jax_version: str) -> str | None:
     if v >= parse_version(OLDEST_JAX) and v[:2] <= parse_version(NEWEST_TESTED_JAX)[:2]:
         return None
     newest = ".".join(map(str, parse_version(NEWEST_TESTED_JAX)[:2]))
-    return (f"lagom-jax is tested with jax {OLDEST_JAX} to {newest}.x, not {jax_version}; it reaches into "
-            f"JAX internals that may have moved (tuning then falls back with a TuningWarning). "
-            f"Install a tested JAX, e.g. pip install 'jax[cuda12]=={NEWEST_TESTED_JAX}'")
+    return (f"lagom-jax is tested with jax {OLDEST_JAX} to {newest}.x, not {jax_version}: JAX internals it "
+            f"uses may have moved (tuning then falls back with a TuningWarning) and XLA may emit collectives "
+            f"its HLO reader does not price (docs/install.md). A tested JAX: pip install "
+            f"'jax[cuda12]=={NEWEST_TESTED_JAX}'")
 
 
 def _plugin_problems(env: Environment) -> list[str]:
