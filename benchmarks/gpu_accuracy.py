@@ -75,7 +75,7 @@ def predict(graph: graph_lib.StepGraph, hw: hardware.HardwareProfile) -> dict[st
     out: dict[str, float] = {}
     for t in graph.compute_tasks:
         out[t.name] = out.get(t.name, 0.0) + cost.compute_time_us(
-            t.flops, t.bytes, hw, gemm=t.gemm, itemsize=t.itemsize, attention=t.fused_attention)
+            t.flops, t.bytes, hw, gemm=t.gemm, itemsize=t.itemsize, attention=t.fused_attention, kernel=t.kernel)
     return out
 
 

@@ -277,7 +277,9 @@ LAYER_FINDINGS = """- The matmuls are priced well: every cuBLAS and Triton GEMM 
   fusions (HBM-bound, priced at the preset's 3040 GB/s).
 - **The Pallas flash-attention backward is 2.4x under-priced** (llama3-8b, 8192 tokens: 28.1 ms
   measured for two layers, 11.9 ms predicted at the preset's attention rate); its forward is
-  right (3.3 vs 3.4 ms). See `gpu_kernels`: this kernel's backward runs at ~100 TFLOP/s.
+  right (3.3 vs 3.4 ms). See `gpu_kernels`: this kernel's backward runs at ~100 TFLOP/s of work
+  done. Not changed in the model: the same kernel stands in for the cuDNN/TE attention of the
+  published runs (`workloads`), which ran 3-4x faster (docs/gpu_measurements.md).
 - **XLA's unfused attention backward**: its batched GEMMs that read or write the s x s scores
   (`[64, 4096, 4096]` bf16, K = 128 or N = 128) run at ~1.2-1.4 TB/s of those bytes, 2.0-2.4x
   slower than the roofline at the preset's bandwidth (-50%, -58%). The softmax `exp` fusion on
