@@ -63,7 +63,13 @@ def section(rows: list[dict[str, str]], machine: str) -> str:
         "| python | installed | smoke subset | passed | s |",
         "|---|---|---|---|---:|",
     ]
-    lines += [f"| {r['python']} | {r['installed']} | {r['result']} | {r['ok']} | {r['seconds']} |" for r in rows]
+    for r in rows:
+        version = r["installed"].split(",")[0].removeprefix("jax ")
+        ok = r["ok"] + (" (outside the tested range)" if environment.range_warning(version) else "")
+        lines.append(f"| {r['python']} | {r['installed']} | {r['result']} | {ok} | {r['seconds']} |")
+    if any(environment.range_warning(r["installed"].split(",")[0].removeprefix("jax ")) for r in rows):
+        lines += ["", "Outside the tested range the import warns; docs/install.md says what XLA emits there "
+                      "that the HLO reader does not price yet (the failing HLO-text check)."]
     return "\n".join(lines)
 
 
@@ -72,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pythons", nargs="+", help="the interpreter of each environment")
     parser.add_argument("--write", action="store_true", help="record the section in RESULTS.md")
     args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the machine line needs no plugin started
     rows = []
     for python in args.pythons:
         row = run_one(python)

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 # The releases every function below was checked on (lagom_jax.environment.TESTED_JAX).
-CHECKED_JAX = ("0.9.0", "0.9.2", "0.10.0", "0.10.2")
+CHECKED_JAX = ("0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2")
 _CHECKED = f"{CHECKED_JAX[0]} to {CHECKED_JAX[-1]}"
 
 
@@ -133,7 +133,7 @@ def _call_by_name(fn: Any, values: Mapping[str, Any]) -> Any:
     For a private function whose parameters came and went between releases while their
     names kept their meaning: ``pxla.create_compile_options`` took ``mesh``,
     ``spmd_lowering``, ``auto_spmd_lowering`` and ``pmap_nreps`` in 0.9.x, only ``mesh``
-    and ``auto_spmd_lowering`` of them in 0.10.0, none from 0.10.2 on. A parameter it
+    and ``auto_spmd_lowering`` of them in 0.10.0, none from 0.10.1 on. A parameter it
     names that ``values`` lacks raises KeyError (a JaxInternalsError under ``_internal``).
     """
     import inspect
@@ -167,7 +167,7 @@ def compile_for_devices(lowered: Any, devices_for: Any, options: Mapping[str, An
             "allow_prop_to_outputs": [False] * len(compile_args["global_out_avals"]),
             "backend": client, "np_dev": np.array(devices, dtype=object),
             "compiler_options": dict(options or {}),
-            # Before 0.10.2 (the automatic SPMD partitioner's and pmap's parameters):
+            # Before 0.10.1 (the automatic SPMD partitioner's and pmap's parameters):
             "mesh": None, "auto_spmd_lowering": False, "spmd_lowering": True, "pmap_nreps": 1})
         executable = compiler.backend_compile_and_load(
             client, module, xc.DeviceList(tuple(devices)), compile_options, [])
