@@ -866,10 +866,15 @@ class _Parser:
         if p >= n:
             raise HloParseError(1, 1, "empty input: expected 'HloModule <name>, ...'")
         m = _MODULE_RE.match(text, p)
-        if m is None:
+        if m is None and re.match(rf"(ENTRY\s+)?%?{_NAME}\s*[({{]", text[p:p + 400]):
+            # Computations without a module header, as XLA's own parser accepts them (some of
+            # XLA's test and benchmark modules are written so): a module named "_".
+            name, mod_attrs, where = "_", {}, {}
+        elif m is None:
             raise self.error(p, f"expected 'HloModule <name>', got {self.got(p)}")
-        name = m.group(1)
-        mod_attrs, p, where = self.attributes(m.end())
+        else:
+            name = m.group(1)
+            mod_attrs, p, where = self.attributes(m.end())
         for key in ("replica_count", "num_partitions"):
             value = mod_attrs.get(key, "1")
             if not value.isdigit() or not 1 <= int(value) <= _MAX_DEVICES:

@@ -371,3 +371,13 @@ add {
     assert shapes["ag"].dims == (16,)
     assert shapes["rs"].dims == (8, 8)
     assert shapes["d"].dims == (16, 16)
+
+
+def test_computations_without_a_module_header_parse_as_xla_does():
+    # Some of XLA's benchmark modules (u4_all_gather_1x8.hlo) are a bare computation.
+    module = hlo.parse("e {\n  a = u4[1024,512]{1,0:E(4)} parameter(0)\n"
+                       "  b = u4[1024,4096]{1,0:E(4)} all-gather(a), dimensions={1}\n}\n")
+    assert module.name == "_" and module.entry.name == "e"
+    assert [i.opcode for i in module.entry.instructions] == ["parameter", "all-gather"]
+    with pytest.raises(hlo.HloParseError, match="expected 'HloModule <name>'"):
+        hlo.parse("foo bar")
