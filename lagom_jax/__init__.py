@@ -26,6 +26,7 @@ from lagom_jax.api import Tuned as Tuned
 from lagom_jax.api import TuningWarning as TuningWarning
 from lagom_jax.api import auto_hardware as auto_hardware
 from lagom_jax.api import tune as tune
+from lagom_jax.custom_calls import UnpricedWarning as UnpricedWarning
 from lagom_jax.flags import FlagError as FlagError
 from lagom_jax.flags import XlaFlag as XlaFlag
 from lagom_jax.graph import StepGraph as StepGraph
@@ -53,6 +54,6 @@ from lagom_jax.simulate import Timeline as Timeline
 __all__ = [
     "BASELINES", "CollectiveChoice", "CollectiveParams", "FlagError", "HardwareProfile",
     "HloParseError", "Plan", "PlanCache", "Planned", "STRATEGIES", "SearchResult", "StepGraph", "Task",
-    "Timeline", "Tuned", "TuningWarning", "XlaFlag", "__version__", "auto_hardware",
+    "Timeline", "Tuned", "TuningWarning", "UnpricedWarning", "XlaFlag", "__version__", "auto_hardware",
     "from_hlo_text", "from_module", "make_plan", "parse_hlo", "predict_hlo_step_ms", "predict_train_step_ms", "run_strategy", "tune",
 ]

@@ -151,7 +151,7 @@ def test_the_mock_stays_out_of_every_plan(tmp_path):
 def test_predicting_names_unpriced_calls():
     import lagom_jax
 
-    with pytest.warns(custom_calls.UnpricedWarning, match="acme_fused_gelu_ffi"):
+    with pytest.warns(lagom_jax.UnpricedWarning, match="acme_fused_gelu_ffi"):
         assert lagom_jax.predict_hlo_step_ms(VENDOR) > 0
     with warnings.catch_warnings():
         warnings.simplefilter("error", custom_calls.UnpricedWarning)
