@@ -7,6 +7,8 @@ import pathlib
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lagom_jax import cost, custom_calls, gpu_compile, graph, hardware, hlo, hlo_compile, job, kernels
 
@@ -248,3 +250,15 @@ def test_the_benchmark_row_of_a_module():
     assert row["lagom_ms"] <= row["xla_default_ms"] * (1 + 1e-9)
     md = xla_modules.render([row, {"module": "broken", "failed": "compile: HloCompileError: no"}], "h100-sxm-8", "here")
     assert "| te_llama_2layer_8 | 8 |" in md and "| broken |" in md and "HloCompileError" in md
+
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 4), s=st.sampled_from([256, 512, 1024, 2048]), h=st.sampled_from([8, 16, 32]),
+       backward=st.booleans(), mask=st.sampled_from([0, 2, 3]))
+def test_more_attention_never_costs_less(b, s, h, backward, mask):
+    base, _ = _priced_us(_te_module(b, s, h=h, kv=8, backward=backward, mask=mask))
+    for bigger in (_te_module(b + 1, s, h=h, kv=8, backward=backward, mask=mask),
+                   _te_module(b, 2 * s, h=h, kv=8, backward=backward, mask=mask),
+                   _te_module(b, s, h=2 * h, kv=8, backward=backward, mask=mask)):
+        assert _priced_us(bigger)[0] >= base
