@@ -177,7 +177,10 @@ class Plan:
         NCCL asks the plugin by (kind, nBytes, nranks, nnodes) only, so collectives are
         grouped by those keys; each distinct size owns the byte range up to the geometric
         midpoints with its neighbours (sizes in between are rare and near either choice).
-        When two collectives share a key, the one with the longest predicted time decides.
+        The search gives every collective of one key the same choice
+        (``search.strategies.one_choice_per_key``), so a searched plan's rules say exactly
+        what it predicted; for a plan edited by hand, the collective with the longest
+        predicted time decides its key.
         Collective-permutes are point-to-point, which NCCL never asks a tuner about.
         """
         by_key: dict[tuple, dict[int, CollectiveChoice]] = {}

@@ -281,3 +281,68 @@ def test_a_search_pauses_the_cycle_collector_and_restores_it():
         assert not gc.isenabled()  # a caller's own choice stays
     finally:
         gc.enable()
+
+
+# --- plans NCCL's tuner plugin can apply --------------------------------------------------
+
+
+def _two_calls_one_key():
+    """Two all-gathers of one size over the same 8 ranks (one tuner key) and their compute."""
+    from lagom_jax.search.evaluator import Evaluator
+    from lagom_jax.search.strategies import one_choice_per_key
+
+    g = tp_graph(layers=2, flops=5e11, nbytes=64 * MiB)
+    hw = hardware.get("h100-sxm-8")
+    ev = Evaluator(g, hw, search.Space())
+    s = search.RECIPE_STRUCTURE
+    ags = [t for t in ev.tuned(s) if t.kind == "all-gather"]
+    assert len(ags) == 2 and ags[0].bytes == ags[1].bytes
+    return ev, s, ags, one_choice_per_key
+
+
+def test_two_instructions_with_one_tuner_key_get_one_choice():
+    ev, s, ags, project = _two_calls_one_key()
+    params = {t.id: ev.default(t) for t in ev.tuned(s)}
+    other = next(p for p in ev.candidates(ags[1]) if p != params[ags[1].id])
+    params[ags[1].id] = other
+    out, why, changed = project(ev, s, params, {})
+    assert changed and out[ags[0].id] == out[ags[1].id] in (params[ags[0].id], other)
+    assert all("NCCL's tuner sees as one call" in why[t.id] for t in ags)
+    # The kept choice is the better of the two for the whole step, and the step it predicts
+    # is the one that choice gives: choosing the other changes the prediction.
+    times = {p: ev.full(s, {**params, ags[0].id: p, ags[1].id: p}).makespan_us for p in (params[ags[0].id], other)}
+    assert times[out[ags[0].id]] == min(times.values())
+    assert len(set(times.values())) == 2
+    # Reduce-scatters were never in conflict: untouched.
+    assert all(out[c] == p for c, p in params.items() if c not in {t.id for t in ags})
+
+
+def _overlapped_and_exposed(nbytes=64 * MiB, flops=1e12):
+    """One all-gather beside a long matmul and one with nothing to hide behind, same size:
+    per instruction the search would give them different channels."""
+    from lagom_jax.graph import StepGraph, Task
+
+    tasks: list[Task] = []
+    group = (tuple(range(8)),)
+
+    def add(**kw):
+        tasks.append(Task(id=len(tasks), **kw))
+        return len(tasks) - 1
+
+    c0 = add(name="c0", kind="compute", flops=1e9, bytes=8 * MiB, opcode="fusion")
+    a = add(name="ag.overlapped", kind="all-gather", bytes=nbytes, deps=(c0,), groups=group, is_async=True)
+    x = add(name="big", kind="compute", flops=flops, bytes=64 * MiB, deps=(c0,), opcode="fusion",
+            gemm=(1, 8192, 8192, int(flops / 2 / 8192 / 8192)))
+    u = add(name="use.a", kind="compute", flops=1e9, bytes=nbytes, deps=(a, x), opcode="fusion")
+    b = add(name="ag.exposed", kind="all-gather", bytes=nbytes, deps=(u,), groups=group, is_async=True)
+    add(name="use.b", kind="compute", flops=1e9, bytes=nbytes, deps=(b,), opcode="fusion")
+    return StepGraph("one-key-two-roles", tuple(tasks), num_devices=8)
+
+
+@pytest.mark.parametrize("preset", ["h100-sxm-8", "a40-pcie-8"])
+def test_a_searched_plan_never_gives_one_tuner_key_two_choices(preset):
+    r = search.run_strategy("lagom", _overlapped_and_exposed(), hardware.get(preset))
+    params = {e.name: e.params for e in r.explanations}
+    assert params["ag.overlapped"] == params["ag.exposed"]
+    # The two were in conflict (the projection says so in their reasons).
+    assert any("NCCL's tuner sees as one call" in e.reason for e in r.explanations)

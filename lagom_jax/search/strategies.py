@@ -53,8 +53,9 @@ def _finish(
     notes: tuple[str, ...] = (),
     timeline: Timeline | None = None,
 ) -> SearchResult:
+    params, reasons, changed = one_choice_per_key(ev, structure, params, reasons)
     built = ev.build(structure)
-    if timeline is None:
+    if timeline is None or changed:
         timeline = ev.full(structure, params)
     exposed = timeline.exposed
     chunks = dict(structure.chunks)
@@ -94,6 +95,56 @@ def _finish(
         explanations=tuple(explanations),
         notes=notes,
     )
+
+
+def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int, CollectiveParams],
+                       reasons: Mapping[int, str]) -> tuple[dict[int, CollectiveParams], dict[int, str], bool]:
+    """The params NCCL's tuner plugin can apply: one choice per key it is asked by.
+
+    The plugin sees a call's kind, byte count, ranks and nodes, never the HLO instruction
+    (``nccl_tuner``; NVIDIA/nccl ``getCollInfo`` in the tuner interface), so collectives whose
+    calls share such a key run with one choice whatever the search chose per instruction.
+    Each shared key gets the one, among its members' choices and NCCL's default, that predicts
+    the shortest step (a full replay per candidate, keys taken longest total time first).
+    Returns (params, reasons, whether anything changed).
+    """
+    from lagom_jax.nccl_tuner import TUNER_KINDS
+
+    built = ev.build(structure)
+    graph = built.schedule.graph
+    members: dict[tuple, list[int]] = {}
+    weight: dict[tuple, float] = {}
+    for sid, cid in built.parent:
+        t = graph.tasks[sid]
+        if t.kind not in TUNER_KINDS or cid not in params:
+            continue
+        shape = ev.shape(t)
+        key = (t.kind, int(t.bytes), shape.ranks, shape.nodes)
+        if cid not in members.setdefault(key, []):
+            members[key].append(cid)
+        weight[key] = weight.get(key, 0.0) + ev.time(t, params[cid])
+    out, why = dict(params), dict(reasons)
+    changed = False
+    for key in sorted(members, key=lambda k: -weight[k]):
+        cids = members[key]
+        choices = list(dict.fromkeys(out[c] for c in cids))
+        if len(choices) < 2:
+            continue
+        default = ev.default(graph.tasks[next(s for s, c in built.parent if c == cids[0])])
+        candidates = list(dict.fromkeys([*choices, default]))
+        timed = [(ev.full(structure, {**out, **dict.fromkeys(cids, p)}).makespan_us, i, p)
+                 for i, p in enumerate(candidates)]
+        best = min(timed)[2]
+        note = (f"one choice for the {len(cids)} instructions that NCCL's tuner sees as one call "
+                f"({key[0]}, {key[1]} B, {key[2]} ranks, {key[3]} nodes)")
+        for c in cids:
+            if out[c] != best:
+                changed = True
+                why[c] = f"{best.describe()}: {note}; alone this instruction would run {out[c].describe()}"
+            else:
+                why[c] = f"{why[c]}; {note}" if why.get(c) else note
+            out[c] = best
+    return out, why, changed
 
 
 def _policy_params(ev: Evaluator, structure: Structure, policy: str) -> dict[int, CollectiveParams]:
