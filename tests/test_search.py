@@ -307,7 +307,7 @@ def test_two_instructions_with_one_tuner_key_get_one_choice():
     params[ags[1].id] = other
     out, why, changed = project(ev, s, params, {})
     assert changed and out[ags[0].id] == out[ags[1].id] in (params[ags[0].id], other)
-    assert all("NCCL's tuner sees as one call" in why[t.id] for t in ags)
+    assert all("NCCL's tuner sees as one key" in why[t.id] for t in ags)
     # The kept choice is the better of the two for the whole step, and the step it predicts
     # is the one that choice gives: choosing the other changes the prediction.
     times = {p: ev.full(s, {**params, ags[0].id: p, ags[1].id: p}).makespan_us for p in (params[ags[0].id], other)}
@@ -345,4 +345,4 @@ def test_a_searched_plan_never_gives_one_tuner_key_two_choices(preset):
     params = {e.name: e.params for e in r.explanations}
     assert params["ag.overlapped"] == params["ag.exposed"]
     # The two were in conflict (the projection says so in their reasons).
-    assert any("NCCL's tuner sees as one call" in e.reason for e in r.explanations)
+    assert any("NCCL's tuner sees as one key" in e.reason for e in r.explanations)

@@ -135,7 +135,7 @@ def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int,
         timed = [(ev.full(structure, {**out, **dict.fromkeys(cids, p)}).makespan_us, i, p)
                  for i, p in enumerate(candidates)]
         best = min(timed)[2]
-        note = (f"one choice for the {len(cids)} instructions that NCCL's tuner sees as one call "
+        note = (f"one choice for the {len(cids)} calls that NCCL's tuner sees as one key "
                 f"({key[0]}, {key[1]} B, {key[2]} ranks, {key[3]} nodes)")
         for c in cids:
             if out[c] != best:
