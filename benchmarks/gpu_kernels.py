@@ -57,6 +57,20 @@ def timed(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], *, repeats: i
     return {"median_us": float(med), "iqr_us": float(q3 - q1)}
 
 
+def measure(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], flops: float, *, repeats: int, inner: int,
+            label: str, progress: Any, **fields: Any) -> dict[str, Any]:
+    """One table row: ``fields``, the time of ``fn`` and its TFLOP/s at ``flops`` per call, or
+    the error that stopped it (one kernel failing must not lose the rest)."""
+    try:
+        t = timed(fn, arg_sets, repeats=repeats, inner=inner)
+        row = {**fields, **t, "tflops": flops / (t["median_us"] * 1e6)}
+        progress(f"{label}: {row['median_us']:.0f} us, {row['tflops']:.0f} TFLOP/s")
+    except Exception as e:  # noqa: BLE001
+        row = {**fields, "error": repr(e)[:300]}
+        progress(f"{label}: {row['error']}")
+    return row
+
+
 def _normal(key: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     import jax
 
@@ -104,16 +118,9 @@ def attention(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict
 
             both = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
             for what, fn, flops in (("forward", fwd, fwd_flops), ("forward+backward", both, 3.5 * fwd_flops)):
-                try:
-                    t = timed(fn, sets, repeats=repeats, inner=inner)
-                    row = {"impl": name, "seq": s, "batch": b, "heads": heads, "kv_heads": kv, "head_dim": d,
-                           "pass": what, **t, "tflops": flops / (t["median_us"] * 1e6)}
-                except Exception as e:  # noqa: BLE001 - one kernel failing must not lose the rest
-                    row = {"impl": name, "seq": s, "pass": what, "error": repr(e)[:300]}
-                rows.append(row)
-                progress(f"attention {name} s={s} {what}: "
-                         + (f"{row['median_us']:.0f} us, {row['tflops']:.0f} TFLOP/s" if "error" not in row
-                            else row["error"]))
+                rows.append(measure(fn, sets, flops, repeats=repeats, inner=inner, progress=progress,
+                                    label=f"attention {name} s={s} {what}", impl=name, seq=s, batch=b, heads=heads,
+                                    kv_heads=kv, head_dim=d, **{"pass": what}))
     return rows
 
 
@@ -137,18 +144,11 @@ def fp8(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, 
             dt = jnp.dtype(dtype)
             sets = [(_normal(keys[2 * i], (mm, k), dt), _normal(keys[2 * i + 1], (k, n), dt)) for i in range(2)]
             fn = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.bfloat16))
-            try:
-                t = timed(fn, sets, repeats=repeats, inner=inner)
-                hlo = fn.lower(*sets[0]).compile().as_text()
-                row = {"gemm": name, "m": mm, "n": n, "k": k, "dtype": dtype, **t,
-                       "tflops": 2 * mm * n * k / (t["median_us"] * 1e6),
-                       "cublaslt_fp8": "__cublas$lt$matmul$f8" in hlo}
-            except Exception as e:  # noqa: BLE001
-                row = {"gemm": name, "dtype": dtype, "error": repr(e)[:300]}
+            row = measure(fn, sets, 2 * mm * n * k, repeats=repeats, inner=inner, progress=progress,
+                          label=f"gemm {name} {mm}x{n}x{k} {dtype}", gemm=name, m=mm, n=n, k=k, dtype=dtype)
+            if "error" not in row:
+                row["cublaslt_fp8"] = "__cublas$lt$matmul$f8" in fn.lower(*sets[0]).compile().as_text()
             rows.append(row)
-            progress(f"gemm {name} {mm}x{n}x{k} {dtype}: "
-                     + (f"{row['median_us']:.0f} us, {row['tflops']:.0f} TFLOP/s" if "error" not in row
-                        else row["error"]))
     return rows
 
 
@@ -178,16 +178,9 @@ def ragged(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[st
 
         both = jax.jit(jax.grad(loss, argnums=(0, 1)))
         for what, fn, mult in (("forward", fwd, 1), ("forward+backward", both, 3)):
-            try:
-                t = timed(fn, sets, repeats=repeats, inner=inner)
-                row = {"groups": name, "group_sizes": sizes.tolist(), "m": m, "k": k, "n": n, "pass": what, **t,
-                       "tflops": mult * 2 * m * k * n / (t["median_us"] * 1e6)}
-            except Exception as e:  # noqa: BLE001
-                row = {"groups": name, "pass": what, "error": repr(e)[:300]}
-            rows.append(row)
-            progress(f"ragged_dot {name} {what}: "
-                     + (f"{row['median_us']:.0f} us, {row['tflops']:.0f} TFLOP/s" if "error" not in row
-                        else row["error"]))
+            rows.append(measure(fn, sets, mult * 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
+                                label=f"ragged_dot {name} {what}", groups=name, group_sizes=sizes.tolist(),
+                                m=m, k=k, n=n, **{"pass": what}))
     return rows
 
 

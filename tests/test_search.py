@@ -176,17 +176,25 @@ A40 = hardware.get("a40-pcie-8")
 MiB = 1 << 20
 
 
-def tp_graph(layers=4, flops=1e12, nbytes=64 * MiB):
-    """Tensor + sequence parallel layers: all-gather -> dot -> gelu -> dot -> reduce-scatter."""
-    from lagom_jax.graph import StepGraph, Task
+def _builder():
+    """A task list and ``add(**fields) -> id`` appending a Task with the next id."""
+    from lagom_jax.graph import Task
 
     tasks: list[Task] = []
-    group = (tuple(range(8)),)
 
     def add(**kw):
         tasks.append(Task(id=len(tasks), **kw))
         return len(tasks) - 1
 
+    return tasks, add
+
+
+def tp_graph(layers=4, flops=1e12, nbytes=64 * MiB):
+    """Tensor + sequence parallel layers: all-gather -> dot -> gelu -> dot -> reduce-scatter."""
+    from lagom_jax.graph import StepGraph
+
+    tasks, add = _builder()
+    group = (tuple(range(8)),)
     prev = add(name="embed", kind="compute", flops=1e9, bytes=8 * MiB, opcode="fusion")
     for i in range(layers):
         ag = add(name=f"ag.{i}", kind="all-gather", bytes=nbytes, deps=(prev,), groups=group, is_async=True)
@@ -320,15 +328,10 @@ def test_two_instructions_with_one_tuner_key_get_one_choice():
 def _overlapped_and_exposed(nbytes=64 * MiB, flops=1e12):
     """One all-gather beside a long matmul and one with nothing to hide behind, same size:
     per instruction the search would give them different channels."""
-    from lagom_jax.graph import StepGraph, Task
+    from lagom_jax.graph import StepGraph
 
-    tasks: list[Task] = []
+    tasks, add = _builder()
     group = (tuple(range(8)),)
-
-    def add(**kw):
-        tasks.append(Task(id=len(tasks), **kw))
-        return len(tasks) - 1
-
     c0 = add(name="c0", kind="compute", flops=1e9, bytes=8 * MiB, opcode="fusion")
     a = add(name="ag.overlapped", kind="all-gather", bytes=nbytes, deps=(c0,), groups=group, is_async=True)
     x = add(name="big", kind="compute", flops=flops, bytes=64 * MiB, deps=(c0,), opcode="fusion",
