@@ -230,13 +230,17 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         help="tune an HLO module or a built-in model: plan, flags, predicted gain",
         description="Search the communication parameters of one training step with the "
         "chosen strategy and compare it with every baseline. The step is an HLO module "
-        "(PATH) or a built-in model compiled on this machine's devices (--model).",
+        "(PATH) or a built-in model (--model), compiled by XLA's GPU pipeline for the "
+        "cluster's GPUs without a GPU (deviceless; XLA:CPU on this machine's devices, with a "
+        "warning, only where no CUDA compiler plugin is installed).",
     )
     _add_input_args(p)
     _add_model_args(p)
     p.add_argument("--recipe", default=None,
                    help="sharding recipe for --model (default: from the mesh axes, e.g. dp+tp)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="global batch in sequences (default: one per data-parallel rank of the mesh, "
+                   "times the micro-batches of a pipeline)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="sequence length (default: 512, or the model's maximum if shorter)")
     p.add_argument("--commfuse", default="auto", choices=("auto", "off", "on"),
@@ -268,7 +272,8 @@ def _model_source(args: argparse.Namespace):
     try:
         shape = models.parse_mesh(args.mesh)
         config = args.config or models.DEFAULT_CONFIG[args.model]
-        source = job.ModelSource(args.model, config, shape, args.recipe, args.batch_size, args.seq_len,
+        batch = args.batch_size or default_batch(shape)
+        source = job.ModelSource(args.model, config, shape, args.recipe, batch, args.seq_len,
                                  args.dtype, args.remat, not args.unroll, args.attention, args.commfuse)
         n = math.prod(shape.values())
         given = _hardware(args, n)
@@ -282,6 +287,13 @@ def _model_source(args: argparse.Namespace):
         _log(f"mesh {args.mesh} has {n} devices: {hw.name} grown to {hw.nodes} nodes of "
              f"{hw.gpus_per_node} GPUs")
     return source, hw
+
+
+def default_batch(shape: dict[str, int]) -> int:
+    """One sequence per data-parallel rank (the ``data`` and ``fsdp`` axes), times the
+    micro-batches a pipeline runs (``models.build``'s default: two per stage)."""
+    ways = shape.get("data", 1) * shape.get("fsdp", 1)
+    return ways * (2 * shape["stage"] if shape.get("stage", 1) > 1 else 1)
 
 
 def _run_tune(args: argparse.Namespace) -> int:
@@ -325,6 +337,8 @@ def _run_tune(args: argparse.Namespace) -> int:
         if plan.flags:
             print("\nXLA_FLAGS (checked by the installed XLA):")
             print(f"  XLA_FLAGS='{plan.xla_flags()}'")
+        elif args.no_structures:
+            print("\nXLA_FLAGS: none to set (the structure search did not run: --no-structures)")
         else:
             print("\nXLA_FLAGS: none to set (XLA's defaults are the best structure found)")
         print("NCCL environment (set before the first communicator):")
@@ -400,9 +414,9 @@ def _run_profile(args: argparse.Namespace) -> int:
 def _add_advise(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("advise", help="recommend dp/fsdp/tp/pp and micro-batches for a model",
                        description="ConfigTuner-style advice: screen every hybrid-parallel "
-                       "configuration of a built-in model analytically, compile the best few on "
-                       "this machine's CPU devices and predict their step time, untuned and "
-                       "tuned. All times are predicted.")
+                       "configuration of a built-in model analytically, compile the best few with "
+                       "XLA's GPU pipeline for the preset's GPUs (deviceless) and predict their step "
+                       "time, untuned and tuned. All times are predicted.")
     p.add_argument("--model", required=True, choices=("gpt2", "bert", "t5"))
     p.add_argument("--config", default=None, help="model size (default: the smallest real size)")
     p.add_argument("--devices", type=int, default=8, help="number of GPUs (default 8)")

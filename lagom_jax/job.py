@@ -163,11 +163,13 @@ def mesh_cluster(hw: hardware_lib.HardwareProfile, n: int, *, grow: bool) -> har
     if grow and hw.nodes == 1 and n > hw.gpus_per_node and n % hw.gpus_per_node == 0:
         hw = hw.with_nodes(n // hw.gpus_per_node)
     if not (n == hw.num_gpus or (hw.nodes == 1 and n < hw.gpus_per_node)):
-        fix = (f"({n // hw.gpus_per_node})" if n % hw.gpus_per_node == 0
-               else f"(a mesh of a multiple of {hw.gpus_per_node} devices)")
-        raise ValueError(f"mesh has {n} devices but {hw.name} with {hw.nodes} node(s) has "
-                         f"{hw.num_gpus} GPUs ({hw.gpus_per_node} per node); give a mesh of "
-                         f"{hw.num_gpus} devices or nodes to match {fix}")
+        g = hw.gpus_per_node
+        if n % g:
+            raise ValueError(f"a mesh of {n} GPUs is not a whole number of {hw.name} nodes ({g} GPUs "
+                             f"each): use a mesh of {g * (n // g)} or {g * (n // g + 1)} GPUs")
+        raise ValueError(f"a mesh of {n} GPUs needs {n // g} {hw.name} nodes, but the cluster has "
+                         f"{hw.nodes} ({hw.num_gpus} GPUs): use --nodes {n // g} or a mesh of "
+                         f"{hw.num_gpus} GPUs")
     return hw
 
 

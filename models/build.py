@@ -185,8 +185,9 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
                              f"({microbatches}) x data-parallel ways ({batch_ways})")
         pipeline = Pipeline(mesh, microbatches)
     elif batch_size % batch_ways:
-        raise ValueError(f"batch_size {batch_size} must be a multiple of the data-parallel "
-                         f"ways {batch_ways} of mesh {shape}")
+        raise ValueError(f"batch size {batch_size} is not a multiple of the {batch_ways} data-parallel "
+                         f"ranks (data x fsdp) of mesh {shape}: use e.g. "
+                         f"{batch_ways * max(1, round(batch_size / batch_ways))}")
 
     # Parameters: logical names from the boxed abstract init, mapped by the recipe's rules.
     boxed = jax.eval_shape(lambda r: family.init(cfg, r, cdt), jax.random.key(0))

@@ -63,7 +63,12 @@ def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
         (["tune", "--model", "t5", "--seq-len", "0"], "--seq-len must be positive, got 0"),
         (["advise", "--model", "gpt2", "--devices", "0"], "--devices must be positive, got 0"),
         (["advise", "--model", "gpt2", "--global-batch", "-1"], "--global-batch must be positive"),
-        (["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=3,model=4"], "has 12 devices"),
+        (["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=3,model=4"],
+         "a mesh of 12 GPUs is not a whole number of h100-sxm-8 nodes (8 GPUs each): use a mesh of 8 or 16 GPUs"),
+        (["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=16", "--nodes", "4"],
+         "a mesh of 16 GPUs needs 2 h100-sxm-8 nodes, but the cluster has 4"),
+        (["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=6", "--batch-size", "8"],
+         "batch size 8 is not a multiple of the 6 data-parallel ranks"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys):
@@ -149,6 +154,22 @@ def test_simulate_png_without_matplotlib_is_one_line(tmp_path, capsys, monkeypat
     captured = capsys.readouterr()
     assert "--png needs matplotlib" in captured.err and not captured.out
     assert not (tmp_path / "t.png").exists()
+
+
+def test_the_default_batch_is_one_sequence_per_data_parallel_rank(capsys):
+    assert cli.default_batch({"fsdp": 6}) == 6
+    assert cli.default_batch({"data": 2, "fsdp": 4, "model": 2}) == 8
+    assert cli.default_batch({"data": 2, "stage": 2, "model": 2}) == 8  # two micro-batches per stage
+    # A mesh of 6 data-parallel ranks works without --batch-size (the old default of 8 did not).
+    assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=6",
+                     "--json"]) == 0
+    capsys.readouterr()
+
+
+def test_without_the_structure_search_no_structure_is_claimed(capsys):
+    assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2"]) == 0
+    out = capsys.readouterr().out
+    assert "best structure found" not in out and "the structure search did not run" in out
 
 
 def test_a_mesh_smaller_than_a_node_is_said(capsys):
