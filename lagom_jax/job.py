@@ -164,11 +164,12 @@ def mesh_cluster(hw: hardware_lib.HardwareProfile, n: int, *, grow: bool) -> har
         hw = hw.with_nodes(n // hw.gpus_per_node)
     if not (n == hw.num_gpus or (hw.nodes == 1 and n < hw.gpus_per_node)):
         g = hw.gpus_per_node
-        if n % g:
+        if n > g and n % g:
             raise ValueError(f"a mesh of {n} GPUs is not a whole number of {hw.name} nodes ({g} GPUs "
                              f"each): use a mesh of {g * (n // g)} or {g * (n // g + 1)} GPUs")
-        raise ValueError(f"a mesh of {n} GPUs needs {n // g} {hw.name} nodes, but the cluster has "
-                         f"{hw.nodes} ({hw.num_gpus} GPUs): use --nodes {n // g} or a mesh of "
+        need = f"part of one {hw.name} node" if n < g else f"{n // g} {hw.name} nodes"
+        raise ValueError(f"a mesh of {n} GPUs needs {need}, but the cluster has {hw.nodes} "
+                         f"({hw.num_gpus} GPUs): use --nodes {max(1, n // g)} or a mesh of "
                          f"{hw.num_gpus} GPUs")
     return hw
 

@@ -108,9 +108,10 @@ def test_cli_falls_back_to_the_cpu_module_with_a_warning(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--mesh", "data=4,model=4", "--nodes", "1"], "has 16 devices but h100-sxm-8 with 1 node"),
-    (["--mesh", "data=3,model=4"], "a mesh of a multiple of 8 devices"),
-    (["--mesh", "data=2,model=2", "--nodes", "2"], "has 4 devices but h100-sxm-8 with 2 node"),
+    (["--mesh", "data=4,model=4", "--nodes", "1"], "a mesh of 16 GPUs needs 2 h100-sxm-8 nodes, but the cluster has 1"),
+    (["--mesh", "data=3,model=4"], "a mesh of 12 GPUs is not a whole number of h100-sxm-8 nodes"),
+    (["--mesh", "data=2,model=2", "--nodes", "2"],
+     "a mesh of 4 GPUs needs part of one h100-sxm-8 node, but the cluster has 2 (16 GPUs): use --nodes 1"),
 ])
 def test_cli_mesh_preset_and_nodes_must_agree(argv, message, capsys):
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--hardware", "h100-sxm-8", *argv]) == 2

@@ -112,7 +112,7 @@ def test_configs_match_the_published_shapes():
     (lambda: models.build("llama", "tiny", "tp", "model=4", devices=jax.devices()[:4]),
      "kv heads 2 not divisible by the model axis 4"),
     (lambda: models.build("mixtral", "tiny", "ep", "expert=8"), "experts 4 not divisible by the expert axis 8"),
-    (lambda: models.build("llama", "tiny", "dp", "data=8", batch_size=4), "multiple of the data-parallel"),
+    (lambda: models.build("llama", "tiny", "dp", "data=8", batch_size=4), "not a multiple of the 8 data-parallel ranks"),
     (lambda: models.build("llama", "huge", "dp", "data=8"), "unknown llama config 'huge'"),
     (lambda: models.build("llama", "tiny", "dp", "data=8", remat="most"), "unknown remat policy 'most'"),
     (lambda: models.build("llamas", "tiny", "dp", "data=8"), "unknown model 'llamas'"),
