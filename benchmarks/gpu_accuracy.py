@@ -10,7 +10,7 @@ fresh batches (never zeros; the state carries over from step to step), and
 ``profile.per_op_times_us`` reads each trace's per-instruction device time. The measured
 time of an op is its median over the traced steps. Each op is predicted from the
 StepGraph tasks with the same name (summed over unrolled loop iterations, as the trace
-sums its kernels) by ``cost.compute_time_us(flops, bytes, hw)``: "before" with the
+sums its kernels) as the simulator times it alone (``simulate.alone_us``): "before" with the
 preset, "after" with the measured profile. ``profile.accuracy`` gives the MAPE of each.
 
 ``--allow-cpu`` runs the same flow on the CPU (for tests): times are then thunk times
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lagom_jax import cost, hardware, hlo, profile
+from lagom_jax import hardware, hlo, profile, simulate
 from lagom_jax import graph as graph_lib
 
 
@@ -68,14 +68,11 @@ class AccuracyReport:
 
 
 def predict(graph: graph_lib.StepGraph, hw: hardware.HardwareProfile) -> dict[str, float]:
-    """Predicted time (us) per compute-op name, summed over the tasks carrying that name.
-
-    Each task is timed as the simulator times it alone: by its matmul shape, operand width,
-    fused-attention flag and library kernel where the task has them."""
+    """Predicted time (us) per compute-op name, summed over the tasks carrying that name;
+    each task timed as the simulator times it alone (``simulate.alone_us``)."""
     out: dict[str, float] = {}
     for t in graph.compute_tasks:
-        out[t.name] = out.get(t.name, 0.0) + cost.compute_time_us(
-            t.flops, t.bytes, hw, gemm=t.gemm, itemsize=t.itemsize, attention=t.fused_attention, kernel=t.kernel)
+        out[t.name] = out.get(t.name, 0.0) + simulate.alone_us(t, hw)
     return out
 
 

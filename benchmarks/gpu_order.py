@@ -216,14 +216,13 @@ class Probe:
         self.gemm_stream.synchronize()
         return float(np.median([self.cp.cuda.get_elapsed_time(a, b) * 1e3 for a, b in marks]))
 
-    def _launch(self, kind: str, stream: Any, ctas: int, reps: int, hold_ns: int, chunks: int) -> int:
-        """Enqueue the collective on ``stream``; the bytes it moves. ``hold_ns``: for ``hold``,
+    def _launch(self, kind: str, stream: Any, ctas: int, reps: int, hold_until: int, chunks: int) -> int:
+        """Enqueue the collective on ``stream``; the bytes it moves. ``hold_until``: for ``hold``,
         the ``%globaltimer`` value until which its CTAs hold their SMs."""
         cp = self.cp
         if kind in ("copy", "hold"):
             mode = 0 if kind == "copy" else 1
-            # ``hold_ns`` is a deadline on the GPU's clock (``run`` reads the clock first).
-            until = np.uint64(hold_ns if mode == 1 else 0)
+            until = np.uint64(hold_until if mode == 1 else 0)  # ``run`` read the GPU clock first
             self.probe((ctas,), (THREADS,), (self.src, self.dst, cp.int64(self.words), cp.int32(reps),
                                              cp.int32(mode), until, self.stamps), stream=stream)
             return 2 * self.words * 16 * reps if mode == 0 else 0
@@ -274,11 +273,11 @@ class Probe:
         ref_ev = self._ev(self.gemm_stream)
         self.gemm_stream.synchronize()
         ref_ns = int(self.ref.get()[0])
-        hold_ns = ref_ns + int(want_us * 1e3)
+        hold_until = ref_ns + int(want_us * 1e3)
 
         if order == "first":
             ready = self._ev(side)
-            moved = self._launch(kind, side, ctas, reps, hold_ns, chunks)
+            moved = self._launch(kind, side, ctas, reps, hold_until, chunks)
             done = self._ev(side)
             self.gemm_stream.wait_event(ready)
             marks = self._gemms(n)
@@ -288,7 +287,7 @@ class Probe:
             while time.perf_counter() - t0 < 2e-4:
                 pass
             ready = self._ev(side)
-            moved = self._launch(kind, side, ctas, reps, hold_ns, chunks)
+            moved = self._launch(kind, side, ctas, reps, hold_until, chunks)
             done = self._ev(side)
         elif order == "dep":
             marks = self._gemms(1)
@@ -296,7 +295,7 @@ class Probe:
             marks += self._gemms(n - 1)
             side.wait_event(after_first)
             ready = self._ev(side)
-            moved = self._launch(kind, side, ctas, reps, hold_ns, chunks)
+            moved = self._launch(kind, side, ctas, reps, hold_until, chunks)
             done = self._ev(side)
         else:
             raise ValueError(f"unknown order {order!r}; known: {ORDERS}")

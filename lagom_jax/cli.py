@@ -272,7 +272,7 @@ def _model_source(args: argparse.Namespace):
     try:
         shape = models.parse_mesh(args.mesh)
         config = args.config or models.DEFAULT_CONFIG[args.model]
-        batch = args.batch_size or default_batch(shape)
+        batch = args.batch_size or models.default_batch(shape)
         source = job.ModelSource(args.model, config, shape, args.recipe, batch, args.seq_len,
                                  args.dtype, args.remat, not args.unroll, args.attention, args.commfuse)
         n = math.prod(shape.values())
@@ -287,13 +287,6 @@ def _model_source(args: argparse.Namespace):
         _log(f"mesh {args.mesh} has {n} devices: {hw.name} grown to {hw.nodes} nodes of "
              f"{hw.gpus_per_node} GPUs")
     return source, hw
-
-
-def default_batch(shape: dict[str, int]) -> int:
-    """One sequence per data-parallel rank (the ``data`` and ``fsdp`` axes), times the
-    micro-batches a pipeline runs (``models.build``'s default: two per stage)."""
-    ways = shape.get("data", 1) * shape.get("fsdp", 1)
-    return ways * (2 * shape["stage"] if shape.get("stage", 1) > 1 else 1)
 
 
 def _run_tune(args: argparse.Namespace) -> int:

@@ -742,17 +742,17 @@ class _Builder:
             (s.dtype for s in inst.shape.leaves() if s.dtype not in ("token", "opaque")), ""
         )
         if kind is None:
+            target = custom_calls.custom_call_target(inst)
+            priced = custom_calls.price(inst, [comp.by_name[o].shape for o in inst.operands]) if target else None
             if op == "async-start":
                 wrapped = self.module.computation(inst.called_computations[0])
                 flops = self.computation_flops(wrapped)
+            elif priced is not None:
+                flops = priced.flops
             else:
                 flops = self.inst_flops(comp, inst)
-            nbytes = self.memory_bytes(comp, inst)
-            target = custom_calls.custom_call_target(inst)
-            priced = custom_calls.price(inst, [comp.by_name[o].shape for o in inst.operands]) if target else None
+            nbytes = priced.bytes if priced is not None else self.memory_bytes(comp, inst)
             kernel = priced.kernel if priced is not None else ""
-            if priced is not None:
-                nbytes = priced.bytes
             if op in ("fusion-start", "copy-start") and _HOST_MEMORY in inst.source:
                 kernel = "host-transfer"
             gemm = self.gemm(comp, inst) if flops and not kernel else ()

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lagom_jax import cost, deprecation
-from lagom_jax.graph import StepGraph
+from lagom_jax.graph import StepGraph, Task
 from lagom_jax.hardware import HardwareProfile
 from lagom_jax.params import CollectiveParams
 
@@ -148,6 +148,13 @@ class _Prepared:
 _PREPARED: dict[tuple[int, HardwareProfile], tuple[weakref.ref[StepGraph], _Prepared]] = {}
 
 
+def alone_us(task: Task, hw: HardwareProfile) -> float:
+    """One execution of a compute task with nothing running beside it: by its matmul shape,
+    operand width, fused-attention flag and library kernel where it has them."""
+    return cost.compute_time_us(task.flops, task.bytes, hw, gemm=task.gemm, itemsize=task.itemsize,
+                                attention=task.fused_attention, kernel=task.kernel)
+
+
 def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
     key = (id(graph), hw)
     hit = _PREPARED.get(key)
@@ -170,10 +177,7 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
             succ[t.id].append(j)
     work = tuple(None if c else (t.flops, t.bytes, t.gemm, t.itemsize, t.fused_attention, t.kernel)
                  for t, c in zip(tasks, is_coll))
-    compute_alone = tuple(
-        0.0 if c else r * cost.compute_time_us(*w[:2], hw, gemm=w[2], itemsize=w[3],  # type: ignore[index]
-                                               attention=w[4], kernel=w[5])  # type: ignore[index]
-        for w, c, r in zip(work, is_coll, repeat))
+    compute_alone = tuple(0.0 if c else r * alone_us(t, hw) for t, c, r in zip(tasks, is_coll, repeat))
     default_params = {i: cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
                       for i, k in enumerate(coll_key) if k is not None}
     prepared = _Prepared(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .build import Built as Built
 from .build import TrainState as TrainState
 from .build import build as build
+from .build import default_batch as default_batch
 from .families import DEFAULT_CONFIG as DEFAULT_CONFIG
 from .families import FAMILIES as FAMILIES
 from .layers import ModelConfig as ModelConfig

@@ -131,6 +131,23 @@ def _check_model_axes(model: str, cfg: ModelConfig, shape: Mapping[str, int]) ->
         raise ValueError(f"{model}: experts {cfg.experts} not divisible by the expert axis {e}")
 
 
+def _batch_ways(shape: Mapping[str, int]) -> int:
+    """Data-parallel ranks of a mesh: its ``data`` and ``fsdp`` axes."""
+    return math.prod(shape.get(a, 1) for a in ("data", "fsdp"))
+
+
+def _default_microbatches(shape: Mapping[str, int]) -> int:
+    """A pipeline's micro-batches unless given: two per stage."""
+    return 2 * shape["stage"]
+
+
+def default_batch(shape: Mapping[str, int]) -> int:
+    """The smallest global batch ``build`` takes on ``shape``: one sequence per data-parallel
+    rank, times the micro-batches of a pipeline (a ``stage`` axis)."""
+    stages = shape.get("stage", 1) > 1
+    return _batch_ways(shape) * (_default_microbatches(shape) if stages else 1)
+
+
 def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, int] | None = None,
           *, batch_size: int = 8, seq_len: int | None = None, dtype: str = "float32",
           learning_rate: float = 1e-3, microbatches: int | None = None,
@@ -176,10 +193,10 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     mesh = make_mesh(shape, devices)
     replicated = NamedSharding(mesh, PartitionSpec())
 
-    batch_ways = math.prod(shape.get(a, 1) for a in ("data", "fsdp"))
+    batch_ways = _batch_ways(shape)
     pipeline = None
     if "pp" in parts:
-        microbatches = microbatches or 2 * shape["stage"]
+        microbatches = microbatches or _default_microbatches(shape)
         if batch_size % (microbatches * batch_ways):
             raise ValueError(f"batch_size {batch_size} must be a multiple of microbatches "
                              f"({microbatches}) x data-parallel ways ({batch_ways})")

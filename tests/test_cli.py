@@ -157,9 +157,11 @@ def test_simulate_png_without_matplotlib_is_one_line(tmp_path, capsys, monkeypat
 
 
 def test_the_default_batch_is_one_sequence_per_data_parallel_rank(capsys):
-    assert cli.default_batch({"fsdp": 6}) == 6
-    assert cli.default_batch({"data": 2, "fsdp": 4, "model": 2}) == 8
-    assert cli.default_batch({"data": 2, "stage": 2, "model": 2}) == 8  # two micro-batches per stage
+    from lagom_jax.models import default_batch
+
+    assert default_batch({"fsdp": 6}) == 6
+    assert default_batch({"data": 2, "fsdp": 4, "model": 2}) == 8
+    assert default_batch({"data": 2, "stage": 2, "model": 2}) == 8  # two micro-batches per stage
     # A mesh of 6 data-parallel ranks works without --batch-size (the old default of 8 did not).
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=6",
                      "--json"]) == 0

@@ -114,12 +114,14 @@ def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int,
     graph = built.schedule.graph
     members: dict[tuple, list[int]] = {}
     weight: dict[tuple, float] = {}
+    example: dict[tuple, Task] = {}  # one call of the key, for NCCL's default
     for sid, cid in built.parent:
         t = graph.tasks[sid]
         if t.kind not in TUNER_KINDS or cid not in params:
             continue
         shape = ev.shape(t)
         key = (t.kind, int(t.bytes), shape.ranks, shape.nodes)
+        example.setdefault(key, t)
         if cid not in members.setdefault(key, []):
             members[key].append(cid)
         weight[key] = weight.get(key, 0.0) + ev.time(t, params[cid])
@@ -130,8 +132,7 @@ def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int,
         choices = list(dict.fromkeys(out[c] for c in cids))
         if len(choices) < 2:
             continue
-        default = ev.default(graph.tasks[next(s for s, c in built.parent if c == cids[0])])
-        candidates = list(dict.fromkeys([*choices, default]))
+        candidates = list(dict.fromkeys([*choices, ev.default(example[key])]))
         timed = [(ev.full(structure, {**out, **dict.fromkeys(cids, p)}).makespan_us, i, p)
                  for i, p in enumerate(candidates)]
         best = min(timed)[2]
