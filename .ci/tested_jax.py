@@ -1,6 +1,6 @@
 """Print the oldest or newest JAX release lagom-jax is tested with (``oldest`` | ``newest``).
 
-Read from ``CHECKED_JAX`` in lagom_jax/jax_internals.py without importing it, so that CI
+Read from ``CHECKED_JAX`` in lagom_jax/program/jax_internals.py without importing it, so that CI
 can pin the JAX it installs before anything is installed.
 """
 

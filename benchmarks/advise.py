@@ -1,7 +1,7 @@
 """ConfigTuner: the recommended hybrid-parallel configuration of two models on two presets.
 
 For GPT-2 355M and BERT-large on 8 GPUs of ``h100-sxm-8`` (NVLink) and ``a40-pcie-8``
-(PCIe), one node each, `lagom_jax.advise.advise` screens every data x fsdp x pipeline x
+(PCIe), one node each, `lagom_jax.advise.configtuner.advise` screens every data x fsdp x pipeline x
 tensor factorisation analytically, compiles the best ``--top-k`` train steps with XLA's GPU
 pipeline for 8 abstract GPUs of the preset (deviceless, from abstract inputs) and predicts their step time under XLA/NCCL defaults and
 after the lagom search. Every time in the tables is *predicted* by the cost model.
@@ -35,7 +35,7 @@ def _gap(dump: list[dict]) -> str:
                     f"Known gap: the compiled predictions stay above the analytic screen "
                     f"({advice['model']} {advice['config']} dp on {advice['num_devices']} x "
                     f"{advice['hardware']}: {c['untuned_ms']:.1f} ms against {c['analytic_ms']:.1f} ms), "
-                    "most for pipelined steps. Both time the matmuls by shape (`lagom_jax.kernels`); "
+                    "most for pipelined steps. Both time the matmuls by shape (`lagom_jax.costs.kernels`); "
                     "the rest is memory traffic the screen leaves out: the compiled step writes and "
                     "reads the attention scores of every layer (no fused attention in these models) "
                     "and runs every element-wise and optimizer kernel. Which is closer to a real step "
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top-k", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
     args = ap.parse_args(argv)
-    from lagom_jax import gpu_compile
-    from lagom_jax.advise import advise
+    from lagom_jax.program import gpu_compile
+    from lagom_jax.advise.configtuner import advise
 
     gpu_compile.prepare()  # before JAX starts: on a host without a CUDA driver, stay on the CPU
     compilers: set[str] = set()
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     md = (
         "## advise\n\n"
         f"Machine: {machine_line()}\n\n"
-        "ConfigTuner (`lagom_jax.advise`): hybrid-parallel configurations ranked without running "
+        "ConfigTuner (`lagom_jax.advise.configtuner`): hybrid-parallel configurations ranked without running "
         "them. *analytic* is the closed-form screen; *untuned* and *tuned* are the cost model's "
         "predictions of the really compiled step (" + "; ".join(sorted(compilers)) + ") "
         "under XLA/NCCL defaults and after the lagom search. All step times are "

@@ -34,7 +34,8 @@ import pathlib
 import statistics
 from collections import defaultdict
 
-from lagom_jax import collective_tables, cost, hardware
+from lagom_jax.cluster import collective_tables, hardware
+from lagom_jax.costs import cost
 
 from .common import machine_line, write_section
 
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["## collective_fidelity (collective times predicted against measured, per source)", "",
              f"Machine: {machine_line()}. Prediction: `cost.default_time_us` under NCCL's own choice, before = "
              "NCCL's model alone (`CostConfig(measured_tables=False)`), after = anchored to the measured tables "
-             "(`lagom_jax.collective_tables`). Error = predicted / measured - 1. On rows that are themselves in the "
+             "(`lagom_jax.cluster.collective_tables`). Error = predicted / measured - 1. On rows that are themselves in the "
              "anchor's tables, *after* is judged on the odd powers of two with those sizes dropped from the "
              "tables (an interpolation check); multi-node and published points are in no table.", "",
              "| source | scope | points | before: median error | before: median abs | before: worst "

@@ -7,7 +7,7 @@ Run from the repository root (no GPU needed)::
         [--out benchmarks/results/combine_sweep.json] [--hlo-dir DIR [--reuse]]
 
 Every step is compiled *deviceless* with XLA's real GPU pipeline for abstract GPUs of
-``--hardware`` (``lagom_jax.gpu_compile``: 8 of them, 4 for ``tp``), in this process. Per
+``--hardware`` (``lagom_jax.program.gpu_compile``: 8 of them, 4 for ``tp``), in this process. Per
 (model, recipe, dtype):
 
 1. compile once with every ``xla_gpu_<kind>_combine_threshold_bytes`` at 0 (XLA's
@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.gpu_hlo import KindAgreement, _bytes, compare_combine, threshold_options
-from lagom_jax import graph as graph_lib
+from lagom_jax.program import graph as graph_lib
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -156,8 +156,8 @@ def run(models: Sequence[str] = DEFAULT_MODELS, recipes: Sequence[str] = DEFAULT
         config: str = "tiny", hlo_dir: pathlib.Path | None = None, reuse: bool = False,
         progress: Callable[[str], None] = print) -> list[SweepRow]:
     """The whole sweep, deviceless, in this process (raises DevicelessUnavailable if it cannot)."""
-    from lagom_jax import gpu_compile
-    from lagom_jax import hardware as hardware_lib
+    from lagom_jax.program import gpu_compile
+    from lagom_jax.cluster import hardware as hardware_lib
 
     gpu_compile.prepare()
     hw = hardware_lib.resolve(hardware)
@@ -195,7 +195,7 @@ def markdown(rows: Sequence[SweepRow], *, hardware: str = "h100-sxm-8", config: 
         "## combine_sweep (compiled: XLA:GPU deviceless, predicted: `passes.combine`)", "",
         f"Machine: {machine_line()}. Each step ({config} configs) is compiled with XLA's GPU "
         f"pipeline for abstract GPUs of `{hardware}` (jax {jax.__version__}, "
-        "`lagom_jax.gpu_compile`; meshes "
+        "`lagom_jax.program.gpu_compile`; meshes "
         + ", ".join(f"{r} `{m}`" for r, m in MESHES.items()) + "), once with every combine threshold at 0 (uncombined) and "
         "once per threshold with every `xla_gpu_*_combine_threshold_bytes` at that value "
         "(`default`: no option, XLA's 30 MiB + 7). The prediction is "
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.reuse and not args.hlo_dir:
         ap.error("--reuse needs --hlo-dir")
-    from lagom_jax.gpu_compile import DevicelessUnavailable
+    from lagom_jax.program.gpu_compile import DevicelessUnavailable
 
     try:
         rows = run(args.models.split(","), args.recipes.split(","), args.dtypes.split(","),

@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.commfuse [--no-compile]``. Two parts, every number *predicted*
 by the cost model (no multi-GPU machine here):
 
-1. **Per MLP, analytic** (`lagom_jax.commfuse.choose`): the sequence-parallel MLP of GPT-2
+1. **Per MLP, analytic** (`lagom_jax.costs.commfuse.choose`): the sequence-parallel MLP of GPT-2
    1.5B and T5 base, all-gather + FC1 and FC2 + reduce-scatter, plain against the ring, at
    TP 8 on one node and TP 16 on two, on the H100, A100 and A40 presets: time and exposed
    communication, and which the model chooses. XLA's own windowed einsum is not a column:
@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lagom_jax import commfuse, gpu_compile, hardware, planning
-from lagom_jax import graph as graph_lib
-from lagom_jax.models import FAMILIES
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import commfuse
+from lagom_jax.models import FAMILIES, compiled
+from lagom_jax.plan import planning
+from lagom_jax.program import gpu_compile, graph as graph_lib
 
 from .common import machine_line, write_section
 
@@ -58,7 +60,7 @@ def compiled_rows(progress) -> list[str]:
     for model, config, mesh, batch, seq in COMPILED:
         for recipe in ("tp+sp", "tp+sp+cf"):
             progress(f"compiling {model} {config} {recipe} [{mesh}] for H100")
-            step = gpu_compile.compile_builtin_isolated(hw, model, config, recipe, mesh,
+            step = compiled.compile_builtin_isolated(hw, model, config, recipe, mesh,
                                                         batch_size=batch, seq_len=seq, dtype="bfloat16")
             g = graph_lib.from_hlo_text(step.text)
             permutes = sum(1 for t in g.collectives if t.kind == "collective-permute")

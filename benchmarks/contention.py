@@ -41,7 +41,8 @@ import pathlib
 import statistics
 import sys
 
-from lagom_jax import cost, hardware
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import cost
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROBE = HERE / "results" / "gpu" / "raw.json"
@@ -144,8 +145,8 @@ def gemm_beside_all_gather_ms(nccl_env: dict[str, str] | None = None, *, overlap
     all-gather of 64 MiB per rank over 8 H100 (512 MiB gathered), side by side or one after
     the other, under the NCCL settings ``nccl_env``."""
     from lagom_jax import search
-    from lagom_jax.graph import StepGraph, Task
-    from lagom_jax.nccl_env import NcclEnv
+    from lagom_jax.program.graph import StepGraph, Task
+    from lagom_jax.cluster.nccl_env import NcclEnv
 
     n = GEMM
     gemm = Task(id=0, name="gemm", kind="compute", flops=2 * n**3, bytes=3 * n * n * 2, opcode="fusion",

@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.fidelity``. Replays every row of ``benchmarks/data/
 megatron_runs.csv`` and ``megatron_small_runs.csv`` (sources and caveats in the ``.md``
 beside each) through
-``lagom_jax.advise.predict_step`` and reports, per set of rows:
+``lagom_jax.advise.configtuner.predict_step`` and reports, per set of rows:
 
 * median and mean absolute error of the predicted iteration time, the share within 10%,
   and the median predicted/measured ratio;
@@ -43,7 +43,9 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
-from lagom_jax import advise, cost, hardware, megatron
+from lagom_jax.advise import configtuner as advise, megatron
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import cost
 
 from .common import machine_line, write_section
 
@@ -423,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"| {cfg['global_batch']} | {r.measured_ms / 1e3:.2f} | {p / 1e3:.2f} "
                        f"| {p / r.measured_ms - 1:+.0%} | {r.filled or '-'} |")
     out = ["## fidelity (predicted against measured, public Megatron-style runs)", "",
-           f"Machine: {machine_line()}. Predictions by `lagom_jax.advise.predict_step_ms`; "
+           f"Machine: {machine_line()}. Predictions by `lagom_jax.advise.configtuner.predict_step_ms`; "
            "measurements from the papers and logs in `benchmarks/data/megatron_runs.md`. "
            "Regret: how much slower the configuration the model ranks first ran than the "
            "fastest measured configuration of its group (same source, model, GPU count and "

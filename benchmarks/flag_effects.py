@@ -112,7 +112,7 @@ def _collectives(job: Any) -> tuple[tuple[str, float], ...]:
 
 
 def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
-    from lagom_jax import predict
+    from lagom_jax.advise import predict
 
     jobs: dict[str, Any] = {}
     out = []

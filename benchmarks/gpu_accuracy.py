@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from lagom_jax import hardware, hlo, profile, simulate
-from lagom_jax import graph as graph_lib
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import profile, simulate
+from lagom_jax.program import graph as graph_lib, hlo
 
 
 class GpuAccuracyError(RuntimeError):

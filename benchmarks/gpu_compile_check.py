@@ -7,7 +7,7 @@ Run on a machine with one NVIDIA GPU::
 1. **Same step, two compiles.** GPT-2 (tiny, 124M) under ``dp`` on a mesh of one device is
    compiled on the real GPU (dumping its gemm autotuning results with
    ``xla_gpu_dump_autotune_results_to``) and deviceless for one abstract GPU of the preset
-   (``lagom_jax.gpu_compile``), once with XLA's defaults and once loading the real
+   (``lagom_jax.program.gpu_compile``), once with XLA's defaults and once loading the real
    autotuning results (``xla_gpu_load_autotune_results_from``). The modules are compared by
    what the cost model reads: gemms by implementation (cuBLAS custom-call or Triton fusion,
    with the Triton tile), fusion kinds, opcode counts, and whether the texts are identical
@@ -104,7 +104,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def same_step_two_compiles(out: pathlib.Path, configs: tuple[str, ...]) -> dict[str, Any]:
     import jax
 
-    from lagom_jax import gpu_compile, hardware, models
+    from lagom_jax import models
+    from lagom_jax.cluster import hardware
+    from lagom_jax.program import gpu_compile
 
     hw = hardware.get(PRESET)
     abstract = gpu_compile.devices(hw, 1)
@@ -143,7 +145,8 @@ def _flag_effects(build_devices: Any, save: pathlib.Path, extra: dict[str, Any] 
     """Compile GPT-2 tiny ``dp+tp`` once per flag variant; say which variants changed it.
 
     Each module is written to ``save`` with the variant's name appended."""
-    from lagom_jax import graph, models
+    from lagom_jax import models
+    from lagom_jax.program import graph
 
     built = models.build("gpt2", "tiny", "dp+tp", "data=4,model=2", devices=build_devices, dtype="bfloat16",
                          batch_size=8)
@@ -211,7 +214,8 @@ CHILD_TIMEOUT_S = 200
 
 
 def flags_real_and_deviceless(out: pathlib.Path) -> dict[str, Any]:
-    from lagom_jax import gpu_compile, hardware
+    from lagom_jax.cluster import hardware
+    from lagom_jax.program import gpu_compile
 
     hw = hardware.get(PRESET)
     result: dict[str, Any] = {

@@ -47,8 +47,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lagom_jax import graph as graph_lib
-from lagom_jax import hlo
+from lagom_jax.program import graph as graph_lib, hlo
 
 DEFAULT_MODELS = ("gpt2", "bert", "t5")
 DEFAULT_RECIPES = ("dp", "fsdp", "tp", "dp+tp")
@@ -237,7 +236,7 @@ def start_backend(*, allow_cpu: bool, mock_topology: str) -> str:
     """
     import jax
 
-    from lagom_jax import jax_internals
+    from lagom_jax.program import jax_internals
 
     if jax_internals.backends_started():
         platform = jax.default_backend()
@@ -277,7 +276,9 @@ def run(out: str | pathlib.Path, *, allow_cpu: bool = False, models: Sequence[st
         mock_topology: str = DEFAULT_MOCK_TOPOLOGY, hardware: str = "h100-sxm-8",
         progress: Any = print) -> HloReport:
     """The whole flow (module docstring); writes fixtures and ``<prefix>_hlo_report.json``."""
-    from lagom_jax import api, hardware as hardware_lib, profile
+    from lagom_jax import api
+    from lagom_jax.cluster import hardware as hardware_lib
+    from lagom_jax.costs import profile
     from lagom_jax.models import build
     from lagom_jax.passes.combine import COMBINABLE_KINDS, combine
 

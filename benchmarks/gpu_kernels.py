@@ -194,7 +194,9 @@ def memory(quick: bool, layers: int, batch: int, seq: int, progress: Any) -> dic
     allocator may fail on fragmentation where the analysis fits) still leaves it."""
     import jax
 
-    from lagom_jax import gpu_compile, hardware, profile
+    from lagom_jax.cluster import hardware
+    from lagom_jax.costs import profile
+    from lagom_jax.program import gpu_compile
     from lagom_jax.models import build
 
     config = ("layers=2,d_model=64,heads=4,kv_heads=4,d_ff=128,vocab=256,max_len=64" if quick
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_kernels: the default backend is {jax.default_backend()!r}, not a GPU; nothing measured "
               "(--allow-cpu runs the flow on the CPU for tests)", file=sys.stderr)
         return 2
-    from lagom_jax import profile
+    from lagom_jax.costs import profile
 
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Profile one real GPU: achieved matmul rate, HBM bandwidth, and compute/copy contention.
 
-Runs ``lagom_jax.profile.run_profile`` on the default backend, prints a short table, and
+Runs ``lagom_jax.costs.profile.run_profile`` on the default backend, prints a short table, and
 records the ``gpu_profile`` section of RESULTS.md. It refuses to record anything when the
 default backend is not a GPU, so that RESULTS.md never shows CPU numbers as GPU numbers.
 
@@ -16,7 +16,8 @@ import pathlib
 import sys
 
 from benchmarks.common import machine_line, write_section
-from lagom_jax import hardware, profile
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import profile
 
 
 def table(raw: dict, prof: hardware.HardwareProfile) -> str:

@@ -120,7 +120,7 @@ KERNEL_FINDINGS = """What the rates say against the presets (h100-sxm-8: 792 TFL
   own H100 figure) prices cuDNN's flash attention in jax 0.11.2 1.1-1.5x slow.
 - **The project's Pallas/Triton flash kernel is much slower in the backward**: forward 225-333
   TFLOP/s (near the preset), forward+backward 113-135. Its backward runs 7 matmuls per block pair
-  (3.5x the forward, `lagom_jax.graph.flash_attention_flops`) at about 100 TFLOP/s of work actually
+  (3.5x the forward, `lagom_jax.program.graph.flash_attention_flops`) at about 100 TFLOP/s of work actually
   done, so a step with `attention="flash"` spends most of its attention time in the backward;
   cuDNN's forward+backward is 3.2-3.8x faster at the same shapes.
 - XLA's unfused attention runs at 25-37 TFLOP/s (it writes the s x s scores to HBM).

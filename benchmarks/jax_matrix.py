@@ -48,7 +48,7 @@ def run_one(python: str) -> dict[str, str]:
 
 
 def section(rows: list[dict[str, str]], machine: str) -> str:
-    from lagom_jax import environment
+    from lagom_jax.program import environment
 
     lines = [
         "## jax_matrix (tested: the smoke subset on each installed JAX)",

@@ -1,4 +1,4 @@
-"""How fast lagom_jax.hlo parses a large real module, against XLA's own C++ parser.
+"""How fast lagom_jax.program.hlo parses a large real module, against XLA's own C++ parser.
 
 The module is the train step of a GPT-like transformer (layers unrolled, not scanned, so
 the text is as long as a real model's), compiled on 8 fake CPU devices with FSDP+TP
@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from benchmarks.common import machine_line, write_section  # noqa: E402
-from lagom_jax import graph, hlo  # noqa: E402
+from lagom_jax.program import graph, hlo
 
 D_MODEL, HEADS, VOCAB, SEQ, BATCH = 512, 8, 8192, 256, 8
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|",
         f"| HLO text | {n_lines} lines, {len(text) / 1e6:.2f} MB, {n_inst} instructions,"
         f" {len(module.computations)} computations |",
-        f"| lagom_jax.hlo.parse | {ours_s * 1e3:.1f} ms ({n_lines / ours_s:,.0f} lines/s) |",
+        f"| lagom_jax.program.hlo.parse | {ours_s * 1e3:.1f} ms ({n_lines / ours_s:,.0f} lines/s) |",
         f"| jaxlib._hlo.hlo_module_from_text (C++) | {cpp_s * 1e3:.1f} ms"
         f" ({n_lines / cpp_s:,.0f} lines/s) |",
         f"| ratio ours / C++ (goal <= 3x) | {ratio:.2f}x |",

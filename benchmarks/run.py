@@ -118,7 +118,7 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     args = parse_args(argv)
     import jax
 
-    from lagom_jax import gpu_compile
+    from lagom_jax.program import gpu_compile
 
     # Both must precede the first backend use: on a host without a CUDA driver, keep JAX
     # on the CPU (the CUDA plugin would fail its start-up check); a GPU backend ignores
@@ -127,8 +127,8 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     jax.config.update("jax_num_cpu_devices", 8)
     if args.distributed:
         jax.distributed.initialize(num_processes=args.num_processes, process_id=args.process_id)
-    from lagom_jax import graph as graph_lib
-    from lagom_jax import hardware as hardware_lib
+    from lagom_jax.program import graph as graph_lib
+    from lagom_jax.cluster import hardware as hardware_lib
 
     strategies = check_names("strategies", args.strategies, STRATEGIES)
     if not strategies:

@@ -15,8 +15,10 @@ import statistics
 import sys
 import time
 
-from lagom_jax import collective_tables, cost, hardware, search
-from lagom_jax.synthetic import benchmark_graphs, random_graph
+from lagom_jax import search
+from lagom_jax.cluster import collective_tables, hardware
+from lagom_jax.costs import cost
+from lagom_jax.program.synthetic import benchmark_graphs, random_graph
 
 from .common import machine_line, write_section
 

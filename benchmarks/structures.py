@@ -39,7 +39,8 @@ WORKLOADS = (
 
 
 def one(name: str) -> dict[str, Any]:
-    from lagom_jax import hardware, job
+    from lagom_jax import job
+    from lagom_jax.cluster import hardware
 
     _, model, config, mesh, batch, seq, remat, preset = next(w for w in WORKLOADS if w[0] == name)
     hw = hardware.get(preset, max(1, math.prod(mesh.values()) // 8))

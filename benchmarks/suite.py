@@ -7,7 +7,7 @@ devices it also times the compiled step, untuned and tuned. ``benchmarks/run.py`
 command line over these functions.
 
 Each cell is compiled once per preset, by XLA's GPU pipeline for abstract GPUs of that
-preset (``lagom_jax.gpu_compile``; the GPUs differ, so do the modules), in a child process
+preset (``lagom_jax.program.gpu_compile``; the GPUs differ, so do the modules), in a child process
 that keeps the run alive when XLA aborts on one cell.
 """
 
@@ -137,16 +137,16 @@ def compile_hlo(cell: Cell, hw: Any, timeout_s: float = 1800.0) -> Any:
     """The cell's step compiled for the cluster ``hw`` in a child process, from abstract inputs.
 
     XLA's GPU pipeline for abstract GPUs of the preset (XLA:CPU on fake CPU devices where
-    the CUDA plugin is missing): ``lagom_jax.gpu_compile.compile_builtin_isolated``, which
+    the CUDA plugin is missing): ``lagom_jax.models.compiled.compile_builtin_isolated``, which
     returns the text and says which compiler made it.
     """
-    from lagom_jax import gpu_compile
+    from lagom_jax.models import compiled
 
     try:
-        return gpu_compile.compile_builtin_isolated(
+        return compiled.compile_builtin_isolated(
             hw, cell.model, cell.config, cell.recipe, cell.mesh, timeout_s=timeout_s,
             batch_size=cell.batch_size, seq_len=cell.seq_len, dtype=cell.dtype)
-    except (ValueError, gpu_compile.CompileCrash) as err:
+    except (ValueError, compiled.CompileCrash) as err:
         raise CompileError(f"compiling {cell.label()} for {hw.name} x{hw.nodes} failed: {err}") from err
 
 
@@ -269,7 +269,7 @@ def _compiled_by(rows: Sequence[Mapping[str, Any]]) -> str:
     wheres = [r.get("compiled_by", "XLA:CPU") for r in rows if "strategies" in r]
     if wheres and all(w.startswith("XLA:GPU deviceless") for w in wheres):
         return ("by XLA's GPU pipeline for abstract GPUs of the row's preset (deviceless, "
-                "`lagom_jax.gpu_compile`)")
+                "`lagom_jax.program.gpu_compile`)")
     if wheres and all(w.startswith("XLA:CPU") for w in wheres):
         return "by XLA:CPU on as many fake devices as the mesh has"
     return "by XLA's GPU pipeline (deviceless) where the row's `compiled_by` says so, else XLA:CPU"

@@ -154,7 +154,7 @@ SCALE: tuple[Scale, ...] = (
 
 def predict_row(row: Row) -> dict[str, Any]:
     """The row's predictions: with its flags (against measured), and lagom's gains."""
-    from lagom_jax import predict
+    from lagom_jax.advise import predict
 
     kw = row.contract_kwargs()
     start = time.perf_counter()
@@ -169,7 +169,10 @@ def predict_row(row: Row) -> dict[str, Any]:
 
 def scale_one(case: Scale) -> dict[str, Any]:
     """Compile ``case`` deviceless for its cluster and tune it; times and peak RSS."""
-    from lagom_jax import graph, hardware, job, planning
+    from lagom_jax import job
+    from lagom_jax.cluster import hardware
+    from lagom_jax.plan import planning
+    from lagom_jax.program import graph
 
     hw = hardware.get("h100-sxm-8", math.prod(case.mesh.values()) // 8)
     source = job.ModelSource(case.model, case.config, case.mesh, None, case.global_batch, case.seq_len,

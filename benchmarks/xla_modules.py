@@ -10,7 +10,7 @@ peak memory is its own and an XLA abort costs one row:
 
 * **compile**: deviceless with XLA's GPU pipeline for the module's device count of the
   hardware preset; the custom calls jaxlib has no handler for (Transformer Engine's fused
-  attention) are mocked for that compile only (``lagom_jax.custom_calls``);
+  attention) are mocked for that compile only (``lagom_jax.program.custom_calls``);
 * **price**: the stood-in calls from their backend config (cuDNN flash attention rates);
 * **tune**: lagom's search against XLA's defaults;
 * **verify**: the plan's options recompiled (``--no-verify`` skips it).
@@ -47,8 +47,10 @@ def _rss_gb() -> float:
 
 def one(path: str, hardware: str, verify: bool) -> dict:
     """One module through the pipeline, in this process (the compile runs in a child)."""
-    from lagom_jax import cost, custom_calls, hlo, hlo_compile, job
-    from lagom_jax import hardware as hardware_lib
+    from lagom_jax import job
+    from lagom_jax.costs import cost
+    from lagom_jax.program import custom_calls, hlo, hlo_compile
+    from lagom_jax.cluster import hardware as hardware_lib
 
     text = pathlib.Path(path).read_text()
     row: dict = {"module": pathlib.Path(path).stem}
@@ -83,7 +85,7 @@ def one(path: str, hardware: str, verify: bool) -> dict:
     row["flags_clean"] = custom_calls.MOCK_OPTION not in json.dumps(done.plan.xla_flags()) + json.dumps(
         {k: str(v) for k, v in done.plan.compiler_options().items()})
     if verify and compiled.recompile is not None:
-        from lagom_jax import verify as verify_lib
+        from lagom_jax.plan import verify as verify_lib
 
         t2 = time.perf_counter()
         try:

@@ -13,7 +13,7 @@ def _warn_outside_the_tested_range() -> None:
 
     import jax
 
-    from lagom_jax.environment import JaxVersionWarning, range_warning
+    from lagom_jax.program.environment import JaxVersionWarning, range_warning
 
     message = range_warning(jax.__version__)
     if message is not None:
@@ -22,34 +22,24 @@ def _warn_outside_the_tested_range() -> None:
 
 _warn_outside_the_tested_range()
 
-from lagom_jax.api import Tuned as Tuned
-from lagom_jax.api import TuningWarning as TuningWarning
-from lagom_jax.api import auto_hardware as auto_hardware
-from lagom_jax.api import tune as tune
-from lagom_jax.custom_calls import UnpricedWarning as UnpricedWarning
-from lagom_jax.flags import FlagError as FlagError
-from lagom_jax.flags import XlaFlag as XlaFlag
-from lagom_jax.graph import StepGraph as StepGraph
-from lagom_jax.graph import Task as Task
-from lagom_jax.graph import from_hlo_text as from_hlo_text
-from lagom_jax.graph import from_module as from_module
-from lagom_jax.hardware import HardwareProfile as HardwareProfile
-from lagom_jax.hlo import HloParseError as HloParseError
-from lagom_jax.hlo import parse as parse_hlo
-from lagom_jax.params import CollectiveParams as CollectiveParams
-from lagom_jax.plan import CollectiveChoice as CollectiveChoice
-from lagom_jax.plan import Plan as Plan
-from lagom_jax.cache import PlanCache as PlanCache
-from lagom_jax.predict import predict_hlo_step_ms as predict_hlo_step_ms
-from lagom_jax.predict import predict_train_step_ms as predict_train_step_ms
-from lagom_jax.planning import BASELINES as BASELINES
-from lagom_jax.planning import VERSION as __version__
-from lagom_jax.planning import Planned as Planned
-from lagom_jax.planning import make_plan as make_plan
-from lagom_jax.search import STRATEGIES as STRATEGIES
-from lagom_jax.search import SearchResult as SearchResult
-from lagom_jax.search import run_strategy as run_strategy
-from lagom_jax.simulate import Timeline as Timeline
+from lagom_jax.advise.predict import (predict_hlo_step_ms as predict_hlo_step_ms,
+                                      predict_train_step_ms as predict_train_step_ms)
+from lagom_jax.api import (Tuned as Tuned, TuningWarning as TuningWarning, auto_hardware as auto_hardware,
+                           tune as tune)
+from lagom_jax.cluster.hardware import HardwareProfile as HardwareProfile
+from lagom_jax.cluster.params import CollectiveParams as CollectiveParams
+from lagom_jax.costs.simulate import Timeline as Timeline
+from lagom_jax.plan.cache import PlanCache as PlanCache
+from lagom_jax.plan.planning import (BASELINES as BASELINES, Planned as Planned, VERSION as __version__,
+                                     make_plan as make_plan)
+from lagom_jax.plan.schema import CollectiveChoice as CollectiveChoice, Plan as Plan
+from lagom_jax.program.custom_calls import UnpricedWarning as UnpricedWarning
+from lagom_jax.program.flags import FlagError as FlagError, XlaFlag as XlaFlag
+from lagom_jax.program.graph import (StepGraph as StepGraph, Task as Task, from_hlo_text as from_hlo_text,
+                                     from_module as from_module)
+from lagom_jax.program.hlo import HloParseError as HloParseError, parse as parse_hlo
+from lagom_jax.search import (SearchResult as SearchResult, STRATEGIES as STRATEGIES,
+                              run_strategy as run_strategy)
 
 __all__ = [
     "BASELINES", "CollectiveChoice", "CollectiveParams", "FlagError", "HardwareProfile",

@@ -33,19 +33,18 @@ from typing import Any
 
 import jax
 
-from lagom_jax import calibrate as calibrate_lib
-from lagom_jax import flags as flags_lib
-from lagom_jax import deprecation, environment, jax_internals, job, nccl_settings, planning, sharing
-from lagom_jax import graph as graph_lib
-from lagom_jax import hardware as hardware_lib
-from lagom_jax import search as search_lib
-from lagom_jax.cache import PlanCache
+from lagom_jax import job, search as search_lib
+from lagom_jax.cluster import hardware as hardware_lib
+from lagom_jax.costs import calibrate as calibrate_lib
 from lagom_jax.files import atomic_write_text
-from lagom_jax.plan import Plan
-from lagom_jax.planning import BASELINES, VERSION, make_plan
+from lagom_jax.plan import nccl_settings, planning, sharing
+from lagom_jax.plan.cache import PlanCache
+from lagom_jax.plan.planning import BASELINES, VERSION, make_plan
+from lagom_jax.plan.schema import Plan
+from lagom_jax.program import environment, flags as flags_lib, graph as graph_lib, jax_internals
 
 __all__ = ["BASELINES", "Retune", "Tuned", "TuningWarning", "apply_nccl_env", "auto_hardware",
-           "launch_line", "make_plan", "nccl_env", "plan_from_results", "search_all", "tune"]
+           "launch_line", "make_plan", "nccl_env", "tune"]
 
 
 class TuningWarning(UserWarning):
@@ -56,23 +55,6 @@ def auto_hardware(devices: list[Any] | None = None) -> tuple[hardware_lib.Hardwa
     """A preset for the devices this process sees, and a sentence saying what was chosen."""
     resolved = hardware_lib.resolve_cluster("auto", devices=devices)
     return resolved.hardware, resolved.note
-
-
-def search_all(graph: graph_lib.StepGraph, hw: hardware_lib.HardwareProfile, *,
-               strategy: str = "lagom", baselines: tuple[str, ...] = BASELINES
-               ) -> dict[str, search_lib.SearchResult]:
-    """Deprecated: ``planning.plan(graph, hw, strategy=...).results``."""
-    warnings.warn("lagom_jax.api.search_all is deprecated; use lagom_jax.planning.plan(...).results",
-                  DeprecationWarning, stacklevel=2)
-    return dict(planning.plan(graph, hw, strategy=strategy, baselines=baselines).results)
-
-
-def plan_from_results(results: Mapping[str, search_lib.SearchResult], strategy: str,
-                      hw: hardware_lib.HardwareProfile, *, module: str, fingerprint: str = "") -> Plan:
-    """Deprecated: ``planning.plan(graph, hw, strategy=...).plan`` makes the Plan in one call."""
-    warnings.warn("lagom_jax.api.plan_from_results is deprecated; use lagom_jax.planning.plan(...).plan",
-                  DeprecationWarning, stacklevel=2)
-    return planning.plan_of(results, strategy, hw, module=module, fingerprint=fingerprint)
 
 
 def _leaf_key(x: Any) -> Any:
@@ -418,6 +400,3 @@ def tune(fn: Callable | None = None, **options) -> Tuned | Callable[[Callable], 
     if fn is None:
         return lambda f: Tuned(f, **options)
     return Tuned(fn, **options)
-
-
-__getattr__ = deprecation.moved(__name__, {"resolve_hardware": "lagom_jax.hardware:resolve_cluster"})

@@ -17,7 +17,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lagom_jax import graph, hardware, hlo, report
+from lagom_jax import api, job, models, quiet, search
+from lagom_jax.advise import configtuner as advise, predict
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import calibrate, profile
+from lagom_jax.models import FAMILIES, pipeline
+from lagom_jax.plan import nccl_tuner, report, trace
+from lagom_jax.program import gpu_compile, graph, hlo
 
 STRATEGY_CHOICES = ("lagom", "autoccl", "recipe", "xla-default", "exhaustive")
 
@@ -88,8 +94,6 @@ def _read_graph(args: argparse.Namespace) -> graph.StepGraph:
 def _compiled_module(args: argparse.Namespace, hw: hardware.HardwareProfile):
     """The module of PATH for the cluster: read as it is when XLA compiled it, compiled
     deviceless first when it is HLO before optimization (``job.HloSource``)."""
-    from lagom_jax import gpu_compile, job
-
     _require_positive(args, "partitions")
     text = _read_text(args)
     _parse_graph(text, args)  # unreadable HLO: one line, exit 2
@@ -185,8 +189,6 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 def _run_simulate(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from lagom_jax import search, trace
-
     if args.png and importlib.util.find_spec("matplotlib") is None:
         raise _UsageError("--png needs matplotlib, an optional extra: pip install 'lagom-jax[plot]'")
     compiled = _compiled_module(args, _hardware(args))
@@ -207,8 +209,6 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     """The built-in model options shared by ``tune --model`` and ``predict --model``."""
-    from lagom_jax.models import FAMILIES, pipeline
-
     p.add_argument("--model", choices=sorted(FAMILIES), help="tune a built-in model instead of PATH")
     p.add_argument("--config", default=None,
                    help="model size: " + "; ".join(f"{m}: {' '.join(f.configs)}" for m, f in FAMILIES.items())
@@ -267,8 +267,6 @@ def _model_source(args: argparse.Namespace):
     a mesh larger than one node fills mesh / gpus_per_node nodes unless they say otherwise)."""
     import math
 
-    from lagom_jax import job, models
-
     try:
         shape = models.parse_mesh(args.mesh)
         config = args.config or models.DEFAULT_CONFIG[args.model]
@@ -290,8 +288,6 @@ def _model_source(args: argparse.Namespace):
 
 
 def _run_tune(args: argparse.Namespace) -> int:
-    from lagom_jax import api, gpu_compile, job
-
     _require_positive(args, "batch_size", "seq_len")
     if args.out is not None and pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
         raise _UsageError(f"--out {args.out} exists and is not a directory")
@@ -363,8 +359,6 @@ def _add_build_tuner(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_build_tuner(args: argparse.Namespace) -> int:
-    from lagom_jax import nccl_tuner
-
     try:
         so = nccl_tuner.build_tuner(args.out)
     except nccl_tuner.TunerBuildError as err:
@@ -390,8 +384,6 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_profile(args: argparse.Namespace) -> int:
-    from lagom_jax import profile
-
     try:
         path = profile.run_profile(args.out, quick=args.quick, base=args.base,
                                    progress=lambda line: print(line, file=sys.stderr))
@@ -423,8 +415,6 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_advise(args: argparse.Namespace) -> int:
-    from lagom_jax import advise, models
-
     _require_positive(args, "devices", "global_batch", "seq_len", "top_k")
     try:
         result = advise.advise(args.model, args.config or models.DEFAULT_CONFIG[args.model],
@@ -448,9 +438,6 @@ _CONTRACT_INTS = ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab", "seq
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
-    from lagom_jax import predict
-    from lagom_jax.models import pipeline
-
     p = sub.add_parser("predict", help="predict the step time of a Llama/Mixtral/GPT job, or of a "
                        "Megatron-LM GPT configuration",
                        description="With --model llama|mixtral|gpt: compile the family's training step "
@@ -507,7 +494,6 @@ def _run_predict(args: argparse.Namespace) -> int:
         return _run_predict_model(args)
     if args.rank is not None:
         return _run_predict_rank(args)
-    from lagom_jax import advise
 
     kw, options = _megatron_args(args, _PREDICT_INTS, "without --model, give ")
     try:
@@ -545,7 +531,6 @@ def _run_predict_rank(args: argparse.Namespace) -> int:
                           + "; leave out " + ", ".join("--" + n.replace("_", "-") for n in given))
     if args.rank < 1:
         raise _UsageError(f"--rank must be at least 1, got {args.rank}")
-    from lagom_jax import advise
 
     kw, options = _megatron_args(args, [n for n in _PREDICT_INTS if n not in _SPLIT_INTS], "--rank needs ")
     try:
@@ -587,8 +572,6 @@ def _nccl_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _run_predict_hlo(args: argparse.Namespace) -> int:
-    from lagom_jax import gpu_compile, predict
-
     _require_positive(args, "nodes")
     flags, env = _xla_flags(args), _nccl_env(args)
     try:
@@ -606,8 +589,6 @@ def _run_predict_hlo(args: argparse.Namespace) -> int:
 
 
 def _run_predict_model(args: argparse.Namespace) -> int:
-    from lagom_jax import gpu_compile, models, predict
-
     need = ("layers", "d_model", "heads", "ffn", "vocab", "seq_len", "global_batch")
     missing = [n for n in need if getattr(args, n) is None]
     if missing or not args.mesh:
@@ -651,8 +632,6 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from lagom_jax import calibrate
-
     try:
         hw = hardware.resolve_cluster(args.hardware).hardware
         result = calibrate.calibrate(args.trace_dir, calibrate.module_text(args.hlo), hw)
@@ -694,7 +673,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lagom-jax``; returns the exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
     if argv is None:  # the console script: a process of its own, whose stderr we may filter
-        from lagom_jax import quiet
 
         quiet.filter_stderr()
     if argv is None and hasattr(signal, "SIGPIPE"):

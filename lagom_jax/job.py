@@ -1,7 +1,7 @@
 """One pipeline from a step to a verified Plan, whatever the step's source.
 
 ``run(source, hardware, strategy=...)`` is the tuning pipeline of every face: the CLI's
-``tune``, the prediction contract (``lagom_jax.predict``), ``advise`` and the benchmark
+``tune``, the prediction contract (``lagom_jax.advise.predict``), ``advise`` and the benchmark
 suite. Its steps, in order:
 
 1. **compile** the source for the cluster: a built-in model (:class:`ModelSource`) is built
@@ -13,7 +13,7 @@ suite. Its steps, in order:
 3. **plan**: the strategy and the baselines (``planning.plan``); with ``structures``, also
    the flags that restructure a scanned program (the collective pipeliner, while-loop
    double buffering, combine-by-dim), each priced by compiling the step with it
-   (``lagom_jax.structures``);
+   (``lagom_jax.plan.structures``);
 4. **validate** every flag and option with the installed XLA (``flags.validate``);
 5. **verify** by recompiling with the Plan's options where the source can be compiled
    again (``verify.verify_plan``); otherwise the Plan says why not.
@@ -32,14 +32,13 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lagom_jax import custom_calls
-from lagom_jax import flags as flags_lib
-from lagom_jax import graph as graph_lib
-from lagom_jax import hardware as hardware_lib
-from lagom_jax import hlo
-from lagom_jax import nccl_settings
-from lagom_jax import planning
-from lagom_jax.plan import Plan
+from lagom_jax import models
+from lagom_jax.cluster import hardware as hardware_lib
+from lagom_jax.costs import commfuse, kernels
+from lagom_jax.plan import artifacts, nccl_settings, planning, structures, verify as verify_lib
+from lagom_jax.plan.schema import Plan
+from lagom_jax.program import (custom_calls, flags as flags_lib, gpu_compile, graph as graph_lib, hlo,
+                               hlo_compile)
 
 __all__ = ["Compiled", "HloSource", "Job", "ModelSource", "StepSource", "compile_source", "mesh_cluster",
            "plan_compiled", "run", "silent"]
@@ -60,7 +59,6 @@ class ModelSource:
     stage: pp, expert: ep). ``commfuse`` (auto|off|on) applies to tp+sp recipes: whether
     the MLP runs CommFuse rings (``commfuse.choose_mlp`` decides under auto).
     """
-
     model: str
     config: str
     mesh: str | Mapping[str, int] = "data=2,model=4"
@@ -75,8 +73,6 @@ class ModelSource:
     compiler_options: tuple[tuple[str, Any], ...] = ()
 
     def shape(self) -> dict[str, int]:
-        from lagom_jax import models
-
         return models.parse_mesh(self.mesh)
 
     def resolved_recipe(self) -> str:
@@ -97,7 +93,6 @@ class HloSource:
     for ``partitions`` GPUs of the cluster (default: the count its replica groups imply),
     with ``compiler_options``.
     """
-
     text: str
     where: str = "HLO module"
     partitions: int | None = None
@@ -107,7 +102,6 @@ class HloSource:
 @dataclasses.dataclass(frozen=True)
 class StepSource:
     """A jitted step with its arguments, and the executable jit made of it here (``baseline``)."""
-
     jitted: Any
     args: tuple
     kwargs: Mapping[str, Any]
@@ -120,7 +114,6 @@ class StepSource:
 @dataclasses.dataclass(frozen=True)
 class Compiled:
     """A source compiled for a cluster: its module, who made it, and how to remake it."""
-
     text: str
     where: str
     hardware: hardware_lib.HardwareProfile
@@ -138,7 +131,6 @@ class Compiled:
 @dataclasses.dataclass(frozen=True)
 class Job:
     """A tuned step: the Plan (validated, verified where possible) and what it came from."""
-
     plan: Plan
     planned: planning.Planned
     compiled: Compiled
@@ -152,8 +144,6 @@ class Job:
 
     def write(self, out: str | pathlib.Path, log: Log = silent) -> pathlib.Path:
         """Every artifact of the Plan in ``out``; returns the path of ``launch.sh``."""
-        from lagom_jax import artifacts
-
         return artifacts.write(pathlib.Path(out), self.plan, self.planned.chosen, log)
 
 
@@ -175,8 +165,6 @@ def mesh_cluster(hw: hardware_lib.HardwareProfile, n: int, *, grow: bool) -> har
 
 
 def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log) -> Compiled:
-    from lagom_jax import gpu_compile, models
-
     gpu_compile.prepare()  # before anything starts JAX's backends
     shape = src.shape()
     n = math.prod(shape.values())
@@ -201,8 +189,6 @@ def _with_commfuse(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log
                    ) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The recipe with CommFuse rings (part ``cf``) where ``src.commfuse`` and the cost
     model say so, and the decision with its reason."""
-    from lagom_jax import commfuse, models
-
     recipe = src.resolved_recipe()
     parts = models.parse_recipe(recipe)
     if src.commfuse not in ("auto", "off", "on"):
@@ -241,8 +227,6 @@ def _compile_step(src: StepSource, hw: hardware_lib.HardwareProfile, log: Log) -
     elsewhere XLA's GPU pipeline compiles the step for abstract GPUs of ``hw``
     (``gpu_compile.compile_for_cluster``); where that fails, XLA:CPU's module stands in
     and a warning says what that costs."""
-    from lagom_jax import gpu_compile
-
     platform = executable_platform(src.baseline)
     if platform in ("gpu", "cuda", "rocm"):
         lowered = src.lowered()
@@ -265,8 +249,6 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
     """An HLO text: read as it is when XLA compiled it; compiled for the cluster first when
     it is a module before optimization (the cluster grows to the module's device count
     when it is larger than one node of ``hw`` and ``hw`` names one node)."""
-    from lagom_jax import gpu_compile, hlo_compile
-
     module = hlo.parse(src.text)
     unoptimized, why = hlo_compile.classify(module)
     if not unoptimized:
@@ -304,8 +286,6 @@ def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_
     """Step 3b: the structure flags compile-in-the-loop takes (``structures.search``), in
     the Plan beside the search's own; the baselines stay those of the module XLA makes
     with no flags, so the predicted gain counts the structure too."""
-    from lagom_jax import structures
-
     log("structure: the pipeliner, double buffering and combine-by-dim, each compiled and "
         "predicted where it can hide exposed communication ...")
     outcome = structures.search(compiled.text, planned, hw, compiled.recompile, strategy=strategy,
@@ -348,8 +328,6 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
         decisions += (("unpriced custom calls", custom_calls.describe_unpriced(missing)),)
     transfers, moved = graph_lib.host_transfers(step.tasks)
     if transfers:
-        from lagom_jax import kernels
-
         decisions += (("host offloading", (
             f"{transfers} async transfers between HBM and host memory ({moved / 1e9:.2f} GB, "
             f"{kernels.host_transfer_us(moved, hw) / 1e3:.1f} ms over the host link at its datasheet rate); XLA "
@@ -372,8 +350,6 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     plan = dataclasses.replace(planned.plan, decisions=decisions)
     flags_lib.validate(plan.xla_flags(), plan.compiler_options())
     if verify and compiled.recompile is not None:
-        from lagom_jax import verify as verify_lib
-
         if plan.compiler_options():
             log(f"verifying: recompiling with the plan's {len(plan.compiler_options())} option(s), "
                 "each left out once ...")

@@ -39,7 +39,7 @@ attention (``heads`` query heads share ``kv_heads`` key/value heads, ``heads % k
     batch axes and heads over ``model``; at top level with no mesh it is called as is.
 
     The kernels' HLO does not show the causal mask, so the call runs under the named scope
-    ``flash_attention_causal`` (or ``flash_attention``); `lagom_jax.graph` reads it from the
+    ``flash_attention_causal`` (or ``flash_attention``); `lagom_jax.program.graph` reads it from the
     kernels' op_name to price them (``graph.flash_attention_flops``).
 
 Restrictions of ``flash``: q and k/v have the same sequence length (self-attention), a
@@ -55,8 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from .layers import HEADS
-from .sharding import BATCH_AXES, PART_AXIS, Layout, to_mesh_spec
+from .sharding import BATCH_AXES, HEADS, PART_AXIS, Layout, to_mesh_spec
 
 IMPLS = ("xla", "flash")
 
@@ -73,7 +72,7 @@ IMPLS = ("xla", "flash")
 _BLOCKS = dict(block_q=128, block_k=64, block_q_dkv=64, block_kv_dkv=128, block_q_dq=128,
                block_kv_dq=64)
 _MIN_BLOCK = 16
-# Named scopes around the kernel call; `lagom_jax.graph` (FLASH_CAUSAL_SCOPE) matches the
+# Named scopes around the kernel call; `lagom_jax.program.graph` (FLASH_CAUSAL_SCOPE) matches the
 # first to price causal kernels at about half the work of full ones.
 CAUSAL_SCOPE = "flash_attention_causal"
 FULL_SCOPE = "flash_attention"
@@ -147,7 +146,7 @@ def _kernel(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array
 
     The kernels' HLO carries no sign of the causal mask (it is baked into the Triton IR),
     so the call runs under a named scope that lands in their ``metadata.op_name``, forward
-    and backward: the cost model (`lagom_jax.graph`) reads causal-ness from it.
+    and backward: the cost model (`lagom_jax.program.graph`) reads causal-ness from it.
     """
     with jax.named_scope(CAUSAL_SCOPE if causal else FULL_SCOPE):
         return jax.lax.platform_dependent(

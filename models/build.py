@@ -66,7 +66,7 @@ class Built:
     def compiled_text(self, compiler_options: Mapping[str, Any] | None = None) -> str:
         """The compiled step's HLO text, compiled from abstract inputs (nothing allocated).
 
-        On abstract GPUs (a mesh of ``lagom_jax.gpu_compile.devices``) this is XLA's GPU
+        On abstract GPUs (a mesh of ``lagom_jax.program.gpu_compile.devices``) this is XLA's GPU
         pipeline. On CPU, XLA's all-reduce-promotion pass (a CPU-numerics pass the GPU
         pipeline does not run) is off: in jaxlib 0.10.2 it aborts the process on bf16
         GPipe steps ("Invalid binary instruction opcode copy").

@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .llama import Llama, Mixtral
-from .layers import (LOGITS, RESID, Block, BlockStyle, Embed, ModelConfig, Norm, block_layout,
+from .layers import (Block, BlockStyle, Embed, ModelConfig, Norm, block_layout,
                      cross_entropy, next_token_batch, next_token_batch_shapes, normal, stack_init,
                      weight)
 from .pipeline import Stack
-from .sharding import Layout
+from .sharding import LOGITS, RESID, Layout
 
 _NO_LAYOUT = Layout()
 

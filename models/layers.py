@@ -22,13 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .sharding import Layout
-
-# Logical names of activation dimensions; a recipe maps them to mesh axes (sharding.py).
-RESID = ("act_batch", "act_res_len", "act_embed")  # the residual stream between sublayers
-HEADS = ("act_batch", None, "act_heads", None)  # q/k/v: [batch, length, heads, head_dim]
-HIDDEN = ("act_batch", None, "act_mlp")  # MLP hidden: [batch, length, d_ff]
-LOGITS = ("act_batch", None, "act_vocab")  # output logits: [batch, length, vocab]
+from . import attention
+from .sharding import HEADS, HIDDEN, RESID, Layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +127,6 @@ class Attention(nn.Module):
 
         q, k, v = project("wq", x), project("wk", kv), project("wv", kv)
         if self.layout.attention == "flash" and bias is None and self.scaled and kv is x:
-            from . import attention  # the fused kernel (models/attention.py)
 
             o = attention.attend(q, k, v, causal=causal, impl="flash", layout=self.layout)
             return self._out(self.layout.constrain(o, HEADS))

@@ -32,10 +32,10 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from . import attention
-from .layers import (HEADS, HIDDEN, LOGITS, RESID, ModelConfig, Norm, block_layout, cross_entropy,
-                     next_token_batch, next_token_batch_shapes, normal, stack_init, weight)
+from .layers import (ModelConfig, Norm, block_layout, cross_entropy, next_token_batch, next_token_batch_shapes,
+                     normal, stack_init, weight)
 from .pipeline import Stack
-from .sharding import Layout
+from .sharding import HEADS, HIDDEN, LOGITS, RESID, Layout
 
 _NO_LAYOUT = Layout()
 # [experts, groups, capacity, d_model]: the tokens dispatched to the experts, first where

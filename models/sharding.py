@@ -17,7 +17,7 @@ part        mesh axis  what it shards
 ``pp``      ``stage``  the stacked layer dimension; GPipe schedule (pipeline.py)
 ``cf``      ``model``  with ``tp+sp``: the MLP's all-gather + matmul and matmul +
                        reduce-scatter run as CommFuse rings of point-to-point
-                       steps beside partial matmuls (`lagom_jax.commfuse`)
+                       steps beside partial matmuls (`lagom_jax.costs.commfuse`)
 ==========  =========  ==========================================================
 
 Combinations follow from the mesh, e.g. recipe ``dp+tp`` on ``data=2,model=4`` or
@@ -34,9 +34,17 @@ import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from lagom_jax.costs import commfuse
 
 PART_AXIS: dict[str, str] = {"dp": "data", "fsdp": "fsdp", "tp": "model", "sp": "model",
                              "pp": "stage", "cf": "model", "ep": "expert"}
+
+# Logical names of activation dimensions; a recipe maps them to mesh axes (below).
+RESID = ("act_batch", "act_res_len", "act_embed")  # the residual stream between sublayers
+HEADS = ("act_batch", None, "act_heads", None)  # q/k/v: [batch, length, heads, head_dim]
+HIDDEN = ("act_batch", None, "act_mlp")  # MLP hidden: [batch, length, d_ff]
+LOGITS = ("act_batch", None, "act_vocab")  # output logits: [batch, length, vocab]
+
 BATCH_AXES = ("data", "fsdp", "expert")
 # The order of mesh axes, slowest-varying first: with devices numbered host by host, the
 # last axes (``model``, ``expert``) stay inside a node and ``data``/``fsdp`` span nodes, the
@@ -160,7 +168,6 @@ class Layout:
     ``mesh=None`` means "no constraints" (single device, or inside the pipeline's
     shard_map, where propagation from the weights decides).
     """
-
     mesh: Mesh | None = None
     rules: Rules = ()
     # Recipe part ``cf``: the MLP's sequence-parallel collectives run as CommFuse rings.
@@ -177,12 +184,10 @@ class Layout:
 
     def ring_matmul(self, kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
         """``x @ w`` with the sequence-parallel collective around it decomposed into a ring
-        over the ``model`` axis (`lagom_jax.commfuse`): ``kind`` "allgather" takes ``x``
+        over the ``model`` axis (`lagom_jax.costs.commfuse`): ``kind`` "allgather" takes ``x``
         sharded along its length and ``w`` along its columns; "reducescatter" takes ``x``
         sharded along its last dimension and ``w`` along its rows and returns the result
         sharded along the length. Other mesh axes stay with GSPMD."""
-        from lagom_jax import commfuse
-
         if kind == "allgather":
             fn, in_specs, out_spec = (lambda a, b: commfuse.allgather_matmul(a, b, "model"),
                                       (PartitionSpec(None, "model", None), PartitionSpec(None, "model")),

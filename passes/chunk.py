@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable, Iterable, Mapping
 
-from lagom_jax.graph import StepGraph, Task
+from lagom_jax.program.graph import StepGraph, Task
 
 from .rewrite import Node, Rewrite, identity_nodes, rebuild
 

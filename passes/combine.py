@@ -55,12 +55,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from lagom_jax.flags import KNOWN_FLAGS
-from lagom_jax.graph import StepGraph, Task
+from lagom_jax.program.flags import KNOWN_FLAGS
+from lagom_jax.program.graph import StepGraph, Task
 
 from .rewrite import Node, Rewrite, identity_nodes, rebuild
 
-# XLA's defaults, defined once in lagom_jax.flags (xla/service/collective_utils.h:
+# XLA's defaults, defined once in lagom_jax.program.flags (xla/service/collective_utils.h:
 # kDefault<Kind>CombineThreshold = 30 MiB + 7; the combine count cap 2048: a deviceless
 # compile of 300 independent all-reduces merged them into one call).
 DEFAULT_COMBINE_THRESHOLD_BYTES = int(KNOWN_FLAGS["xla_gpu_all_reduce_combine_threshold_bytes"].default)

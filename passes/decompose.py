@@ -38,7 +38,7 @@ import dataclasses
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Literal
 
-from lagom_jax.graph import StepGraph, Task
+from lagom_jax.program.graph import StepGraph, Task
 
 from .rewrite import Node, Rewrite, identity_nodes, rebuild
 

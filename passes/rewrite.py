@@ -16,7 +16,7 @@ import dataclasses
 import heapq
 from collections.abc import Hashable, Sequence
 
-from lagom_jax.graph import StepGraph, Task
+from lagom_jax.program.graph import StepGraph, Task
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from lagom_jax.graph import StepGraph
+from lagom_jax.program.graph import StepGraph
 
 # Kinds XLA's no-LHS post-processor still starts early and finishes late (openxla/xla
 # xla/service/gpu/gpu_hlo_schedule.cc, PostprocessorToScheduleAsEarlyOrLateAsPossible).

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import lagom_jax  # noqa: E402
-from lagom_jax import api  # noqa: E402
+from lagom_jax import api
 
 searches = []
 _run = api.search_lib.run_strategy

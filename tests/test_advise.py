@@ -1,4 +1,4 @@
-"""ConfigTuner (`lagom_jax.advise`): the analytic screen's laws and an end-to-end ranking."""
+"""ConfigTuner (`lagom_jax.advise.configtuner`): the analytic screen's laws and an end-to-end ranking."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lagom_jax import advise as adv
-from lagom_jax import gpu_compile, hardware
+from lagom_jax.advise import configtuner as adv
+from lagom_jax.cluster import hardware
 from lagom_jax.models import FAMILIES
+from lagom_jax.program import gpu_compile
 
 GPT2_355M = FAMILIES["gpt2"].configs["355M"]
 GPT2_TINY = FAMILIES["gpt2"].configs["tiny"]

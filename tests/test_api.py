@@ -15,8 +15,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import lagom_jax
-from lagom_jax import api, gpu_compile, hardware
-from lagom_jax.hlo import HloParseError
+from lagom_jax import api
+from lagom_jax.cluster import hardware
+from lagom_jax.program import gpu_compile
+from lagom_jax.program.hlo import HloParseError
 
 _COMPILES: list[str] = []
 

@@ -3,7 +3,7 @@
 On the 8 fake CPU devices the flash kernels run in Pallas interpret mode and must agree
 with XLA attention (and with a plain reference); a deviceless compile for abstract H100s
 must hold JAX's Triton flash kernels, no collective on q/k/v, and tasks priced by the
-kernels' FLOP counts (lagom_jax.graph.flash_attention_flops).
+kernels' FLOP counts (lagom_jax.program.graph.flash_attention_flops).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from lagom_jax import cost, gpu_compile, graph, hardware, hlo
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import cost
+from lagom_jax.program import gpu_compile, graph, hlo
 from models import attention, sharding
 from models.sharding import Layout
 

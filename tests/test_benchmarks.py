@@ -20,7 +20,8 @@ import pytest
 # checkout also when pytest runs from elsewhere.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks import run, suite  # noqa: E402
-from lagom_jax import gpu_compile, hardware  # noqa: E402
+from lagom_jax.cluster import hardware
+from lagom_jax.program import gpu_compile
 
 STRATEGIES = ("xla-default", "recipe", "autoccl", "lagom")
 
@@ -150,7 +151,8 @@ def test_every_workload_row_is_a_valid_contract_call():
     """benchmarks/workloads.py: each published run maps onto the prediction contract (checked
     without compiling): its step divides over its mesh and its flags are all priceable."""
     from benchmarks import workloads
-    from lagom_jax import hardware, predict
+    from lagom_jax.advise import predict
+    from lagom_jax.cluster import hardware
 
     for row in workloads.ROWS:
         kw = row.contract_kwargs()
@@ -163,8 +165,8 @@ def test_every_workload_row_is_a_valid_contract_call():
 
 def test_flag_effects_rows_are_priced_settings_and_the_microbenchmark_is_judged():
     from benchmarks import flag_effects
-    from lagom_jax import predict
-    from lagom_jax.nccl_env import NcclEnv
+    from lagom_jax.advise import predict
+    from lagom_jax.cluster.nccl_env import NcclEnv
 
     for e in flag_effects.EFFECTS:
         assert e.how in ("nccl", "xla", "graph", "none"), e

@@ -14,7 +14,9 @@ import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from lagom_jax import calibrate, cli, hardware
+from lagom_jax import cli
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import calibrate
 
 
 def _program():

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from lagom_jax import cli, hlo, report
+from lagom_jax import cli
+from lagom_jax.plan import report
+from lagom_jax.program import hlo
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
 

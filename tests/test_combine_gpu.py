@@ -1,7 +1,7 @@
 """The ``combine`` pass against XLA:GPU's own combiners.
 
 The main test compiles a few built-in steps *deviceless* with XLA's GPU pipeline
-(``lagom_jax.gpu_compile``): once with every combine threshold at 0 (uncombined), once per
+(``lagom_jax.program.gpu_compile``): once with every combine threshold at 0 (uncombined), once per
 threshold, and asserts that ``combine(uncombined, threshold)`` predicts exactly the
 collectives XLA emitted: per kind, the count and the NCCL-convention size of every call.
 The subset covers what the rules have to get right: bf16 and f32 all-reduces that must not
@@ -18,10 +18,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import combine_sweep
-from lagom_jax import gpu_compile
-from lagom_jax import graph as graph_lib
-from lagom_jax.graph import StepGraph, Task
 from lagom_jax.passes.combine import combine_groups
+from lagom_jax.program import gpu_compile, graph as graph_lib
+from lagom_jax.program.graph import StepGraph, Task
 
 KIB = 1 << 10
 # (model, recipe, dtype, thresholds): five compiles in all, about a minute on 2 cores.
@@ -36,7 +35,7 @@ def test_combine_predicts_xla_gpu_combiners_exactly(model, recipe, dtype, thresh
     reason = gpu_compile.unavailable_reason()
     if reason is not None:
         pytest.skip(f"no deviceless GPU compile here: {reason}")
-    from lagom_jax import hardware
+    from lagom_jax.cluster import hardware
 
     hw = hardware.get("h100-sxm-8")
     rows = combine_sweep.sweep_case(model, recipe, dtype, (0, *thresholds),

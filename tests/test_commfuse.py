@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from lagom_jax import commfuse
+from lagom_jax.costs import commfuse
 
 
 def mesh(t: int) -> jax.sharding.Mesh:
@@ -66,7 +66,8 @@ def test_shapes_that_do_not_fit_are_refused():
 
 
 def test_the_gpu_module_runs_the_ring_beside_the_matmuls():
-    from lagom_jax import gpu_compile, hardware
+    from lagom_jax.cluster import hardware
+    from lagom_jax.program import gpu_compile
 
     if gpu_compile.unavailable_reason():
         pytest.skip(gpu_compile.unavailable_reason())
@@ -94,7 +95,7 @@ def test_the_gpu_module_runs_the_ring_beside_the_matmuls():
 
 
 def test_the_choice_follows_compute_against_transfer():
-    from lagom_jax import hardware
+    from lagom_jax.cluster import hardware
 
     hw = hardware.get("h100-sxm-8")
     # Wide outputs: each step's matmul outlasts its transfer, the ring hides it.
@@ -110,7 +111,8 @@ def test_the_choice_follows_compute_against_transfer():
 
 
 def test_tune_applies_the_choice_to_the_recipe():
-    from lagom_jax import hardware, job
+    from lagom_jax import job
+    from lagom_jax.cluster import hardware
 
     hw = hardware.get("h100-sxm-8")
     said = []

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lagom_jax import cost, hardware
-from lagom_jax.graph import COLLECTIVE_KINDS
-from lagom_jax.nccl_env import NcclEnv
-from lagom_jax.params import CollectiveParams
+from lagom_jax.cluster import hardware
+from lagom_jax.cluster.nccl_env import NcclEnv
+from lagom_jax.cluster.params import CollectiveParams
+from lagom_jax.costs import cost
+from lagom_jax.program.graph import COLLECTIVE_KINDS
 
 GiB = 1 << 30
 PRESET_NAMES = tuple(hardware.PRESETS)

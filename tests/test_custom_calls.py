@@ -10,7 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lagom_jax import cost, custom_calls, gpu_compile, graph, hardware, hlo, hlo_compile, job, kernels
+from lagom_jax import job
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import cost, kernels
+from lagom_jax.program import custom_calls, gpu_compile, graph, hlo, hlo_compile
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo" / "xla_modules"
 LLAMA = FIXTURES / "te_llama_2layer_8.hlo"

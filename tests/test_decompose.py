@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lagom_jax import hardware
-from lagom_jax.graph import StepGraph, Task
+from lagom_jax.cluster import hardware
+from lagom_jax.costs.simulate import simulate
 from lagom_jax.passes import XLA_ORDER, decompose, decompose_rewrite, eligible_pairs, is_matmul
-from lagom_jax.simulate import simulate
+from lagom_jax.program.graph import StepGraph, Task
 
 G8 = (tuple(range(8)),)
 G4 = ((0, 1, 2, 3), (4, 5, 6, 7))
@@ -168,8 +168,9 @@ def test_reduce_scatter_local_last_exposes_less_than_naive():
 def test_a_partial_matmul_is_timed_as_its_own_piece_not_the_whole_matmul():
     # Windowed einsum's n partial matmuls together cost about the whole one (the shape-based
     # matmul model would charge each piece the whole matmul if its shape were not cut).
-    from lagom_jax import cost, hardware
-    from lagom_jax.graph import StepGraph, Task
+    from lagom_jax.cluster import hardware
+    from lagom_jax.costs import cost
+    from lagom_jax.program.graph import StepGraph, Task
 
     hw = hardware.get("h100-sxm-8")
     m, n, k = 16384, 14336, 8192

@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 
-from lagom_jax import environment as env_lib
-from lagom_jax.environment import Environment, Plugin
+from lagom_jax.program import environment as env_lib
+from lagom_jax.program.environment import Environment, Plugin
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

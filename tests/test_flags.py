@@ -2,7 +2,7 @@
 
 import pytest
 
-from lagom_jax import flags
+from lagom_jax.program import flags
 
 
 def test_render_and_options_are_sorted_and_typed():

@@ -4,8 +4,11 @@ import dataclasses
 
 import pytest
 
-from lagom_jax import cli, gpu_compile, graph, hardware, models, planning, verify
-from lagom_jax.flags import XlaFlag
+from lagom_jax import cli, models
+from lagom_jax.cluster import hardware
+from lagom_jax.plan import planning, verify
+from lagom_jax.program import gpu_compile, graph
+from lagom_jax.program.flags import XlaFlag
 
 pytestmark = pytest.mark.skipif(gpu_compile.unavailable_reason() is not None,
                                 reason=f"no deviceless GPU compile here: {gpu_compile.unavailable_reason()}")

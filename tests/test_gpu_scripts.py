@@ -16,10 +16,10 @@ import pytest
 from jax._src import xla_bridge
 
 from benchmarks import common, gpu_accuracy, gpu_hlo
-from lagom_jax import graph as graph_lib
-from lagom_jax import hardware, hlo
-from lagom_jax.graph import StepGraph, Task
+from lagom_jax.cluster import hardware
 from lagom_jax.passes.combine import combine
+from lagom_jax.program import graph as graph_lib, hlo
+from lagom_jax.program.graph import StepGraph, Task
 
 GROUP = ((0, 1, 2, 3, 4, 5, 6, 7),)
 

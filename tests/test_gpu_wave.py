@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from benchmarks import gpu_accuracy, gpu_kernels, gpu_order, gpu_wave_report
-from lagom_jax import hardware
+from lagom_jax.cluster import hardware
 
 WAVE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu" / "wave_2026-11-25"
 

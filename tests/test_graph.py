@@ -13,8 +13,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_hlo import STRATEGIES, compiled_steps  # noqa: F401  (module-scoped fixture)
 
-from lagom_jax import graph, hlo, report
 from lagom_jax.cli import example_text
+from lagom_jax.plan import report
+from lagom_jax.program import graph, hlo
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from lagom_jax import hardware
+from lagom_jax.cluster import hardware
 
 
 NEW_PRESETS = ("h200-sxm-8", "b200-sxm-8", "dgx-h100", "a3", "a3-mega", "a3-ultra", "a4")
@@ -161,7 +161,7 @@ def test_blackwell_and_hbm3e_parts_against_h100():
 
 
 def test_gpu_memory_of_every_preset_for_advise():
-    from lagom_jax import advise
+    from lagom_jax.advise import configtuner as advise
 
     assert set(hardware.PRESETS) <= set(advise.GPU_MEMORY_GB)
     mem = advise.GPU_MEMORY_GB
@@ -241,7 +241,7 @@ def test_blackwell_profile_round_trips_through_json(tmp_path):
 
 @pytest.fixture
 def deviceless():
-    from lagom_jax import gpu_compile
+    from lagom_jax.program import gpu_compile
 
     reason = gpu_compile.unavailable_reason()
     if reason is not None:
@@ -250,7 +250,8 @@ def deviceless():
 
 
 def _compile_tiny(gpu_compile, preset):
-    from lagom_jax import graph, models
+    from lagom_jax import models
+    from lagom_jax.program import graph
 
     hw = hardware.get(preset)
     devices = gpu_compile.devices(hw)
@@ -274,7 +275,7 @@ def test_deviceless_compile_for_h200(deviceless):
 
 def test_deviceless_compile_for_b200_runs_the_latency_hiding_scheduler_unasked(deviceless):
     # sm_100a: the installed ptxas (nvidia-cuda-nvcc-cu12) has to know Blackwell, else this fails.
-    from lagom_jax import verify
+    from lagom_jax.plan import verify
 
     text, _ = deviceless.target_config("b200")
     assert 'platform_version: "Compute Capability 10.0a"' in text and "core_count: 148" in text
@@ -289,7 +290,7 @@ def test_azure_a100_preset_carries_its_measured_network_and_the_model_scales_it_
     """nd-a100-v4's network rate is read from Echo's 2-VM log at 16 GiB; at 16 VMs (128 GPUs,
     4 GiB: 69,831 us measured, NetX-lab/Echo nccl-test-log/nccl_128.log) the model must carry
     it, where the DGX A100 rate of a100-sxm-8 is a third too fast."""
-    from lagom_jax import cost
+    from lagom_jax.costs import cost
 
     def predicted(name):
         return cost.default_time_us("all-reduce", 4 << 30, 128, 16, hardware.get(name, nodes=16))

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lagom_jax import hlo
 from lagom_jax.cli import example_text
+from lagom_jax.program import hlo
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
 
@@ -325,7 +325,7 @@ def _mutated(draw):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutated())
 def test_mutated_modules_raise_only_parse_errors(text):
-    from lagom_jax import graph
+    from lagom_jax.program import graph
 
     try:
         module = hlo.parse(text)
@@ -363,7 +363,7 @@ add {
   ROOT s = f32[] add(x, y)
 }
 """
-    from lagom_jax import hlo
+    from lagom_jax.program import hlo
 
     shapes = {i.name: i.shape for i in hlo.parse(text).entry.instructions}
     assert (shapes["first"].dtype, shapes["first"].dims) == ("f32", (8, 16))

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from lagom_jax import gpu_compile, hardware, hlo, hlo_compile
+from lagom_jax.cluster import hardware
+from lagom_jax.program import gpu_compile, hlo, hlo_compile
 
 HERE = pathlib.Path(__file__).parent / "fixtures" / "hlo"
 UNOPT = HERE / "unoptimized"
@@ -237,7 +238,8 @@ def test_predict_hlo_step_ms_compiles_a_module_before_optimization():
 @needs_gpu_compile
 def test_flags_cannot_apply_to_a_compiled_module(tmp_path):
     import lagom_jax
-    from lagom_jax import hardware, job
+    from lagom_jax import job
+    from lagom_jax.cluster import hardware
 
     compiled = job.compile_source(job.HloSource((_UNOPT / "jax_fsdp_mlp_8.after_spmd.hlo").read_text()),
                                   hardware.get("h100-sxm-8"))

@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from lagom_jax import graph, hlo
+from lagom_jax.program import graph, hlo
 
 CORPUS = pathlib.Path(__file__).parent / "fixtures" / "hlo" / "xla"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from lagom_jax import gpu_compile, jax_internals
+from lagom_jax.program import gpu_compile, jax_internals
 
 _REASON = gpu_compile.unavailable_reason()  # early: before anything starts JAX's backends
 
@@ -75,7 +75,7 @@ def test_compile_for_devices_of_a_named_platform():
 def _abstract_h100s(n):
     """``n`` abstract H100s of the CUDA plugin (compile-only devices), or skip/fail as the
     smoke tests do when this environment cannot make them."""
-    from lagom_jax import hardware
+    from lagom_jax.cluster import hardware
 
     if _REASON is not None:
         if os.environ.get("LAGOM_REQUIRE_DEVICELESS"):

@@ -63,7 +63,7 @@ def test_experts_reach_their_devices_by_all_to_all():
 
 def test_remat_policies_save_less_as_they_get_stricter():
     """Full remat recomputes the whole layer in the backward pass: more FLOPs than none."""
-    from lagom_jax import graph
+    from lagom_jax.program import graph
 
     def flops(remat):
         return sum(t.flops * t.trip_count for t in graph.from_hlo_text(

@@ -11,7 +11,10 @@ import statistics
 
 import pytest
 
-from lagom_jax import advise, cli, cost, hardware, kernels, megatron
+from lagom_jax import cli
+from lagom_jax.advise import configtuner as advise, megatron
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import cost, kernels
 
 A100 = hardware.get("a100-sxm-8")
 H100 = hardware.get("h100-sxm-8")
@@ -169,7 +172,7 @@ def test_cli_predict_prints_the_parts_and_refuses_bad_numbers(capsys):
 
 
 def test_a_step_graph_task_knows_its_matmul_shape():
-    from lagom_jax import graph
+    from lagom_jax.program import graph
 
     text = """HloModule m
 

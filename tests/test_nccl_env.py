@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from lagom_jax import hardware
-from lagom_jax.nccl_env import NcclEnv
+from lagom_jax.cluster import hardware
+from lagom_jax.cluster.nccl_env import NcclEnv
 
 
 def test_nccl_list_syntax_is_read_as_nccl_reads_it():
@@ -66,8 +66,8 @@ def test_a_profile_carries_its_settings_through_json(tmp_path):
 
 
 def test_zero_cta_policy_frees_the_sms_of_data_moving_collectives_only():
-    from lagom_jax import cost
-    from lagom_jax.params import CollectiveParams
+    from lagom_jax.costs import cost
+    from lagom_jax.cluster.params import CollectiveParams
 
     h100 = hardware.get("h100-sxm-8")
     zero = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}))
@@ -86,7 +86,7 @@ def test_zero_cta_policy_speeds_a_gemm_overlapped_with_an_all_gather():
     # beside an independent all-gather of 64 MiB per rank over 8 H100; with copy engines
     # the GEMM keeps every SM.
     from lagom_jax import search
-    from lagom_jax.graph import StepGraph, Task
+    from lagom_jax.program.graph import StepGraph, Task
 
     gemm = Task(id=0, name="gemm", kind="compute", flops=2 * 8192**3, bytes=3 * 8192**2 * 2, opcode="fusion",
                 gemm=(1, 8192, 8192, 8192))

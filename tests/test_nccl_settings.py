@@ -1,4 +1,4 @@
-"""Process-wide NCCL settings as choices of the plan (lagom_jax.nccl_settings)."""
+"""Process-wide NCCL settings as choices of the plan (lagom_jax.plan.nccl_settings)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
-from lagom_jax import hardware, nccl_settings, planning
-from lagom_jax.graph import StepGraph, Task
-from lagom_jax.nccl_env import NcclEnv
-from lagom_jax.plan import Plan
+from lagom_jax.cluster import hardware
+from lagom_jax.cluster.nccl_env import NcclEnv
+from lagom_jax.plan import nccl_settings, planning
+from lagom_jax.plan.schema import Plan
+from lagom_jax.program.graph import StepGraph, Task
 
 
 def _gemms_beside_all_gathers(n: int = 4, nodes_per_group: int = 1) -> StepGraph:
@@ -109,7 +110,7 @@ def test_zero_cta_on_an_older_nccl_is_said():
 
 
 def test_the_launch_script_carries_the_settings(tmp_path):
-    from lagom_jax import artifacts
+    from lagom_jax.plan import artifacts
 
     h100 = hardware.get("h100-sxm-8")
     step = _gemms_beside_all_gathers()

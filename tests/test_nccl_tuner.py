@@ -27,22 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lagom_jax import params as params_lib
-from lagom_jax.nccl_tuner import (
-    ALGORITHMS,
-    CONFIG_ENV,
-    CONFIG_HEADER,
-    PROTOCOLS,
-    TUNER_KINDS,
-    ConfigError,
-    TunerBuildError,
-    TunerRule,
-    build_tuner,
-    match_rule,
-    parse_config,
-    render_config,
-    tuner_env,
-)
+from lagom_jax.cluster import params as params_lib
+from lagom_jax.plan.nccl_tuner import (ALGORITHMS, CONFIG_ENV, CONFIG_HEADER, ConfigError, PROTOCOLS,
+                                       TUNER_KINDS, TunerBuildError, TunerRule, build_tuner, match_rule,
+                                       parse_config, render_config, tuner_env)
 
 LOGGER = ctypes.CFUNCTYPE(None, c_int, c_ulong, c_char_p, c_int, c_char_p, c_char_p)
 INIT_V3 = ctypes.CFUNCTYPE(c_int, c_size_t, c_size_t, LOGGER, POINTER(c_void_p))

@@ -6,17 +6,10 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from lagom_jax.graph import StepGraph, Task
-from lagom_jax.passes import (
-    DEFAULT_COMBINE_THRESHOLD_BYTES,
-    chunk,
-    chunk_rewrite,
-    combine,
-    combine_groups,
-    combine_rewrite,
-    schedule,
-)
-from lagom_jax.synthetic import random_graph
+from lagom_jax.passes import (DEFAULT_COMBINE_THRESHOLD_BYTES, chunk, chunk_rewrite, combine, combine_groups,
+                              combine_rewrite, schedule)
+from lagom_jax.program.graph import StepGraph, Task
+from lagom_jax.program.synthetic import random_graph
 
 G8 = (tuple(range(8)),)
 G4 = ((0, 1, 2, 3), (4, 5, 6, 7))

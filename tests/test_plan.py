@@ -5,10 +5,10 @@ import multiprocessing as mp
 
 import pytest
 
-from lagom_jax.flags import XlaFlag
-from lagom_jax.params import CollectiveParams
-from lagom_jax.cache import PlanCache
-from lagom_jax.plan import CollectiveChoice, Plan
+from lagom_jax.cluster.params import CollectiveParams
+from lagom_jax.plan.cache import PlanCache
+from lagom_jax.plan.schema import CollectiveChoice, Plan
+from lagom_jax.program.flags import XlaFlag
 
 
 def _plan(tag: str = "x", n: int = 3) -> Plan:
@@ -99,7 +99,7 @@ def test_eight_processes_share_one_key_without_torn_files(tmp_path):
 
 
 def test_tuner_config_round_trips_through_the_plugin_parser():
-    from lagom_jax import nccl_tuner
+    from lagom_jax.plan import nccl_tuner
 
     plan = _plan(n=3)
     rules, errors = nccl_tuner.parse_config(plan.nccl_tuner_config())

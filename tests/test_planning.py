@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from lagom_jax import hardware, jax_internals, planning, search
-from lagom_jax.graph import StepGraph, Task
-from lagom_jax.synthetic import random_graph
+from lagom_jax import search
+from lagom_jax.cluster import hardware
+from lagom_jax.plan import planning
+from lagom_jax.program import jax_internals
+from lagom_jax.program.graph import StepGraph, Task
+from lagom_jax.program.synthetic import random_graph
 
 HW = hardware.get("h100-sxm-8")
 
@@ -56,23 +59,8 @@ def test_a_moved_jax_internal_is_named():
         jax_internals.compile_for_devices(Lowered(), lambda n: [])
 
 
-def test_moved_names_still_work_with_a_warning():
-    from lagom_jax import api, graph, report, simulate, trace
-
-    for module, name, new in ((graph, "format_analysis", report.format_analysis),
-                              (simulate, "simulate_report", report.simulate_report),
-                              (trace, "format_timeline", report.format_timeline),
-                              (search, "tune_report", report.tune_report)):
-        with pytest.warns(DeprecationWarning, match=f"{name} moved to lagom_jax.report"):
-            assert getattr(module, name) is new
-    with pytest.warns(DeprecationWarning):
-        assert api.resolve_hardware is hardware.resolve_cluster
-    with pytest.raises(AttributeError):
-        graph.no_such_name  # noqa: B018
-
-
 def test_plan_says_how_small_a_gain_it_ignores():
-    from lagom_jax.plan import Plan
+    from lagom_jax.plan.schema import Plan
 
     g = random_graph(6, seed=4, name="six")
     plan = planning.plan(g, HW).plan

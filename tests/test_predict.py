@@ -9,7 +9,10 @@ import sys
 import pytest
 
 import lagom_jax
-from lagom_jax import cli, cost, hardware, predict
+from lagom_jax import cli
+from lagom_jax.advise import predict
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import cost
 
 # A small Llama: compiles deviceless in a few seconds.
 SMALL = dict(layers=2, d_model=256, heads=4, kv_heads=2, ffn=512, vocab=1024, seq_len=256, global_batch=16)

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lagom_jax import hardware, profile
-from lagom_jax.hardware import HardwareProfile
-from lagom_jax.profile import ContentionPoint, ProfileError, Timing
+from lagom_jax.cluster import hardware
+from lagom_jax.cluster.hardware import HardwareProfile
+from lagom_jax.costs import profile
+from lagom_jax.costs.profile import ContentionPoint, ProfileError, Timing
 
 
 def test_timing_median_and_iqr():
@@ -200,7 +201,7 @@ def test_run_profile_on_cpu_says_so_and_writes_loadable_files(tmp_path):
     # The SMs per CTA are fitted with the cost model's HBM pressure divided out, at the HBM
     # bandwidth this run measured (the curve above has none, so they come out below 1).
     points = raw["contention"]
-    from lagom_jax import cost
+    from lagom_jax.costs import cost
 
     again = profile.fit_contention([p["ctas"] for p in points], [p["slowdown"] for p in points],
                                    [p["copy_gbps"] for p in points], sm_count=prof.sm_count,

@@ -8,8 +8,10 @@ import statistics
 
 import pytest
 
-from lagom_jax import hardware, report, search
-from lagom_jax.synthetic import benchmark_graphs, random_graph
+from lagom_jax import search
+from lagom_jax.cluster import hardware
+from lagom_jax.plan import report
+from lagom_jax.program.synthetic import benchmark_graphs, random_graph
 
 HW = hardware.get("h100-sxm-8")
 BASELINES = ("xla-default", "recipe", "autoccl")
@@ -178,7 +180,7 @@ MiB = 1 << 20
 
 def _builder():
     """A task list and ``add(**fields) -> id`` appending a Task with the next id."""
-    from lagom_jax.graph import Task
+    from lagom_jax.program.graph import Task
 
     tasks: list[Task] = []
 
@@ -191,7 +193,7 @@ def _builder():
 
 def tp_graph(layers=4, flops=1e12, nbytes=64 * MiB):
     """Tensor + sequence parallel layers: all-gather -> dot -> gelu -> dot -> reduce-scatter."""
-    from lagom_jax.graph import StepGraph
+    from lagom_jax.program.graph import StepGraph
 
     tasks, add = _builder()
     group = (tuple(range(8)),)
@@ -262,7 +264,8 @@ def test_exhaustive_enumerates_windowed_einsum():
 
 
 def test_a_plan_that_chooses_windowed_einsum_sets_its_flag():
-    from lagom_jax import flags, planning
+    from lagom_jax.plan import planning
+    from lagom_jax.program import flags
 
     g = tp_graph()
     plan = planning.plan(g, A40, baselines=(), space=WEX).plan
@@ -274,8 +277,9 @@ def test_a_plan_that_chooses_windowed_einsum_sets_its_flag():
 def test_a_search_pauses_the_cycle_collector_and_restores_it():
     import gc
 
-    from lagom_jax import hardware, search
-    from lagom_jax.synthetic import random_graph
+    from lagom_jax import search
+    from lagom_jax.cluster import hardware
+    from lagom_jax.program.synthetic import random_graph
 
     g = random_graph(6, seed=3, name="gc")
     search.clear_cache()
@@ -328,7 +332,7 @@ def test_two_instructions_with_one_tuner_key_get_one_choice():
 def _overlapped_and_exposed(nbytes=64 * MiB, flops=1e12):
     """One all-gather beside a long matmul and one with nothing to hide behind, same size:
     per instruction the search would give them different channels."""
-    from lagom_jax.graph import StepGraph
+    from lagom_jax.program.graph import StepGraph
 
     tasks, add = _builder()
     group = (tuple(range(8)),)

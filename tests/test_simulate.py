@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lagom_jax import cost, hardware, report, simulate
-from lagom_jax.graph import COLLECTIVE_KINDS, StepGraph, Task
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import cost, simulate
+from lagom_jax.plan import report
+from lagom_jax.program.graph import COLLECTIVE_KINDS, StepGraph, Task
 
 A100 = hardware.get("a100-sxm-8")
 ALL8 = (tuple(range(8)),)

@@ -22,7 +22,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lagom_jax import gpu_compile
+from lagom_jax.models import compiled
+from lagom_jax.program import gpu_compile
 
 _REASON = gpu_compile.unavailable_reason()  # early: before anything starts JAX's backends
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
@@ -64,11 +65,11 @@ def test_the_decorator_tunes_a_sharded_step_with_the_gpu_module(capsys):
 
 
 def test_a_small_llama_compiles_deviceless_for_16_h100s():
-    from lagom_jax import hardware
+    from lagom_jax.cluster import hardware
 
     _need_deviceless()
     hw = hardware.get("h100-sxm-8", 2)
-    step = gpu_compile.compile_builtin(hw, "llama", "tiny", "fsdp+tp", "fsdp=8,model=2",
+    step = compiled.compile_builtin(hw, "llama", "tiny", "fsdp+tp", "fsdp=8,model=2",
                                        batch_size=16, seq_len=16, dtype="bfloat16")
     assert step.warning is None and step.where == "XLA:GPU deviceless compile for 16x H100 SXM5"
     assert "num_partitions=16" in step.text.split("\n", 1)[0]
@@ -76,7 +77,8 @@ def test_a_small_llama_compiles_deviceless_for_16_h100s():
 
 
 def test_an_hlo_text_compiles_for_abstract_gpus():
-    from lagom_jax import hardware, hlo_compile
+    from lagom_jax.cluster import hardware
+    from lagom_jax.program import hlo_compile
 
     _need_deviceless()
     text = (FIXTURES / "unoptimized" / "jax_fsdp_mlp_8.after_spmd.hlo").read_text()
@@ -86,7 +88,7 @@ def test_an_hlo_text_compiles_for_abstract_gpus():
 
 
 def test_the_nccl_tuner_plugin_builds_and_loads(tmp_path):
-    from lagom_jax.nccl_tuner import build_tuner
+    from lagom_jax.plan.nccl_tuner import build_tuner
 
     lib = ctypes.CDLL(str(build_tuner(tmp_path)))
     for version in (3, 4, 5, 6):

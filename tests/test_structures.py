@@ -1,10 +1,13 @@
-"""Compile-in-the-loop structure search (lagom_jax.structures) and its place in the pipeline."""
+"""Compile-in-the-loop structure search (lagom_jax.plan.structures) and its place in the pipeline."""
 
 import dataclasses
 
 import pytest
 
-from lagom_jax import gpu_compile, graph, hardware, job, planning, structures
+from lagom_jax import job
+from lagom_jax.cluster import hardware
+from lagom_jax.plan import planning, structures
+from lagom_jax.program import gpu_compile, graph
 
 _REASON = gpu_compile.unavailable_reason()
 needs_gpu_compile = pytest.mark.skipif(_REASON is not None, reason=f"no deviceless GPU compile here: {_REASON}")
@@ -86,7 +89,7 @@ def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
 
 @needs_gpu_compile
 def test_verification_says_where_the_structure_put_the_collectives():
-    from lagom_jax import verify
+    from lagom_jax.plan import verify
 
     compiled = _compiled()
     flag = structures.CANDIDATES[0].flag  # the collective pipeliner for all-gathers

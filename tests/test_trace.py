@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
-from lagom_jax import hardware, report, simulate, trace
-from lagom_jax.graph import StepGraph, Task
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import simulate
+from lagom_jax.plan import report, trace
+from lagom_jax.program.graph import StepGraph, Task
 
 A100 = hardware.get("a100-sxm-8")
 

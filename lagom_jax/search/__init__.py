@@ -41,8 +41,6 @@ Pareto candidates), ``strategies`` (the five above) and ``results`` (frozen
 space).
 """
 
-from lagom_jax import deprecation
-
 from .evaluator import Evaluator as Evaluator
 from .evaluator import candidates as candidates
 from .results import Explanation as Explanation
@@ -57,6 +55,3 @@ from .strategies import STRATEGIES as STRATEGIES
 from .strategies import clear_cache as clear_cache
 from .strategies import compare as compare
 from .strategies import run_strategy as run_strategy
-
-
-__getattr__ = deprecation.moved(__name__, {"tune_report": "lagom_jax.report:tune_report"})

@@ -20,20 +20,13 @@ import functools
 import types
 from collections.abc import Mapping
 
-from lagom_jax import cost
-from lagom_jax.graph import CollectiveShape, StepGraph, Task, collective_shape
-from lagom_jax.hardware import HardwareProfile
-from lagom_jax.params import CollectiveParams
-from lagom_jax.passes import (
-    XLA_ORDER,
-    Rewrite,
-    Schedule,
-    chunk_rewrite,
-    combine_rewrite,
-    decompose_rewrite,
-    schedule,
-)
-from lagom_jax.simulate import Timeline, makespan_us, simulate
+from lagom_jax.cluster.hardware import HardwareProfile
+from lagom_jax.cluster.params import CollectiveParams
+from lagom_jax.costs import cost
+from lagom_jax.costs.simulate import Timeline, makespan_us, simulate
+from lagom_jax.passes import (Rewrite, Schedule, XLA_ORDER, chunk_rewrite, combine_rewrite,
+                              decompose_rewrite, schedule)
+from lagom_jax.program.graph import CollectiveShape, StepGraph, Task, collective_shape
 
 from .space import Space, Structure
 

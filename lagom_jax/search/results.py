@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from lagom_jax.graph import StepGraph
-from lagom_jax.params import CollectiveParams
-from lagom_jax.simulate import Timeline
+from lagom_jax.cluster.params import CollectiveParams
+from lagom_jax.costs.simulate import Timeline
+from lagom_jax.program.graph import StepGraph
 
 from .space import Structure
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from lagom_jax.collective_tables import measured_error
-from lagom_jax.hardware import HardwareProfile
+from lagom_jax.cluster.collective_tables import measured_error
+from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.passes import COMBINABLE_KINDS, DEFAULT_COMBINE_THRESHOLD_BYTES
 
 # Threshold values lagom tries per kind: off, powers of 4 from 1 MiB, XLA's default,

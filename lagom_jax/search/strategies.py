@@ -14,11 +14,11 @@ import math
 import time
 from collections.abc import Callable, Mapping
 
-from lagom_jax.graph import StepGraph, Task
-from lagom_jax.hardware import HardwareProfile
-from lagom_jax.params import CollectiveParams
+from lagom_jax.cluster.hardware import HardwareProfile
+from lagom_jax.cluster.params import TUNER_KINDS, CollectiveParams
+from lagom_jax.costs.simulate import Timeline
 from lagom_jax.passes import COMBINABLE_KINDS, eligible_pairs
-from lagom_jax.simulate import Timeline
+from lagom_jax.program.graph import StepGraph, Task
 
 from . import evaluator as evaluator_lib
 from .evaluator import Evaluator
@@ -108,8 +108,6 @@ def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int,
     the shortest step (a full replay per candidate, keys taken longest total time first).
     Returns (params, reasons, whether anything changed).
     """
-    from lagom_jax.nccl_tuner import TUNER_KINDS
-
     built = ev.build(structure)
     graph = built.schedule.graph
     members: dict[tuple, list[int]] = {}

@@ -1,0 +1,765 @@
+"""ConfigTuner: recommend a hybrid-parallel configuration without running any of them.
+
+Given a model, a device count and a hardware preset, `advise` answers "which
+(data x fsdp x tensor x pipeline, micro-batches) should I train with?" in two stages, as
+ConfigTuner does ("Analyzing Communication Predictability in LLM Training", arXiv
+2512.24750: for dense transformers the traffic of every parallelism is predictable from the
+configuration alone, so no profiling run is needed):
+
+1. **Analytic screen** (`estimate`), microseconds per configuration. From the model's
+   hyper-parameters it derives the per-device FLOPs, the bytes every parallelism moves per
+   step (DP gradient all-reduce; FSDP weight all-gathers and gradient reduce-scatter;
+   Megatron TP all-reduces of activations per sublayer; PP activation permutes) and the
+   GPipe bubble ``(pp-1)/(m+pp-1)``, times them with the project's cost model
+   (`cost.collective_time_us` under NCCL's own parameters, `cost.compute_time_us`), and
+   estimates memory per device. Configurations that do not divide the model or batch, or
+   do not fit in GPU memory, are rejected with the reason.
+2. **Compiled prediction** of the best ``top_k``: the real train step is built with
+   `lagom_jax.models.build` and compiled by XLA's GPU pipeline for ``num_devices``
+   abstract GPUs of the preset (`lagom_jax.program.gpu_compile`; XLA:CPU on fake CPU devices where
+   the CUDA plugin is missing) from abstract inputs (nothing is allocated), its HLO becomes a `StepGraph`, and the step time
+   is predicted on the preset twice: under XLA/NCCL defaults (``xla-default``) and after
+   the lagom search (tuned). The ranking uses the tuned prediction.
+
+All times are predictions of the cost model, never measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from lagom_jax import job
+from lagom_jax.advise import megatron
+from lagom_jax.cluster import hardware as hardware_lib
+from lagom_jax.costs import cost as cost_lib, kernels
+from lagom_jax.models import FAMILIES, ModelConfig
+from lagom_jax.models.compiled import CompileCrash, CompiledStep, compile_builtin_isolated
+
+# The families whose layers the analytic screen prices (GPT-style: four d x d attention
+# projections and a two-matrix MLP).
+SCREENED_MODELS = ("bert", "gpt2", "t5")
+
+# GPU memory per device, GB (1e9 B). HardwareProfile has no memory field, so it lives here,
+# keyed by preset name. Sources: NVIDIA datasheets (A100 SXM 80GB; H100 SXM5 80GB HBM3;
+# A40 48GB GDDR6; V100 SXM2 ships with 16 or 32 GB, the 32 GB part is assumed).
+GPU_MEMORY_GB: dict[str, float] = {
+    "a100-sxm-8": 80.0,
+    "h100-sxm-8": 80.0,
+    "a40-pcie-8": 48.0,
+    "v100-25g": 32.0,
+    "h200-sxm-8": 141.0,  # NVIDIA H200 datasheet: 141 GB HBM3e
+    "b200-sxm-8": 180.0,  # NVIDIA DGX B200 datasheet: 1,440 GB for 8 GPUs
+    "dgx-h100": 80.0,  # = h100-sxm-8
+    "a3": 80.0,  # Google Cloud a3-highgpu-8g: 8x H100 80GB
+    "a3-mega": 80.0,  # a3-megagpu-8g: 8x H100 80GB
+    "a3-ultra": 141.0,  # a3-ultragpu-8g: 8x H200 141GB
+    "a4": 180.0,  # a4-highgpu-8g: 8x B200 (as b200-sxm-8)
+    "nd-a100-v4": 40.0,  # Azure ND A100 v4: 8x A100 40GB
+    "gb200-nvl72": 186.0,  # NVIDIA GB200 NVL72 datasheet: up to 13.4 TB HBM3e for 72 GPUs
+}
+# Share of GPU memory XLA's allocator may use: MaxText's 8xH100 recipe sets
+# XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 (AI-Hypercomputer/maxtext,
+# MaxText/configs/a3/llama_2_7b/1vm.sh); the rest holds the CUDA context, NCCL buffers and
+# cuBLAS workspaces.
+USABLE_MEMORY_FRACTION = 0.85
+# Micro-batch counts tried for a pipeline of S stages: m = factor x S (GPipe needs m >= S
+# to keep every stage busy after the fill; 8S bounds the bubble below 1/9).
+MICROBATCH_FACTORS = (2, 4, 8)
+DEFAULT_TOP_K = 4
+# Why the two kinds of column differ, said under every table that shows both.
+ANALYTIC_VS_COMPILED = (
+    "Why \"analytic\" and \"untuned\"/\"tuned\" differ: the analytic screen prices the matmul "
+    "FLOPs at the GPU's rate plus the collectives, to rank every configuration cheaply; the "
+    "compiled columns replay the step XLA compiled, op by op, which adds every memory-bound "
+    "kernel (attention scores, softmax, layer norms, optimizer) and launch overheads. Rank by "
+    "the compiled columns; the screen only chose which configurations to compile.")
+# Adam training state per parameter: f32 weight, f32 gradient, two f32 moments
+# (models/build.py keeps weights and optimizer state in float32).
+STATE_BYTES_PER_PARAM = 16
+MASTER_BYTES = 4  # float32 weights and gradients, the dtype DP/FSDP collectives move
+ACT_BYTES = {"bfloat16": 2, "float32": 4}
+# Mesh axes from outermost to innermost. The tensor-parallel axis is innermost, so its
+# groups are neighbouring devices (inside one NVLink node first): Megatron's placement.
+AXES = ("data", "fsdp", "stage", "model")
+_AXIS_PART = {"data": "dp", "fsdp": "fsdp", "stage": "pp", "model": "tp"}
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class ParallelConfig:
+    """One hybrid-parallel configuration: axis sizes (product = devices) and micro-batches.
+
+    ``microbatches`` is 1 without a pipeline. ``sp`` adds Megatron sequence parallelism to
+    tensor parallelism (recipe ``tp+sp``).
+    """
+    data: int
+    fsdp: int
+    stage: int
+    model: int
+    microbatches: int = 1
+    sp: bool = False
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"data": self.data, "fsdp": self.fsdp, "stage": self.stage, "model": self.model}
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.sizes.values())
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Mesh axes in use; pure data parallelism keeps a ``data`` axis even of size 1."""
+        used = tuple(a for a in AXES if self.sizes[a] > 1)
+        return used or ("data",)
+
+    @property
+    def recipe(self) -> str:
+        parts = [_AXIS_PART[a] for a in self.axes]
+        if self.sp:
+            parts.append("sp")
+        return "+".join(parts)
+
+    @property
+    def mesh(self) -> str:
+        return ",".join(f"{a}={self.sizes[a]}" for a in self.axes)
+
+    @property
+    def batch_ways(self) -> int:
+        return self.data * self.fsdp
+
+    def label(self) -> str:
+        mb = f" m={self.microbatches}" if self.stage > 1 else ""
+        return f"{self.recipe} [{self.mesh}]{mb}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The analytic screen's numbers for one configuration on one device (us, bytes).
+
+    ``*_comm_us`` are collective times under NCCL's default parameters; ``exposed_*`` is
+    what the screen leaves on the critical path (see `estimate`). ``bubble_us`` is the
+    GPipe fill/drain time.
+    """
+    compute_us: float
+    bubble_us: float
+    dp_comm_us: float
+    tp_comm_us: float
+    pp_comm_us: float
+    exposed_dp_us: float
+    step_us: float
+    dp_bytes: float
+    tp_bytes: float
+    pp_bytes: float
+    state_bytes: float
+    activation_bytes: float
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
+
+    @property
+    def bubble_share(self) -> float:
+        """Idle share of the pipeline schedule, ``(S-1)/(m+S-1)``: bubble over busy + bubble."""
+        busy = self.compute_us + self.bubble_us
+        return self.bubble_us / busy if busy > 0 else 0.0
+
+    def describe(self) -> str:
+        return (f"analytic {self.step_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f}"
+                f" + bubble {self.bubble_us / 1e3:.2f} + tp {self.tp_comm_us / 1e3:.2f}"
+                f" + pp {self.pp_comm_us / 1e3:.2f} + dp/fsdp exposed {self.exposed_dp_us / 1e3:.2f}"
+                f" (of {self.dp_comm_us / 1e3:.2f})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A feasible configuration with its analytic estimate and, when it was compiled, the
+    predicted step time of the real compiled step before and after lagom tuning (ms)."""
+    config: ParallelConfig
+    estimate: Estimate
+    untuned_ms: float | None
+    tuned_ms: float | None
+    compiled_dtype: str | None  # dtype of the compiled step; None when not compiled
+    memory_gb: float
+    why: str
+    compiled_by: str | None = None  # which compiler made the step; None when not compiled
+
+    @property
+    def mesh(self) -> str:
+        return self.config.mesh
+
+    @property
+    def recipe(self) -> str:
+        return self.config.recipe
+
+    @property
+    def microbatches(self) -> int:
+        return self.config.microbatches
+
+    @property
+    def compiled(self) -> bool:
+        return self.tuned_ms is not None
+
+    @property
+    def analytic_ms(self) -> float:
+        return self.estimate.step_us / 1e3
+
+    @property
+    def rank_ms(self) -> float:
+        """What the ranking uses: the tuned prediction, else the analytic estimate."""
+        return self.tuned_ms if self.tuned_ms is not None else self.analytic_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "mesh": self.mesh, "microbatches": self.microbatches,
+                "analytic_ms": self.analytic_ms, "untuned_ms": self.untuned_ms,
+                "tuned_ms": self.tuned_ms, "compiled_dtype": self.compiled_dtype,
+                "compiled_by": self.compiled_by,
+                "memory_gb": self.memory_gb, "why": self.why,
+                "estimate": dataclasses.asdict(self.estimate)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    config: ParallelConfig
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.config.recipe, "mesh": self.config.mesh,
+                "microbatches": self.config.microbatches, "reason": self.reason}
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """The ranked feasible configurations (best first), the rejected ones with reasons."""
+    model: str
+    config: str
+    num_devices: int
+    hardware: str
+    nodes: int
+    global_batch: int
+    seq_len: int
+    dtype: str
+    candidates: tuple[Candidate, ...]
+    rejected: tuple[Rejected, ...]
+
+    @property
+    def recommendation(self) -> Candidate:
+        if not self.candidates:
+            raise ValueError(f"no feasible configuration for {self.model} {self.config} on "
+                             f"{self.num_devices} devices; see Advice.rejected for the reasons")
+        return self.candidates[0]
+
+    def table(self) -> str:
+        """Markdown table of the candidates (predicted numbers; "(f32)" marks a step that
+        was compiled in float32 because the requested dtype crashed XLA's compiler)."""
+        rows = ["| rank | recipe | mesh | micro-batches | analytic ms | untuned ms | tuned ms "
+                "| memory GB/device |", "|---|---|---|---|---|---|---|---|"]
+        for i, c in enumerate(self.candidates, 1):
+            mark = " (f32)" if c.compiled_dtype not in (None, self.dtype) else ""
+            rows.append(f"| {i} | {c.recipe} | {c.mesh} | {c.microbatches} | {c.analytic_ms:.2f} "
+                        f"| {_ms(c.untuned_ms)}{mark} | {_ms(c.tuned_ms)}{mark} | {c.memory_gb:.1f} |")
+        return "\n".join(rows)
+
+    def report(self) -> str:
+        head = (f"{self.model} {self.config} on {self.num_devices} x {self.hardware} "
+                f"(nodes={self.nodes}), global batch {self.global_batch}, seq {self.seq_len}, "
+                f"{self.dtype} -- all times predicted by the cost model")
+        lines = [head, "", self.table(), ""]
+        compilers = sorted({c.compiled_by for c in self.candidates if c.compiled_by})
+        if compilers:
+            lines += [f"Compiled steps: {'; '.join(compilers)}.", ""]
+        if any(c.untuned_ms is not None for c in self.candidates):
+            lines += [ANALYTIC_VS_COMPILED, ""]
+        if self.candidates:
+            best = self.recommendation
+            lines.append(f"Recommendation: {best.config.label()}: {best.why}")
+        if self.rejected:
+            lines.append("")
+            lines.append(f"Rejected ({len(self.rejected)}):")
+            lines += [f"  {r.config.label()}: {r.reason}" for r in self.rejected]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        d = {k: getattr(self, k) for k in ("model", "config", "num_devices", "hardware", "nodes",
+                                           "global_batch", "seq_len", "dtype")}
+        d["candidates"] = [c.to_dict() for c in self.candidates]
+        d["rejected"] = [r.to_dict() for r in self.rejected]
+        d["recommendation"] = self.candidates[0].to_dict() if self.candidates else None
+        return json.dumps(d, indent=2)
+
+
+# ------------------------------------------------------------------------------ enumeration
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_configs(num_devices: int, *, recipes: Iterable[str] | None = None
+                      ) -> tuple[ParallelConfig, ...]:
+    """Every data x fsdp x stage x model factorisation of ``num_devices``, with
+    ``MICROBATCH_FACTORS`` x stages micro-batches when pipelined. ``recipes`` keeps only the
+    named recipes (parts in any order; ``tp+sp`` variants are produced only when asked for)."""
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    wanted = None if recipes is None else {_canonical(r) for r in recipes}
+    out = []
+    for d, f, s in itertools.product(_divisors(num_devices), repeat=3):
+        if num_devices % (d * f * s):
+            continue
+        t = num_devices // (d * f * s)
+        for m in ([1] if s == 1 else [k * s for k in MICROBATCH_FACTORS]):
+            for sp in ((False, True) if t > 1 and s == 1 else (False,)):
+                cfg = ParallelConfig(d, f, s, t, m, sp)
+                if (wanted is None and not sp) or (wanted is not None and _canonical(cfg.recipe) in wanted):
+                    out.append(cfg)
+    return tuple(sorted(out))
+
+
+def _canonical(recipe: str) -> frozenset[str]:
+    return frozenset(p.strip() for p in recipe.split("+") if p.strip())
+
+
+# --------------------------------------------------------------------------- the estimate
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """Per-layer and outer parameter counts of one model."""
+    layers: int  # encoder + decoder layers
+    cross_layers: int  # layers with cross-attention (T5 decoder)
+    layer_params: float
+    cross_params: float
+    outer_params: float
+
+
+def _shape(cfg: ModelConfig) -> _Shape:
+    attn = 4 * cfg.d_model * cfg.heads * cfg.head_dim  # q, k, v, o projections
+    mlp = 2 * cfg.d_model * cfg.d_ff
+    return _Shape(
+        layers=cfg.layers + cfg.dec_layers, cross_layers=cfg.dec_layers,
+        layer_params=attn + mlp, cross_params=attn,
+        # token embedding (tied output head) + learned positions (GPT-2/BERT; T5 has none,
+        # its relative bias is negligible) -- an upper bound within max_len x d_model.
+        outer_params=cfg.vocab * cfg.d_model + cfg.max_len * cfg.d_model,
+    )
+
+
+def feasibility(model_cfg: ModelConfig, pc: ParallelConfig, *, global_batch: int,
+                seq_len: int) -> tuple[str, ...]:
+    """Why ``pc`` cannot run this model and batch (empty when it can): the same divisibility
+    rules `models.build` enforces, checked without tracing anything."""
+    reasons = []
+    t, s = pc.model, pc.stage
+    if t > 1:
+        for name, dim in (("heads", model_cfg.heads), ("d_ff", model_cfg.d_ff),
+                          ("vocab", model_cfg.vocab)):
+            if dim % t:
+                reasons.append(f"tensor parallel {t} does not divide {name} {dim}")
+        if pc.sp and seq_len % t:
+            reasons.append(f"sequence parallel {t} does not divide seq_len {seq_len}")
+    if pc.fsdp > 1 and model_cfg.d_model % pc.fsdp:
+        reasons.append(f"fsdp {pc.fsdp} does not divide d_model {model_cfg.d_model}")
+    if s > 1:
+        for name, n in (("layers", model_cfg.layers), ("decoder layers", model_cfg.dec_layers)):
+            if n and n % s:
+                reasons.append(f"{s} pipeline stages do not divide {n} {name}")
+        if global_batch % (pc.microbatches * pc.batch_ways):
+            reasons.append(f"global batch {global_batch} is not a multiple of {pc.microbatches} "
+                           f"micro-batches x {pc.batch_ways} data-parallel ways")
+    elif global_batch % pc.batch_ways:
+        reasons.append(f"global batch {global_batch} is not a multiple of the "
+                       f"{pc.batch_ways} data-parallel ways")
+    return tuple(reasons)
+
+
+def _group_nodes(pc: ParallelConfig, axis: str, gpus_per_node: int) -> int:
+    """Nodes one group of ``axis`` spans (the first group; mesh order ``AXES``, row-major)."""
+    stride = math.prod(pc.sizes[a] for a in AXES[AXES.index(axis) + 1:])
+    return megatron.group_nodes(pc.sizes[axis], stride, gpus_per_node)
+
+
+def _coll_us(kind: str, nbytes: float, n: int, nodes: int, hw: hardware_lib.HardwareProfile) -> float:
+    """One collective under NCCL's own choice of parameters."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return cost_lib.default_time_us(kind, nbytes, n, nodes, hw)
+
+
+def estimate(model_cfg: ModelConfig, pc: ParallelConfig, hw: hardware_lib.HardwareProfile, *,
+             global_batch: int, seq_len: int, dtype: str = "bfloat16") -> Estimate:
+    """The analytic step time and memory of ``pc`` on one device of ``hw``.
+
+    Compute: each local layer's matmuls per micro-batch, forward and both gradients, timed
+    by shape (`kernels.gemm_time_us`, the model the compiled prediction uses); the output
+    head is not pipelined (models/build.py keeps it outside the stage axis), so every stage
+    runs it on its replica's share; the step's other bytes at HBM bandwidth. A pipelined
+    stage runs ``m + S - 1`` ticks for ``m`` micro-batches: the bubble is ``(S-1)/m`` of its
+    compute.
+
+    Communication (bytes in NCCL's nBytes convention):
+    - TP (Megatron): per microbatch, 2 all-reduces of the [b, s, d] activation per sublayer
+      (forward after attention/MLP, backward before them), one more pair per cross-attention,
+      and 2 for the vocab-parallel embedding and head; with ``sp`` each all-reduce becomes an
+      all-gather plus a reduce-scatter of the same buffer.
+    - PP: every tick sends the micro-batch activation to the next stage forward and its
+      gradient back (collective-permute).
+    - FSDP: each layer's float32 weights are all-gathered for the forward and again for the
+      backward (ZeRO-3), gradients reduce-scattered. DP: gradients all-reduced. Issued per
+      layer, as XLA does for scanned layers.
+    TP and PP traffic sits between dependent matmuls, so the screen counts it as exposed;
+    DP/FSDP traffic is hidden up to the backward compute (2/3 of it), the best that
+    overlapping can do. The compiled prediction replaces these rules with the simulator.
+
+    Memory: 16 bytes of Adam state per local parameter, plus stored activations per layer
+    for all micro-batches (GPipe keeps them until the backward), from Korthikanti et al.
+    2022 ("Reducing Activation Recomputation in Large Transformer Models", Eq. 2 and its
+    tensor/sequence-parallel forms): ``s*b*d*(10 + 24/t + 5*a*s/(d*t))`` bytes at 16-bit
+    (``34/t`` in place of ``10 + 24/t`` with sp), plus float32 logits and their gradient.
+    """
+    if dtype not in ACT_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(ACT_BYTES)})")
+    sh = _shape(model_cfg)
+    ab = ACT_BYTES[dtype]
+    d, f, s, t, m = pc.data, pc.fsdp, pc.stage, pc.model, pc.microbatches
+    b_local = global_batch / pc.batch_ways  # sequences per data-parallel replica
+    gpn = hw.gpus_per_node
+
+    # Compute.
+    layer_params_local = (sh.layers * sh.layer_params + sh.cross_layers * sh.cross_params) / (t * s)
+    model_params_local = layer_params_local + sh.outer_params / t
+    layers_local = sh.layers / s
+    cross_local = sh.cross_layers / s
+    per_layer_act = seq_len * model_cfg.d_model * (
+        (34 / t if pc.sp else 10 + 24 / t)
+        + 5 * model_cfg.heads * seq_len / (model_cfg.d_model * t)) * ab / 2
+    activation_bytes = b_local * (layers_local + cross_local / 2) * per_layer_act \
+        + 2 * b_local * seq_len * model_cfg.vocab / t * 4
+    # Roofline bytes: weights read 3x (forward, backward-data, backward-weight), stored
+    # activations written once and read once.
+    stage_bytes = 3 * model_params_local * ab + 2 * activation_bytes
+    # Matmuls timed by shape (`kernels`, the model the compiled prediction uses), per
+    # micro-batch of one replica; the rest of the step's bytes at HBM bandwidth.
+    seqs = max(1, round(b_local / m))
+    proj, core, mlp = kernels.transformer_matmuls(
+        sequences=seqs, seq_len=seq_len, hidden=model_cfg.d_model, heads=model_cfg.heads,
+        head_dim=model_cfg.head_dim, ffn=model_cfg.d_ff, tp=t)
+    layer_mm = proj + core + mlp
+    head_mm = ((seqs * seq_len, model_cfg.vocab // t, model_cfg.d_model, 1),)
+    per_mb = sum(kernels.matmuls_us(mm + kernels.backward_matmuls(mm), hw, itemsize=ab) * count
+                 for mm, count in ((layer_mm, layers_local), (proj + core, cross_local), (head_mm, 1)))
+    stage_us = m * per_mb + kernels.memory_time_us(stage_bytes, hw)
+    bubble_us = stage_us * (s - 1) / m
+
+    # Tensor parallelism.
+    mb_act = b_local / m * seq_len * model_cfg.d_model * ab
+    tp_ops = m * (4 * layers_local + 2 * cross_local + 2)
+    tp_nodes = _group_nodes(pc, "model", gpn)
+    if pc.sp:
+        one = _coll_us("all-gather", mb_act, t, tp_nodes, hw) + _coll_us("reduce-scatter", mb_act, t, tp_nodes, hw)
+    else:
+        one = _coll_us("all-reduce", mb_act, t, tp_nodes, hw)
+    tp_comm_us = tp_ops * one
+    tp_bytes = tp_ops * mb_act * (2 if pc.sp else 1) if t > 1 else 0.0
+
+    # Pipeline parallelism: one send per tick forward and backward.
+    pp_ops = 2 * (m + s - 1) if s > 1 else 0
+    # A send between neighbouring stages joins two GPUs: two nodes when the stage axis
+    # crosses nodes (the slowest send paces the pipeline), else one.
+    pp_nodes = min(_group_nodes(pc, "stage", gpn), 2)
+    pp_comm_us = pp_ops * _coll_us("collective-permute", mb_act, 2, pp_nodes, hw)
+    pp_bytes = pp_ops * mb_act
+
+    # Data parallelism (fsdp inside, data outside), issued once per local layer + outer.
+    pieces = max(1, round(layers_local)) + 1
+    full = model_params_local * MASTER_BYTES
+    dp_comm_us = 0.0
+    dp_bytes = 0.0
+    if f > 1:
+        fn = _group_nodes(pc, "fsdp", gpn)
+        dp_comm_us += pieces * (2 * _coll_us("all-gather", full / pieces, f, fn, hw)
+                                + _coll_us("reduce-scatter", full / pieces, f, fn, hw))
+        dp_bytes += 3 * full
+    if d > 1:
+        dn = _group_nodes(pc, "data", gpn)
+        dp_comm_us += pieces * _coll_us("all-reduce", full / f / pieces, d, dn, hw)
+        dp_bytes += full / f
+    compute_us = stage_us
+    exposed_dp = max(0.0, dp_comm_us - 2 / 3 * compute_us)
+    step_us = compute_us + bubble_us + tp_comm_us + pp_comm_us + exposed_dp
+    return Estimate(
+        compute_us=compute_us, bubble_us=bubble_us, dp_comm_us=dp_comm_us,
+        tp_comm_us=tp_comm_us, pp_comm_us=pp_comm_us, exposed_dp_us=exposed_dp,
+        step_us=step_us, dp_bytes=dp_bytes, tp_bytes=tp_bytes, pp_bytes=pp_bytes,
+        state_bytes=STATE_BYTES_PER_PARAM * model_params_local / f,
+        activation_bytes=activation_bytes,
+    )
+
+
+def usable_memory_bytes(hw: hardware_lib.HardwareProfile) -> float:
+    try:
+        gb = GPU_MEMORY_GB[hw.name]
+    except KeyError:
+        raise ValueError(f"no GPU memory size known for hardware {hw.name!r} (known: "
+                         f"{', '.join(GPU_MEMORY_GB)}); add it to lagom_jax.advise.configtuner.GPU_MEMORY_GB") from None
+    return gb * 1e9 * USABLE_MEMORY_FRACTION
+
+
+# ------------------------------------------------------------------ the compiled prediction
+
+@functools.lru_cache(maxsize=64)
+def _compiled(hw: hardware_lib.HardwareProfile, model: str, config: str, recipe: str, mesh: str,
+              batch_size: int, seq_len: int, dtype: str, microbatches: int | None
+              ) -> CompiledStep:
+    """The step compiled in a fresh process (``compile_builtin_isolated``),
+    cached: a step predicted twice is compiled once."""
+    return compile_builtin_isolated(hw, model, config, recipe, mesh,
+                                                batch_size=batch_size, seq_len=seq_len,
+                                                dtype=dtype, microbatches=microbatches)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Predicted step time (ms) of a really compiled step; ``note`` says when the step had
+    to be compiled in another dtype than asked."""
+    untuned_ms: float
+    tuned_ms: float
+    compiled_dtype: str
+    compiled_by: str  # which compiler made the step, for how many devices
+    note: str = ""
+
+
+def predict_compiled(model: str, config: str, pc: ParallelConfig,
+                     hw: hardware_lib.HardwareProfile, *, global_batch: int, seq_len: int,
+                     dtype: str) -> Prediction:
+    """xla-default and lagom-tuned predicted step time of the real compiled step.
+
+    The step is compiled by XLA's GPU pipeline for abstract GPUs of ``hw``
+    (``gpu_compile``); where that is not installed, by XLA:CPU, and the note says what is
+    lost. When the compiler crashes on the bfloat16 step (XLA:CPU does on every GPipe step
+    in jaxlib 0.10.2), the float32 step is compiled instead and the prediction says so:
+    its activation collectives and memory traffic are twice the bfloat16 ones, so it is an
+    upper bound. Raises ValueError when `models.build` rejects the configuration and
+    CompileCrash when no dtype compiles.
+    """
+    n = pc.num_devices
+    cluster = hw.with_nodes(max(1, math.ceil(n / hw.gpus_per_node)))
+
+    def compiled(dt: str) -> CompiledStep:
+        return _compiled(cluster, model, config, pc.recipe, pc.mesh, global_batch,
+                         seq_len, dt, pc.microbatches if pc.stage > 1 else None)
+
+    notes, used = [], dtype
+    try:
+        step = compiled(dtype)
+    except CompileCrash as crash:
+        if dtype == "float32":
+            raise
+        step = compiled("float32")
+        used = "float32"
+        notes.append(f"compiled in float32 because {crash}; float32 activations double the "
+                     "activation traffic, so this prediction is an upper bound")
+    if step.warning:
+        notes.append(step.warning)
+
+    tuned = job.run(job.HloSource(step.text, step.where), hw, strategy="lagom", baselines=("xla-default",),
+                    verify=False)
+    predicted = dict(tuned.plan.predicted_us)
+    return Prediction(predicted["xla-default"] / 1e3, predicted["lagom"] / 1e3, used, step.where, "; ".join(notes))
+
+
+# ---------------------------------------------------------------------------- the driver
+
+def _resolve(hardware: str | hardware_lib.HardwareProfile, num_devices: int
+             ) -> hardware_lib.HardwareProfile:
+    hw = hardware_lib.resolve_cluster(hardware, num_devices=num_devices).hardware
+    if hw.num_gpus < num_devices:
+        raise ValueError(f"hardware {hw.name!r} has {hw.num_gpus} GPUs ({hw.nodes} node(s)), fewer "
+                         f"than num_devices {num_devices}; pass more nodes, e.g. "
+                         f"'{hw.name}:nodes={math.ceil(num_devices / hw.gpus_per_node)}'")
+    return hw
+
+
+def advise(model: str, config: str, num_devices: int,
+           hardware: str | hardware_lib.HardwareProfile, *, global_batch: int, seq_len: int,
+           dtype: str = "bfloat16", recipes: Sequence[str] | None = None,
+           max_candidates: int | None = None, top_k: int = DEFAULT_TOP_K,
+           progress: Progress | None = None) -> Advice:
+    """Rank the hybrid-parallel configurations of ``model``/``config`` on ``num_devices``
+    GPUs of ``hardware`` (a preset name, ``name:nodes=N``, a JSON profile or a profile;
+    a preset name grows to as many nodes as ``num_devices`` needs).
+
+    Every factorisation data x fsdp x stage x model (``recipes`` restricts them, e.g.
+    ``["dp", "fsdp", "dp+tp", "tp+sp"]``) is screened analytically; infeasible and
+    out-of-memory ones are rejected with the reason. The ``top_k`` best by the estimate are
+    compiled and predicted (xla-default and lagom-tuned); the ranking puts those first by
+    tuned time, then the rest by estimate. ``max_candidates`` truncates the ranked list.
+    ``progress`` receives one line per stage.
+    """
+    if model not in SCREENED_MODELS:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(SCREENED_MODELS)} (the analytic "
+                         "screen prices GPT-style layers; llama and mixtral are predicted with "
+                         "lagom_jax.predict_train_step_ms)")
+    if config not in FAMILIES[model].configs:
+        raise ValueError(f"unknown {model} config {config!r}; known: {', '.join(FAMILIES[model].configs)}")
+    model_cfg = FAMILIES[model].configs[config]
+    if not 0 < seq_len <= model_cfg.max_len:
+        raise ValueError(f"seq_len {seq_len} outside 1..{model_cfg.max_len} for {model} {config}")
+    if global_batch < 1:
+        raise ValueError(f"global_batch must be >= 1, got {global_batch}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    hw = _resolve(hardware, num_devices)
+    limit = usable_memory_bytes(hw)
+    say = progress or (lambda _msg: None)
+
+    configs = enumerate_configs(num_devices, recipes=recipes)
+    if not configs:
+        raise ValueError(f"no configuration of {num_devices} devices matches recipes {list(recipes or [])}; "
+                         "use parts dp, fsdp, tp, sp, pp joined by '+'")
+    feasible: list[tuple[ParallelConfig, Estimate]] = []
+    rejected: list[Rejected] = []
+    for pc in configs:
+        reasons = feasibility(model_cfg, pc, global_batch=global_batch, seq_len=seq_len)
+        if reasons:
+            rejected.append(Rejected(pc, "; ".join(reasons)))
+            continue
+        est = estimate(model_cfg, pc, hw, global_batch=global_batch, seq_len=seq_len, dtype=dtype)
+        if est.memory_bytes > limit:
+            rejected.append(Rejected(pc, f"needs {est.memory_bytes / 1e9:.1f} GB/device "
+                                         f"(state {est.state_bytes / 1e9:.1f}, activations "
+                                         f"{est.activation_bytes / 1e9:.1f}), over the "
+                                         f"{limit / 1e9:.1f} GB usable on {hw.gpu}"))
+            continue
+        feasible.append((pc, est))
+    feasible.sort(key=lambda ce: (ce[1].step_us, ce[0]))
+    say(f"screened {len(configs)} configurations: {len(feasible)} feasible, {len(rejected)} rejected")
+
+    # Compile down the screen's order until top_k steps are predicted; a candidate that
+    # build rejects, or that crashes XLA's compiler, gives its place to the next one
+    # (at most 2 x top_k attempts, to bound the time).
+    compiled: dict[ParallelConfig, Prediction] = {}
+    crashed: dict[ParallelConfig, str] = {}
+    build_rejected: set[ParallelConfig] = set()
+    for pc, _est in feasible[:2 * top_k]:
+        if len(compiled) == top_k:
+            break
+        say(f"compiling and predicting {pc.label()}")
+        try:
+            compiled[pc] = predict_compiled(model, config, pc, hw, global_batch=global_batch,
+                                            seq_len=seq_len, dtype=dtype)
+        except ValueError as e:
+            rejected.append(Rejected(pc, f"models.build: {e}"))
+            build_rejected.add(pc)
+        except CompileCrash as e:
+            crashed[pc] = str(e)
+            say(f"  {e}")
+    feasible = [(pc, est) for pc, est in feasible if pc not in build_rejected]
+
+    def rank_key(ce: tuple[ParallelConfig, Estimate]) -> tuple:
+        pc, est = ce
+        if pc in compiled:
+            return (0, compiled[pc].tuned_ms, pc)
+        return (1, est.step_us, pc)
+
+    feasible.sort(key=rank_key)
+    best_tuned = min((p.tuned_ms for p in compiled.values()), default=None)
+    candidates = []
+    for pc, est in feasible[:max_candidates]:
+        pred = compiled.get(pc)
+        if pc in crashed:
+            why = f"{est.describe()}; not predicted: {crashed[pc]}"
+        elif pred is None:
+            why = f"{est.describe()}; not compiled (outside the top {top_k} of the screen)"
+        else:
+            gap = "fastest predicted tuned step" if pred.tuned_ms == best_tuned else \
+                f"{(pred.tuned_ms / best_tuned - 1) * 100:.1f}% slower than the best tuned step"
+            why = (f"{gap}; compiled step predicted {pred.untuned_ms:.2f} ms under XLA/NCCL "
+                   f"defaults, {pred.tuned_ms:.2f} ms lagom-tuned; {est.describe()}"
+                   + (f"; {pred.note}" if pred.note else ""))
+        candidates.append(Candidate(pc, est, pred and pred.untuned_ms, pred and pred.tuned_ms,
+                                    pred.compiled_dtype if pred else None,
+                                    est.memory_bytes / 1e9, why,
+                                    pred.compiled_by if pred else None))
+    return Advice(model, config, num_devices, hw.name, hw.nodes, global_batch, seq_len, dtype,
+                  tuple(candidates), tuple(rejected))
+
+
+# ------------------------------------------------------------- Megatron-terms prediction
+
+def predict_step(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: int, gpus: int,
+                 tp: int, dp: int, pp: int, micro_batch: int, global_batch: int,
+                 hardware: str | hardware_lib.HardwareProfile = "a100-sxm-8",
+                 schedule: str = "1f1b", **options: Any) -> megatron.StepTime:
+    """The predicted iteration of a Megatron-LM GPT configuration with its parts
+    (`megatron.predict`). ``hardware`` is a preset name (grown to ``gpus`` GPUs), a
+    ``name:nodes=N`` spec, a JSON profile or a profile; ``options`` are `megatron.GPTRun`'s
+    optional fields (``recompute``, ``ffn_hidden``, ``sequence_parallel``,
+    ``virtual_stages``, ``distributed_optimizer``, ``overlap_grad_reduce``, ``dtype``).
+    Raises ValueError naming the number that does not divide, or the unknown preset."""
+    run = megatron.GPTRun(hidden=hidden, heads=heads, layers=layers, seq_len=seq_len, vocab=vocab,
+                          gpus=gpus, tp=tp, dp=dp, pp=pp, micro_batch=micro_batch,
+                          global_batch=global_batch, schedule=schedule, **options)
+    hw = hardware_lib.resolve_cluster(hardware, num_devices=gpus).hardware
+    if hw.num_gpus < gpus:
+        hw = hw.with_nodes(math.ceil(gpus / hw.gpus_per_node))
+    return megatron.predict(run, hw, gpu_memory_gb=GPU_MEMORY_GB.get(hw.name, 80.0))
+
+
+def rank_steps(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: int, gpus: int,
+               global_batch: int, hardware: str | hardware_lib.HardwareProfile = "a100-sxm-8",
+               micro_batches: tuple[int, ...] = (1, 2, 4, 8), schedule: str = "1f1b",
+               **options: Any) -> list[tuple[dict[str, int], megatron.StepTime]]:
+    """Every tensor x data x pipeline split of ``gpus`` and micro-batch in ``micro_batches``
+    that Megatron-LM can run (the numbers divide) and that fits in GPU memory, with its
+    predicted iteration, fastest first: the ConfigTuner's advice in Megatron's terms.
+    ``options`` as `predict_step`'s. Raises ValueError when no split runs at all."""
+    out = []
+    skipped: list[str] = []
+    for tp in (d for d in range(1, gpus + 1) if gpus % d == 0):
+        for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0):
+            dp = gpus // (tp * pp)
+            for mb in micro_batches:
+                config = dict(tp=tp, dp=dp, pp=pp, micro_batch=mb)
+                try:
+                    step = predict_step(hidden=hidden, heads=heads, layers=layers, seq_len=seq_len,
+                                        vocab=vocab, gpus=gpus, global_batch=global_batch,
+                                        hardware=hardware, schedule=schedule, **config, **options)
+                except ValueError as err:
+                    skipped.append(str(err))
+                    continue
+                if step.fits:
+                    out.append((config, step))
+    if not out:
+        why = f" (e.g. {skipped[0]})" if skipped else " (none fits in GPU memory)"
+        raise ValueError(f"no tp x dp x pp split of {gpus} GPUs with micro-batch in "
+                         f"{list(micro_batches)} runs this model{why}")
+    return sorted(out, key=lambda cs: cs[1].total_ms)
+
+
+def predict_step_ms(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: int, gpus: int,
+                    tp: int, dp: int, pp: int, micro_batch: int, global_batch: int,
+                    hardware: str | hardware_lib.HardwareProfile = "a100-sxm-8",
+                    schedule: str = "1f1b", **options: Any) -> float:
+    """Milliseconds per training iteration of a Megatron-LM GPT configuration, predicted.
+
+    ``gpus = tp * dp * pp`` may span nodes (``nodes = gpus / gpus_per_node`` of the preset);
+    ``schedule`` is ``"1f1b"`` or ``"gpipe"``; ``options`` are `predict_step`'s
+    (``recompute`` (default ``auto``: the cheapest that fits), ``ffn_hidden`` (default
+    4 x hidden), ``sequence_parallel``, ...). Never
+    raises on a configuration whose numbers divide; one that does not gets a ValueError
+    saying which number does not divide which.
+    """
+    return predict_step(hidden=hidden, heads=heads, layers=layers, seq_len=seq_len, vocab=vocab,
+                        gpus=gpus, tp=tp, dp=dp, pp=pp, micro_batch=micro_batch,
+                        global_batch=global_batch, hardware=hardware, schedule=schedule,
+                        **options).total_ms

@@ -1,0 +1,246 @@
+"""The prediction contract: the step time of a built-in family's training step on a cluster.
+
+``predict_train_step_ms`` is the one call used to compare predictions with measured runs
+(``benchmarks/workloads.py``): it builds the family at the given dimensions on a mesh,
+compiles the train step with XLA's GPU pipeline for abstract GPUs of the cluster
+(deviceless: nothing runs), and predicts the step with the cost model, as XLA compiles it
+(``strategy="xla-default"``) or as lagom-jax would tune it (``"lagom"``). It is the
+pipeline of every other face (``lagom_jax.job.run``) with a model source.
+
+What the step is, so that it matches how MaxText/Paxml run these models on GPUs: bf16
+compute with float32 master weights and AdamW, layers under ``scan``, the fused
+flash-attention kernel (the score matrix is never materialised), a remat policy by
+MaxText's name, batch over ``data``/``fsdp``/``expert``, weights over ``fsdp`` (ZeRO-3),
+heads/MLP/vocab over ``model`` and experts over ``expert``; axes laid out data, fsdp, model,
+expert with the last varying fastest, so ``model`` and ``expert`` stay inside a node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from lagom_jax import job as job_lib
+from lagom_jax.cluster import hardware as hardware_lib
+from lagom_jax.cluster.nccl_env import NcclEnv
+from lagom_jax.models import attention as attention_lib
+from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile
+
+__all__ = ["COMPILE_PRICED_FLAGS", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
+           "train_step_job", "train_step_source"]
+
+FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
+MESH_AXES = ("data", "fsdp", "model", "expert")
+# Flags that change the program XLA compiles, so compiling with them prices them: the
+# module the cost model reads is the one they make. The NCCL channel cap changes no
+# program; it caps the cost model's NCCL channels instead. Symmetric buffers change no
+# program either; they are priced only through ``NCCL_CTA_POLICY=2`` (``nccl_env``), which
+# assumes them.
+COMPILE_PRICED_FLAGS = frozenset(
+    name for name, spec in flags_lib.KNOWN_FLAGS.items()
+    if spec.per_compile and name not in ("xla_gpu_nccl_collective_max_nchannels",
+                                         "xla_gpu_nccl_p2p_max_nchannels",
+                                         "xla_gpu_experimental_enable_nccl_symmetric_buffers",
+                                         "xla_gpu_pgle_accuracy_checker")
+) | {"xla_gpu_enable_triton_gemm", "xla_disable_hlo_passes",
+     # Compile-time only: stands in for custom calls without a handler here, which the
+     # cost model prices from the calls themselves (``custom_calls``); it never reaches a
+     # Plan. ``predict_hlo_step_ms`` turns it on by itself where a module needs it.
+     "xla_gpu_mock_custom_calls"}
+MODEL_PRICED_FLAGS = frozenset({"xla_gpu_nccl_collective_max_nchannels"})
+
+
+def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], int | None]:
+    """(compile options, NCCL channel cap) of ``xla_flags``; ValueError on a flag the cost
+    model cannot price (it would be silently ignored otherwise)."""
+    options: dict[str, Any] = {}
+    cap = None
+    for name, value in (xla_flags or {}).items():
+        name = name.removeprefix("--")
+        if name in MODEL_PRICED_FLAGS:
+            cap = int(value)
+        elif name in COMPILE_PRICED_FLAGS:
+            options[name] = value
+        else:
+            raise ValueError(
+                f"xla flag {name!r} cannot be priced: the cost model sees a flag only through the "
+                f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}) or as "
+                f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))})")
+    return options, cap
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in ("xla-default", "lagom"):
+        raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
+
+
+def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
+                        nccl_env: Mapping[str, str] | None) -> hardware_lib.HardwareProfile:
+    """``hw`` running with the NCCL channel cap and NCCL environment of a prediction."""
+    if cap is not None:
+        if cap < 1:
+            raise ValueError(f"xla_gpu_nccl_collective_max_nchannels must be >= 1 to price, got {cap}")
+        hw = dataclasses.replace(hw, nccl_channels=min(cap, hw.nccl_channels))
+    if nccl_env:
+        hw = dataclasses.replace(hw, nccl_env=NcclEnv.from_environ(nccl_env))
+    return hw
+
+
+def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
+                      vocab: int, seq_len: int, global_batch: int, mesh: Mapping[str, int],
+                      dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
+                      attention: str = "flash", scan: bool = True,
+                      compiler_options: Mapping[str, Any] | None = None):
+    """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
+    if family not in FAMILY_MODELS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
+
+    if attention not in attention_lib.IMPLS:
+        raise ValueError(f"unknown attention {attention!r}; known: {', '.join(attention_lib.IMPLS)}")
+    unknown = sorted(set(mesh) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"unknown mesh axes {unknown}; known: {', '.join(MESH_AXES)}")
+    if any(int(n) < 1 for n in mesh.values()):
+        raise ValueError(f"mesh {dict(mesh)}: every axis needs size >= 1")
+    for name, value in (("layers", layers), ("d_model", d_model), ("heads", heads), ("ffn", ffn),
+                        ("vocab", vocab), ("seq_len", seq_len), ("global_batch", global_batch)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if d_model % heads:
+        raise ValueError(f"d_model {d_model} not divisible by heads {heads}")
+    if (family == "mixtral") != (experts > 0):
+        raise ValueError(f"family {family!r} with experts={experts}: mixtral needs experts >= 1 "
+                         "and top_k >= 1; llama and gpt have none")
+    if family == "gpt" and kv_heads not in (0, heads):
+        raise ValueError(f"family 'gpt' has no grouped-query attention: kv_heads must equal heads {heads}")
+    shape = {a: int(mesh[a]) for a in MESH_AXES if mesh.get(a, 1) > 1} or {"data": 1}
+    ways = math.prod(shape.get(a, 1) for a in ("data", "fsdp", "expert"))
+    if global_batch % ways:
+        raise ValueError(f"global batch {global_batch} not divisible by data x fsdp x expert = {ways}")
+    dims = dict(layers=layers, d_model=d_model, heads=heads, head_dim=d_model // heads, d_ff=ffn,
+                vocab=vocab, max_len=seq_len)
+    if family != "gpt":
+        dims.update(kv_heads=kv_heads, experts=experts, top_k=top_k)
+    config = ",".join(f"{k}={v}" for k, v in dims.items())
+    return job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
+                           remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))
+
+
+def _cluster(hardware: str | hardware_lib.HardwareProfile, gpus: int) -> hardware_lib.HardwareProfile:
+    hw = hardware_lib.resolve_cluster(hardware).hardware
+    if gpus <= hw.gpus_per_node:
+        return hw.with_nodes(1)
+    if gpus % hw.gpus_per_node:
+        raise ValueError(f"{gpus} GPUs are not whole nodes of {hw.name} ({hw.gpus_per_node} GPUs each)")
+    return hw.with_nodes(gpus // hw.gpus_per_node)
+
+
+def predict_train_step_ms(
+    family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+    seq_len: int, global_batch: int, mesh: Mapping[str, int], hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
+    dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
+    xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default", scan: bool = True,
+    nccl_env: Mapping[str, str] | None = None, attention: str = "flash",
+) -> float:
+    """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
+
+    family: "llama" | "mixtral" | "gpt" (GPT-2's layer: LayerNorm, GeLU, learned positions,
+    tied embedding); mesh: {"data": D, "fsdp": F, "model": T, "expert": E}, whose product is
+    the number of GPUs; hardware: a preset (``nodes = GPUs / GPUs per node``); xla_flags:
+    applied to the compile (and the NCCL channel cap to the cost model); a flag the cost
+    model cannot price is a ValueError naming it. nccl_env: NCCL's process-wide settings
+    the run uses (``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_NVLS_ENABLE``, ``NCCL_CTA_POLICY``;
+    ``nccl_env.NcclEnv``),
+    which restrict NCCL's choice for every collective. strategy "xla-default": the program as XLA
+    compiles it with ``xla_flags`` and NCCL's own choices; "lagom": as lagom-jax tunes it.
+    scan (beyond the issue's contract, default as MaxText): layers under ``scan``, else
+    unrolled (MaxText's ``scan_layers=False``). attention (beyond the contract): "flash", the
+    fused kernel, or "xla", the score matrix materialised (runs that used no fused attention).
+
+    Raises ValueError for a configuration that does not fit (naming the numbers) and
+    ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
+    """
+    _check_strategy(strategy)
+    job = train_step_job(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                         vocab=vocab, seq_len=seq_len, global_batch=global_batch, mesh=mesh,
+                         hardware=hardware, dtype=dtype, remat=remat, experts=experts, top_k=top_k,
+                         xla_flags=xla_flags, strategy=strategy, scan=scan, nccl_env=nccl_env,
+                         attention=attention)
+    return job.predicted_ms(strategy)
+
+
+def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
+                   xla_flags: Mapping[str, Any] | None = None, strategy: str = "lagom",
+                   nccl_env: Mapping[str, str] | None = None, **dims: Any):
+    """The contract's step through the pipeline: a ``job.Job`` whose Plan holds the
+    predicted step of ``strategy`` and of ``xla-default`` (``Job.predicted_ms``), and the
+    compile and search behind them. ``dims``: the contract's other keywords."""
+    options, cap = _split_flags(xla_flags)
+    source = train_step_source(family, **dims, compiler_options=options)
+    hw = _with_nccl_settings(_cluster(hardware, math.prod(source.shape().values())), cap, nccl_env)
+    compiled = job_lib.compile_source(source, hw)
+    if compiled.warnings:
+        raise gpu_compile.DevicelessUnavailable(
+            f"{source.describe()} was not compiled for GPUs ({'; '.join(compiled.warnings)}); "
+            "a prediction from XLA:CPU's module would not be a GPU prediction")
+    return job_lib.plan_compiled(compiled, strategy=strategy, baselines=("xla-default",), verify=False)
+
+
+def repredict_ms(job: Any, *, nccl_env: Mapping[str, str] | None = None, strategy: str = "xla-default") -> float:
+    """The step of ``job`` (``train_step_job``, ``job.run``) predicted again under the NCCL
+    settings ``nccl_env`` (replacing the cluster's): they change no program, so the module
+    compiled once is planned again and nothing is compiled. What ``predict_train_step_ms``
+    with ``nccl_env`` gives, at the cost of one search."""
+    _check_strategy(strategy)
+    compiled = job.compiled
+    hw = dataclasses.replace(compiled.hardware, nccl_env=NcclEnv.from_environ(nccl_env or {}))
+    again = job_lib.plan_compiled(dataclasses.replace(compiled, hardware=hw), strategy=strategy,
+                                  baselines=("xla-default",), verify=False)
+    return again.predicted_ms(strategy)
+
+
+def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
+                        nodes: int | None = None, xla_flags: Mapping[str, Any] | None = None,
+                        strategy: str = "xla-default", nccl_env: Mapping[str, str] | None = None) -> float:
+    """Predicted milliseconds per step of the HLO module in ``path``.
+
+    A module XLA has compiled is predicted as it is (``xla_flags`` must then be empty: they
+    cannot change a compiled program; ``nccl_env`` can). A module before optimization (XLA's benchmark
+    modules, a dump's ``*.before_optimizations.txt``) is compiled deviceless for its device
+    count on ``hardware`` (``nodes`` = that count / GPUs per node unless given) with
+    ``xla_flags``, and the compiled module is predicted. strategy as for
+    :func:`predict_train_step_ms`. Custom calls the installed XLA has no handler for
+    (Transformer Engine's fused attention) are mocked for that compile only and priced from
+    their operands and backend config (``lagom_jax.program.custom_calls``); a custom call no model
+    prices is named in a ``custom_calls.UnpricedWarning``. Raises ValueError for a flag the model cannot price, a
+    module that does not fit the cluster, or one XLA will not compile (one line with XLA's
+    message), and ``HloParseError`` for text that is not HLO.
+    """
+    _check_strategy(strategy)
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    options, cap = _split_flags(xla_flags)
+    unoptimized, why = hlo_compile.classify(text) if options else (True, "")
+    if not unoptimized:
+        raise ValueError(f"{os.fspath(path)} is already compiled ({why}); flags that change the "
+                         f"program ({', '.join(sorted(options))}) cannot apply to it")
+    # A module before optimization grows a one-node cluster to its device count (job.HloSource).
+    hw = _with_nccl_settings(hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware, cap, nccl_env)
+    source = job_lib.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))
+    done = job_lib.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False)
+    _warn_unpriced(done, os.fspath(path))
+    return done.predicted_ms(strategy)
+
+
+def _warn_unpriced(done: Any, where: str) -> None:
+    """Name the custom calls a prediction could not price (``custom_calls.UnpricedWarning``)."""
+    import warnings
+
+    for key, why in done.plan.decisions:
+        if key == "unpriced custom calls":
+            warnings.warn(f"{where}: unpriced custom calls in the prediction: {why}",
+                          custom_calls.UnpricedWarning, stacklevel=3)
+

@@ -1,0 +1,65 @@
+"""``CollectiveParams``: the per-collective NCCL choice that Lagom co-tunes.
+
+Algorithm, protocol, number of channels (one CTA on one SM each), chunk size and threads
+per CTA. It sits on the ground floor so that the cost model, the simulator, the passes,
+the search and the Plan share one definition without depending on each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+NcclAlgorithm = Literal["ring", "tree", "nvls"]
+NcclProtocol = Literal["LL", "LL128", "Simple"]
+# NVLS: NVLink SHARP, the reduction done by the NVSwitch (Hopper and newer), Simple only.
+ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls")
+PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
+
+# Kinds the tuner is consulted for, named as in lagom_jax.program.graph.COLLECTIVE_KINDS, with NCCL's ncclFunc_t
+# value (src/include/nccl_common.h of NCCL 2.30-era; older releases may not number all-to-all).
+TUNER_KINDS: dict[str, int] = {
+    "all-reduce": 4,
+    "all-gather": 2,
+    "reduce-scatter": 3,
+    "all-to-all": 8,
+    "broadcast": 0,
+    "reduce": 1,
+}
+# NCCL clamps CTAs per communicator to [1, MAXCHANNELS = 64] (NVIDIA/nccl src/init.cc,
+# src/include/device.h) and uses 64..640 threads per CTA (NCCL_NTHREADS, multiples of 64).
+MAX_CHANNELS = 64
+MIN_THREADS, MAX_THREADS = 64, 640
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CollectiveParams:
+    """One NCCL configuration for one collective call."""
+
+    algorithm: NcclAlgorithm = "ring"
+    protocol: NcclProtocol = "Simple"
+    nchannels: int = 1
+    chunk_bytes: int = 2 << 20
+    nthreads: int = 512
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r} (known: {', '.join(ALGORITHMS)})")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {self.protocol!r} (known: {', '.join(PROTOCOLS)})")
+        if self.algorithm == "nvls" and self.protocol != "Simple":
+            raise ValueError(f"NCCL runs NVLS with the Simple protocol only, got {self.protocol!r}")
+        if not 1 <= self.nchannels <= MAX_CHANNELS:
+            raise ValueError(f"nchannels must be in [1, {MAX_CHANNELS}], got {self.nchannels}")
+        if self.chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
+        if not (MIN_THREADS <= self.nthreads <= MAX_THREADS and self.nthreads % 64 == 0):
+            raise ValueError(
+                f"nthreads must be a multiple of 64 in [{MIN_THREADS}, {MAX_THREADS}], got {self.nthreads}"
+            )
+
+    def describe(self) -> str:
+        return (
+            f"{self.algorithm}/{self.protocol} nc={self.nchannels} "
+            f"chunk={self.chunk_bytes // 1024}KiB nt={self.nthreads}"
+        )

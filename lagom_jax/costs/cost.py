@@ -1,0 +1,746 @@
+"""The unified cost model: compute, collectives, and the contention between them.
+
+Split the way XLA splits its latency-hiding scheduler (``latency_hiding_scheduler.h``):
+
+* ``CostConfig`` — one struct with every constant of the model: NCCL's latency and
+  protocol tables (transcribed from NVIDIA/nccl ``src/graph/tuning.cc`` v2.30.7) and the
+  few contention constants, each with its source.
+* the estimator — ``collective_time_us`` and ``compute_time_us``: small documented
+  formulas, pure functions of (what, how much, params, hardware);
+* ``ResourceTracker`` — the SMs and HBM bandwidth that running collectives hold, and what
+  compute gets from what is left;
+* the driver lives one floor up (``simulate``).
+
+Collective time (running alone)::
+
+    t = launch + latency(algorithm, protocol, link, steps)
+        + wire_bytes / busbw(nchannels, protocol, nthreads, link)
+        + chunks_per_channel * per_chunk_overhead + one chunk at one channel's rate
+
+``wire_bytes`` are nccl-tests *bus* bytes (all-reduce 2(n-1)/n x nBytes on a ring,
+2 x nBytes on a tree), so ``busbw`` is directly comparable with published busBw. Bus
+bandwidth grows by one channel's rate per channel until the link saturates. Small chunks
+pay a synchronisation per chunk; big chunks pay pipeline fill.
+
+Contention: a collective with ``nc`` channels holds ``nc`` SMs (one CTA each) and HBM
+bandwidth in proportion to the bytes it moves; overlapping compute runs at the rate the
+remaining SMs and bandwidth allow (roofline).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from lagom_jax import hashing
+from lagom_jax.cluster import collective_tables
+from lagom_jax.cluster.hardware import HardwareProfile
+from lagom_jax.cluster.params import CollectiveParams, MAX_CHANNELS
+from lagom_jax.costs import kernels
+
+PROTOCOL_INDEX = {"LL": 0, "LL128": 1, "Simple": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class CostConfig:
+    """Every constant of the cost model, with its source.
+
+    Latency tables are NCCL's ``baseLat`` / ``hwLat`` (us), indexed [LL, LL128, Simple]
+    (NVIDIA/nccl ``src/graph/tuning.cc`` v2.30.7).
+    """
+
+    base_lat_ring: tuple[float, float, float] = (6.6, 14.0, 8.4)
+    base_lat_tree: tuple[float, float, float] = (6.8, 14.0, 8.4)
+    hop_lat_ring: tuple[tuple[str, tuple[float, float, float]], ...] = (
+        ("nvlink", (0.6, 1.9, 3.4)),
+        ("pcie", (1.0, 2.5, 5.7)),
+        ("net", (2.7, 4.0, 14.0)),
+    )
+    hop_lat_tree: tuple[tuple[str, tuple[float, float, float]], ...] = (
+        ("nvlink", (0.6, 1.25, 4.0)),
+        ("pcie", (1.0, 1.9, 4.0)),
+        ("net", (5.0, 8.5, 14.0)),
+    )
+    # Multi-node ring: per-step network overhead 1 us (Intel host), x3 for Simple; Ring/
+    # Simple all-reduce latency x1.4 (x1.9 before Ampere) once nBytes/(nc*n) >= 64.
+    net_overhead_us: float = 1.0
+    multinode_simple_lat_factor: tuple[tuple[str, float], ...] = (
+        ("volta", 1.9), ("ampere", 1.4), ("hopper", 1.4), ("blackwell", 1.4))
+    # Protocol efficiency on the wire: LL carries 8 B data per 16 B line (x0.5), LL128
+    # 120 of 128 B (NCCL applies x0.92); Simple is the measured peak (the busBw caps of
+    # HardwareProfile are Simple measurements).
+    ll_factor: float = 0.5
+    ll128_factor: float = 0.92
+    tree_factor: float = 0.92
+    tree_ll_factor: float = 1 / 3.8
+    tree_ll128_factor_1node: float = 7 / 9
+    tree_ll128_factor_multinode: float = 120 / 128
+    # llMaxBw (GB/s): one node by GPU arch; multi-node (Intel host) 2 nodes / more.
+    ll_max_gbps: tuple[tuple[str, float], ...] = (
+        ("volta", 39.0), ("ampere", 87.7), ("hopper", 141.0), ("blackwell", 2 * 141.0))
+    ll_max_multinode_gbps: tuple[float, float] = (39.0, 20.4)
+    # Per *search* channel caps (GB/s), columns 1 node / 2 nodes / >2 nodes; NCCL runs
+    # two CTAs per search channel, so the per-CTA cap is half.
+    per_ch_ring_ll128: tuple[tuple[str, float], ...] = (
+        ("volta", 20.0), ("ampere", 20.0), ("hopper", 36.7), ("blackwell", 40.0))
+    per_ch_tree: tuple[tuple[str, tuple[float, float, float]], ...] = (
+        ("volta", (26.5, 18.5, 10.0)), ("ampere", (24.0, 23.6, 17.8)), ("hopper", (38.7, 41.4, 36.0)),
+        ("blackwell", (70.0, 42.8, 24.0)))
+    per_ch_tree_ll128: tuple[tuple[str, tuple[float, float, float]], ...] = (
+        ("volta", (20.0, 20.0, 20.0)), ("ampere", (20.0, 20.0, 20.0)), ("hopper", (36.7, 36.7, 29.0)),
+        ("blackwell", (55.6, 31.67, 20.0)))
+    ctas_per_search_channel: int = 2
+    # Threads per CTA at which one channel reaches its full rate: NCCL's defaults
+    # (512 for LL and Simple, 640 for LL128). Fewer threads move proportionally less.
+    full_rate_threads: tuple[int, int, int] = (512, 640, 512)
+    # Part of a step's hop latency paid again for every chunk a channel moves: the
+    # flag/FIFO handshake per chunk. NCCL keeps 8 steps in flight (NCCL_STEPS), so one
+    # in 8 handshakes is exposed. No published chunk sweep was found to calibrate it.
+    chunk_sync_fraction: float = 1 / 8
+    # Local HBM traffic per bus byte of a ring collective: the peer's write into the
+    # receive buffer plus the read that forwards or reduces it (assumption; calibrated so
+    # that memory-bound compute overlapped with a saturated all-reduce slows by ~40%,
+    # the worst case of ISPASS'25, arXiv 2507.03114).
+    hbm_bytes_per_bus_byte: float = 2.0
+    # NVLS: the switch reduces, so each GPU's HBM only serves its input once and takes the
+    # result once, 2 N bytes per 2(n-1)/n N bus bytes = n/(n-1) (8 GPUs; assumption from
+    # the data path of multimem load-reduce / store, not measured).
+    nvls_hbm_bytes_per_bus_byte: float = 8 / 7
+    # Bytes a protocol writes and reads per byte of data, [LL, LL128, Simple]: LL carries 8
+    # data bytes and 8 flag bytes per 16-byte line, LL128 120 data bytes per 128-byte line
+    # (NVIDIA/nccl src/include/device.h), so their HBM traffic is that much above the data's.
+    protocol_wire_bytes: tuple[float, float, float] = (2.0, 128 / 120, 1.0)
+    # A compute-bound kernel beside traffic that takes a share p of HBM bandwidth still slows,
+    # by (1 - p) ** -exponent: its operand loads queue behind the other traffic in L2 and
+    # HBM (the H100 probe: a cuBLAS GEMM ran 1.23x slower beside a copy of 702 GB/s on 8
+    # CTAs, 2.2x beside 1,859 GB/s on 32). Fitted with ``sm_share_per_channel`` to every
+    # source of ``benchmarks/contention.py``; 0 turns the term off.
+    hbm_pressure_exponent: float = 0.8
+    # Compute keeps at least this share of HBM bandwidth however much comm wants.
+    min_hbm_share: float = 0.1
+    # Anchor a collective inside one node to the measured time of NCCL's own choice
+    # (``collective_tables``: XLA's tables for H100/B200, nccl-tests for A100); False is
+    # NCCL's model alone.
+    measured_tables: bool = True
+    # What one channel beyond those that get work costs (us): NCCL never splits a
+    # collective below nthreads x bytes-per-thread per channel (``topoGetAlgoInfo``: 32 KiB
+    # for Simple), so a channel forced on a smaller share has no data, adds no bandwidth,
+    # and still launches a CTA that joins the kernel's end. The value is what NCCL's own
+    # rule implies: it stops adding channels where one more CTA saves 32 KiB / (24
+    # channels x 10-15 GB/s) = 0.09-0.14 us (A100/H100), so a CTA costs about that. No
+    # published channel sweep measures it.
+    idle_channel_us: float = 0.1
+    # NVLS all-reduce latency (us): NCCL's hwLat[NVLINK][NVLS] with base 0, one node
+    # (src/graph/tuning.cc); its time has no per-hop or per-chunk term in NCCL's model.
+    nvls_lat_us: float = 25.0
+    # Pipeline steps of an NVLS all-reduce that fill before data flows: a reduce through
+    # the switch (multimem load-reduce) and a broadcast back (multimem store).
+    nvls_steps: int = 2
+
+    # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
+    __hash__ = hashing.hash_fields_once
+    __getstate__ = hashing.state_without_hash
+
+    def lookup(self, table: tuple[tuple[str, object], ...], key: str):  # noqa: ANN201 - generic row
+        for k, v in table:
+            if k == key:
+                return v
+        raise KeyError(f"no entry {key!r} in cost table (known: {[k for k, _ in table]})")
+
+
+DEFAULT_COSTS = CostConfig()
+
+
+def _link_kind(hw: HardwareProfile, nodes: int) -> str:
+    return "net" if nodes > 1 else hw.intra_link
+
+
+def _link_caps(hw: HardwareProfile, nodes: int, share: float = 1.0) -> tuple[float, float]:
+    """(busBw at saturation, busBw of one channel) for a group spanning ``nodes`` nodes
+    that has ``share`` of each node's network (``net_share``)."""
+    if nodes > 1:
+        return (min(hw.intra_busbw_gbps, hw.net_busbw_gbps * share),
+                min(hw.intra_channel_gbps, hw.net_channel_gbps))
+    return hw.intra_busbw_gbps, hw.intra_channel_gbps
+
+
+def net_share(hw: HardwareProfile, group_size: int, nodes: int) -> float:
+    """The share of each node's network one group spanning ``nodes`` nodes gets.
+
+    In an SPMD step every device runs the same collective at the same time, so a group
+    with ``group_size / nodes`` GPUs on a node runs beside the groups of the node's other
+    GPUs, and each GPU drives its own NIC (rail-optimised nodes: one NIC per GPU, or a
+    NIC shared by a fixed pair of GPUs). The group gets its GPUs' part of the node's
+    network: a data-parallel all-reduce with one GPU per node gets 1/8 of an 8-GPU node's
+    bandwidth, the other seven GPUs' groups the rest.
+    """
+    if nodes <= 1:
+        return 1.0
+    return min(1.0, group_size / nodes / hw.gpus_per_node)
+
+
+def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams) -> None:
+    if nbytes < 0:
+        raise ValueError(f"{kind}: nbytes must be >= 0, got {nbytes}")
+    if group_size < 1 or nodes < 1 or nodes > group_size:
+        raise ValueError(f"{kind}: need 1 <= nodes <= group_size, got nodes={nodes}, group_size={group_size}")
+    if params.algorithm != "ring" and kind != "all-reduce":
+        raise ValueError(f"{kind}: NCCL's {params.algorithm} algorithm is modelled only for all-reduce; "
+                         "use algorithm='ring'")
+    if params.algorithm == "nvls" and nodes > 1:
+        raise ValueError(f"{kind}: NVLS is modelled inside one NVLink domain only (NCCL runs it across "
+                         "nodes only with CollNet), got nodes={nodes}")
+
+
+def bus_factor(kind: str, algorithm: str, n: int) -> float:
+    """Bus bytes per nBytes (nccl-tests busBw convention; tree all-reduce algBw = busBw/2)."""
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2.0 if algorithm == "tree" else 2.0 * (n - 1) / n
+    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (n - 1) / n
+    if kind == "collective-permute":
+        return 1.0
+    raise ValueError(f"unknown collective kind {kind!r} (known: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute)")
+
+
+def ring_steps(kind: str, n: int) -> int:
+    """Pipelined ring steps: 2(n-1) for all-reduce, n-1 for the others, 1 for a permute."""
+    if kind == "all-reduce":
+        return 2 * (n - 1)
+    if kind == "collective-permute":
+        return 1
+    return n - 1
+
+
+def latency_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
+               hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """NCCL's latency composition (``ncclTopoGetAlgoTime``), without launch overhead."""
+    lat, factor = _latency_parts(kind, n, nodes, params, hw, cfg)
+    if factor is not None and nbytes / (params.nchannels * n) >= 64:
+        lat *= factor
+    return lat
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
+                   hw: HardwareProfile, cfg: CostConfig) -> tuple[float, float | None]:
+    """The latency without its one size-dependent term, and that term: the factor NCCL
+    applies to multi-node Ring/Simple all-reduce once nBytes/(nc*n) >= 64 (None when it
+    cannot apply). Split so that the latency is tabulated once per (shape, params)."""
+    p = PROTOCOL_INDEX[params.protocol]
+    if n <= 1:
+        return 0.0, None
+    intra_kind = hw.intra_link
+    if params.algorithm == "nvls":
+        return cfg.nvls_lat_us, None
+    if params.algorithm == "tree":
+        base = cfg.base_lat_tree[p]
+        intra = cfg.lookup(cfg.hop_lat_tree, intra_kind)[p]
+        inter = cfg.lookup(cfg.hop_lat_tree, "net")[p]
+        per_node = max(n // nodes, 1)
+        return base + 2 * ((per_node - 1) * intra + math.log2(nodes) * inter), None
+    base = cfg.base_lat_ring[p]
+    intra = cfg.lookup(cfg.hop_lat_ring, intra_kind)[p]
+    steps = ring_steps(kind, n)
+    if nodes <= 1:
+        return base + steps * intra, None
+    n_inter = 2 * (nodes - 1) if kind == "all-reduce" else nodes - 1
+    n_inter = min(n_inter, steps)
+    net_ovh = cfg.net_overhead_us * (3 if params.protocol == "Simple" else 1)
+    # One GPU per node: every hop crosses the network, NCCL uses the tree's net latency.
+    inter_table = cfg.hop_lat_tree if n == nodes else cfg.hop_lat_ring
+    inter = cfg.lookup(inter_table, "net")[p]
+    lat = base + (steps - n_inter) * max(intra, net_ovh) + n_inter * inter
+    if kind == "all-reduce" and params.protocol == "Simple":
+        return lat, cfg.lookup(cfg.multinode_simple_lat_factor, hw.arch)
+    return lat, None
+
+
+def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
+               cfg: CostConfig = DEFAULT_COSTS, share: float = 1.0) -> float:
+    """Bus bandwidth of one collective with ``params`` on the link its group spans, with
+    ``share`` of each node's network (``net_share``) when it spans nodes.
+
+    Grows by one channel's rate per channel (scaled by threads per CTA) until the link
+    saturates, then the protocol's efficiency and NCCL's per-protocol caps apply.
+    """
+    return _busbw(params.algorithm, params.protocol, params.nchannels, params.nthreads, hw, nodes, cfg, share)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwareProfile, nodes: int,
+           cfg: CostConfig, share: float = 1.0) -> float:
+    """``busbw_gbps`` by fields, so one channel's rate needs no new CollectiveParams."""
+    cap, per_ch = _link_caps(hw, nodes, share)
+    p = PROTOCOL_INDEX[protocol]
+    per_ch *= min(1.0, nthreads / cfg.full_rate_threads[p])
+    col = 0 if nodes <= 1 else 1 if nodes == 2 else 2
+    cta = cfg.ctas_per_search_channel
+    ll_max = (cfg.lookup(cfg.ll_max_gbps, hw.arch) if nodes <= 1
+              else cfg.ll_max_multinode_gbps[0 if nodes == 2 else 1])
+    if algorithm == "nvls":
+        if not hw.nvls_channels:
+            raise ValueError(f"{hw.name} has no NVLS (no NVSwitch of Hopper or newer)")
+        per_nvls = hw.nvls_busbw_gbps / hw.nvls_channels * min(1.0, nthreads / cfg.full_rate_threads[p])
+        return min(nc * per_nvls, hw.nvls_busbw_gbps)
+    if algorithm == "tree":
+        tree_ch = cfg.lookup(cfg.per_ch_tree, hw.arch)[col] / cta
+        bw = min(nc * min(per_ch, tree_ch), cap) * cfg.tree_factor
+        if protocol == "LL":
+            return min(bw * cfg.tree_ll_factor, ll_max)
+        if protocol == "LL128":
+            f = cfg.tree_ll128_factor_1node if nodes <= 1 else cfg.tree_ll128_factor_multinode
+            return min(bw * f, nc * cfg.lookup(cfg.per_ch_tree_ll128, hw.arch)[col] / cta)
+        return bw
+    if protocol == "LL":
+        return min(min(nc * per_ch, cap) * cfg.ll_factor, ll_max)
+    if protocol == "LL128":
+        ll128_ch = cfg.lookup(cfg.per_ch_ring_ll128, hw.arch) / cta
+        return min(nc * min(per_ch, ll128_ch), cap) * cfg.ll128_factor
+    return min(nc * per_ch, cap)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
+                       params: CollectiveParams, hw: HardwareProfile,
+                       cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """Time of one collective running alone (us). ``nodes`` = nodes the group spans."""
+    _check_args(kind, nbytes, group_size, nodes, params)
+    if group_size <= 1:
+        return hw.launch_us
+    return _time_from_terms(nbytes, group_size, params, _size_free_terms(kind, group_size, nodes, params, hw, cfg),
+                            hw, cfg) * measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
+
+
+def measured_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                   cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """Measured over modelled time of NCCL's own choice for this collective
+    (``collective_tables``), the factor every candidate's time is scaled by; 1 for groups
+    spanning nodes, without a table, or with ``measured_tables`` off."""
+    if not cfg.measured_tables or nodes > 1 or group_size <= 1 or nbytes <= 0 or not hw.collective_table:
+        return 1.0
+    a = _anchor(kind, group_size, hw, cfg)
+    if a is None:
+        return 1.0
+    size = nbytes * a.scale
+    if size < a.smallest[0]:
+        return a.smallest[1] / _raw_default_us(a.kind, size, a.ranks, hw, cfg)
+    return collective_tables.interpolate(a.points, math.log(size))
+
+
+def _raw_default_us(kind: str, nbytes: float, n: int, hw: HardwareProfile, cfg: CostConfig) -> float:
+    """The model alone under NCCL's own choice, inside one node."""
+    return default_time_us(kind, nbytes, n, 1, hw.with_nodes(1), dataclasses.replace(cfg, measured_tables=False))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _anchor(kind: str, group_size: int, hw: HardwareProfile, cfg: CostConfig) -> collective_tables.Anchor | None:
+    return collective_tables.anchor(hw.collective_table, kind, group_size,
+                                    lambda k, b, n: _raw_default_us(k, b, n, hw, cfg))
+
+
+_Terms = tuple[float, float, float, float, int, float, "float | None"]
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw: HardwareProfile,
+                     cfg: CostConfig) -> _Terms:
+    """The terms of ``collective_time_us`` that do not depend on the size: bus bytes per
+    nBytes, busBw and one channel's busBw (bytes/us), per-chunk hop latency, pipeline
+    steps, and the latency with its size-dependent factor (``_latency_parts``). The
+    search times every candidate of every collective size, so these are tabulated once
+    per (kind, group, params) instead of once per size."""
+    share = net_share(hw, n, nodes)
+    bw = busbw_gbps(params, hw, nodes, cfg, share) * 1e3  # bytes per us
+    one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg, share) * 1e3
+    p = PROTOCOL_INDEX[params.protocol]
+    hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
+    hop = 0.0 if params.algorithm == "nvls" else cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
+    steps = (ring_steps(kind, n) if params.algorithm == "ring" else cfg.nvls_steps if params.algorithm == "nvls"
+             else 2 * max(n // nodes, 1))
+    return (bus_factor(kind, params.algorithm, n), bw, one_ch, hop, steps,
+            *_latency_parts(kind, n, nodes, params, hw, cfg))
+
+
+def _time_from_terms(nbytes: float, n: int, params: CollectiveParams, terms: _Terms,
+                     hw: HardwareProfile, cfg: CostConfig) -> float:
+    """The collective-time formula of the module docstring, for a group of n > 1 ranks."""
+    bus, bw, one_ch, hop, steps, lat, lat_factor = terms
+    if lat_factor is not None and nbytes / (params.nchannels * n) >= 64:
+        lat *= lat_factor
+    wire = nbytes * bus
+    busy = working_channels(nbytes, n, params)
+    bw = min(bw, busy * one_ch)
+    per_channel = wire / busy
+    chunks = math.ceil(per_channel / params.chunk_bytes)
+    fill = min(params.chunk_bytes, per_channel / steps) / one_ch
+    return (hw.launch_us + lat + wire / bw + chunks * hop * cfg.chunk_sync_fraction + fill
+            + (params.nchannels - busy) * cfg.idle_channel_us)
+
+
+def working_channels(nbytes: float, n: int, params: CollectiveParams) -> int:
+    """Channels that get data: NCCL gives each channel at least nthreads x bytes-per-thread
+    (``_BYTES_PER_THREAD``; ring LL x ranks), the rule by which it cuts its own channel
+    count for small messages (``nccl_default_params``). NVLS always runs all its CTAs."""
+    if params.algorithm == "nvls":
+        return params.nchannels
+    thr = _BYTES_PER_THREAD[params.protocol] * (n if params.protocol == "LL" and params.algorithm == "ring" else 1)
+    return max(1, min(params.nchannels, int(nbytes // (params.nthreads * thr))))
+
+
+def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
+                      hw: HardwareProfile, cfg: CostConfig) -> float:
+    """NCCL's own prediction ``lat + nBytes / algBw`` (no chunk terms), used to pick algo/proto."""
+    wire = nbytes * bus_factor(kind, params.algorithm, n)
+    bw = busbw_gbps(params, hw, nodes, cfg, net_share(hw, n, nodes))
+    return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (bw * 1e3)
+
+
+# NCCL's per-protocol defaults (NVIDIA/nccl v2.30.7: threads in src/graph/tuning.cc and
+# src/include/device.h, bytes per thread in src/include/comm.h, chunks in src/enqueue.cc
+# calcCollChunking from the buffer sizes in src/init.cc).
+_DEFAULT_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
+_BYTES_PER_THREAD = {"LL": 8, "LL128": 8, "Simple": 64}  # ring LL: x nRanks
+_LL_CHUNK = 32 << 10
+_LL128_CHUNK = 576_000  # 4,915,200 B buffer / 8 steps x 120/128
+_SIMPLE_RING_CHUNK = 2 << 20  # 4 MiB buffer / 8 steps x 4 chunk steps
+_SIMPLE_OTHER_CHUNK = 512 << 10
+_NVLS_CHUNK = 128 << 10
+
+
+def _protocols(hw: HardwareProfile, algorithm: str) -> tuple[str, ...]:
+    """The protocols NCCL runs ``algorithm`` with here, under the cluster's NCCL_PROTO."""
+    own = ("Simple",) if algorithm == "nvls" else ("LL", "LL128", "Simple") if hw.ll128_enabled else ("LL", "Simple")
+    return tuple(p for p in own if hw.nccl_env.allows_protocol(p))
+
+
+def nvls_shape(kind: str, n: int, nodes: int) -> bool:
+    """Whether NCCL can run NVLS for this collective where the system has NVLS: all-reduces
+    over more than one GPU inside one NVLink domain (the model's NVLS)."""
+    return kind == "all-reduce" and nodes <= 1 and n > 1
+
+
+def _algorithms(kind: str, n: int, nodes: int, hw: HardwareProfile) -> tuple[str, ...]:
+    """The (algorithm, protocol) pairs NCCL may pick for this collective, in its scan
+    order (Tree, Ring, NVLS), under the cluster's NCCL settings; ValueError where those
+    settings leave none (NCCL fails such a call: "no algorithm/protocol available")."""
+    own = ["ring"]
+    if kind == "all-reduce":
+        if n > 2:
+            own.insert(0, "tree")
+        if hw.has_nvls and nvls_shape(kind, n, nodes):
+            own.append("nvls")
+    pairs = tuple((a, p) for a in own if hw.nccl_env.allows_algorithm(a) for p in _protocols(hw, a))
+    if not pairs:
+        raise ValueError(f"{kind} over {n} GPUs: the NCCL settings {hw.nccl_env.describe()} leave it no "
+                         f"algorithm and protocol NCCL can run ({', '.join(own)})")
+    return pairs
+
+
+def _default_threads(algorithm: str, protocol: str) -> int:
+    return 640 if algorithm == "tree" else _DEFAULT_THREADS[protocol]
+
+
+def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile) -> int:
+    if algorithm == "nvls":
+        return _NVLS_CHUNK
+    if protocol == "LL":
+        return _LL_CHUNK
+    if protocol == "LL128":
+        return _LL128_CHUNK
+    if algorithm == "ring" and kind in ("all-reduce", "all-gather", "reduce-scatter"):
+        return _SIMPLE_RING_CHUNK
+    if kind in ("all-to-all", "collective-permute") and hw.intra_link == "pcie":
+        return 128 << 10  # NCCL_P2P_PCI_CHUNKSIZE
+    return _SIMPLE_OTHER_CHUNK
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
+                        hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS) -> CollectiveParams:
+    """What NCCL itself would run: algorithm/protocol by its minimum predicted time
+    (scan order Tree, Ring x LL, LL128, Simple; strict <, so ties keep the earlier), then
+    its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
+    then threads halved), and its default chunk size."""
+    best: tuple[float, CollectiveParams] | None = None
+    for algo, proto in _algorithms(kind, group_size, nodes, hw):
+        p = CollectiveParams(algo, proto, _init_channels(algo, hw), _default_chunk(kind, algo, proto, hw),
+                             _default_threads(algo, proto))
+        t = _nccl_estimate_us(kind, nbytes, group_size, nodes, p, hw, cfg)
+        if best is None or t < best[0]:
+            best = (t, p)
+    assert best is not None
+    p = best[1]
+    if p.algorithm == "nvls":
+        return p
+    thr = _BYTES_PER_THREAD[p.protocol] * (group_size if p.protocol == "LL" and p.algorithm == "ring" else 1)
+    nc, nt = p.nchannels, p.nthreads
+    while nbytes < nc * nt * thr:
+        if nc > 1:
+            nc -= 1
+        elif nt % 128 == 0:
+            nt //= 2
+        else:
+            break
+    return dataclasses.replace(p, nchannels=nc, nthreads=nt)
+
+
+def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                    cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """A collective's time alone under NCCL's own choice of parameters."""
+    params = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
+    return collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
+
+
+def _init_channels(algorithm: str, hw: HardwareProfile) -> int:
+    """CTAs NCCL's communicator gives ``algorithm``: nvlsCTAs for NVLS, else the
+    communicator's channels (both capped by maxCTAs, ``hw.nccl_channels``)."""
+    return min(hw.nvls_channels, hw.nccl_channels) if algorithm == "nvls" else hw.nccl_channels
+
+
+_CHANNEL_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+
+def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
+                     hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS) -> tuple[CollectiveParams, ...]:
+    """The search space for one collective, sorted: every (algorithm, protocol) NCCL
+    allows here x a channel ladder (plus NCCL's count) up to the SMs available; for
+    Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
+    """
+    fixed = _size_free_candidates(kind, group_size, nodes, hw)
+    default = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
+    i = bisect.bisect_left(fixed, default)
+    if i < len(fixed) and fixed[i] == default:
+        return fixed
+    return fixed[:i] + (default,) + fixed[i:]
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwareProfile
+                          ) -> tuple[CollectiveParams, ...]:
+    """``candidate_params`` without NCCL's pick, the only member that depends on the size
+    (sorting ~60 ordered dataclasses per collective size cost more than timing them).
+    NVLS runs its communicator's CTAs whatever a call asks (NCCL), so it has one member."""
+    max_nc = min(MAX_CHANNELS, hw.sm_count - 1)
+    ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {min(hw.nccl_channels, max_nc)})
+    out = set()
+    for algo, proto in _algorithms(kind, group_size, nodes, hw):
+        chunk = _default_chunk(kind, algo, proto, hw)
+        nt = _default_threads(algo, proto)
+        if algo == "nvls":
+            out.add(CollectiveParams(algo, proto, _init_channels(algo, hw), chunk, nt))
+            continue
+        for nc in ladder:
+            out.add(CollectiveParams(algo, proto, nc, chunk, nt))
+            if proto == "Simple":
+                out.add(CollectiveParams(algo, proto, nc, chunk // 4, nt))
+                out.add(CollectiveParams(algo, proto, nc, chunk, nt // 2 // 64 * 64))
+    return tuple(sorted(out))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                    cfg: CostConfig = DEFAULT_COSTS) -> tuple[tuple[CollectiveParams, float], ...]:
+    """Every ``candidate_params`` entry with its ``collective_time_us``, in the same order:
+    the one tabulation per collective size that the overlap bound and the search share."""
+    cands = candidate_params(kind, nbytes, group_size, nodes, hw, cfg)
+    if group_size <= 1:
+        return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw, cfg)) for p in cands)
+    # The size-free candidates are timed from their tabulated terms (no cache lookup per
+    # candidate); NCCL's pick, when it is not one of them, through collective_time_us.
+    ratio = measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
+    fixed, columns = _size_free_columns(kind, group_size, nodes, hw, cfg)
+    _check_args(kind, nbytes, group_size, nodes, fixed[0])  # the size's checks; the params are valid here
+    out = list(zip(fixed, (_times_from_columns(nbytes, group_size, columns, hw, cfg) * ratio).tolist()))
+    if len(out) < len(cands):
+        i = next((i for i, (p, _) in enumerate(out) if p != cands[i]), len(out))
+        out.insert(i, (cands[i], collective_time_us(kind, nbytes, group_size, nodes, cands[i], hw, cfg)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _size_free_columns(kind: str, group_size: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
+                       ) -> tuple[tuple[CollectiveParams, ...], dict[str, np.ndarray]]:
+    """The size-free candidates of one (kind, group) and their ``_size_free_terms`` as
+    columns, one entry per candidate, for ``_times_from_columns``."""
+    fixed = _size_free_candidates(kind, group_size, nodes, hw)
+    terms = [_size_free_terms(kind, group_size, nodes, p, hw, cfg) for p in fixed]
+    bus, bw, one_ch, hop, steps, lat, factor = (np.array(c, dtype=float) for c in zip(
+        *((*t[:6], math.nan if t[6] is None else t[6]) for t in terms)))
+    nvls = np.array([p.algorithm == "nvls" for p in fixed])
+    per_thread = np.array([p.nthreads * _BYTES_PER_THREAD[p.protocol]
+                           * (group_size if p.protocol == "LL" and p.algorithm == "ring" else 1) for p in fixed],
+                          dtype=float)
+    return fixed, dict(bus=bus, bw=bw, one_ch=one_ch, hop=hop, steps=steps, lat=lat, factor=factor,
+                       nc=np.array([p.nchannels for p in fixed], dtype=float),
+                       chunk=np.array([p.chunk_bytes for p in fixed], dtype=float),
+                       per_thread=per_thread, nvls=nvls)
+
+
+def _times_from_columns(nbytes: float, n: int, c: dict[str, np.ndarray], hw: HardwareProfile, cfg: CostConfig
+                        ) -> np.ndarray:
+    """``_time_from_terms`` of every size-free candidate at once, in the same operations
+    and order (so the same floats): a search tabulates thousands of collective sizes."""
+    nc = c["nc"]
+    lat = np.where(~np.isnan(c["factor"]) & (nbytes / (nc * n) >= 64), c["lat"] * c["factor"], c["lat"])
+    wire = nbytes * c["bus"]
+    busy = np.where(c["nvls"], nc, np.maximum(1.0, np.minimum(nc, np.floor_divide(nbytes, c["per_thread"]))))
+    bw = np.minimum(c["bw"], busy * c["one_ch"])
+    per_channel = wire / busy
+    chunks = np.ceil(per_channel / c["chunk"])
+    fill = np.minimum(c["chunk"], per_channel / c["steps"]) / c["one_ch"]
+    return (hw.launch_us + lat + wire / bw + chunks * c["hop"] * cfg.chunk_sync_fraction + fill
+            + (nc - busy) * cfg.idle_channel_us)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def fastest_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                    cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """The collective's time alone at its fastest candidate (for the overlap bound)."""
+    return min(t for _, t in candidate_times(kind, nbytes, group_size, nodes, hw, cfg))
+
+
+def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
+                    sms_taken: float = 0.0, hbm_gbps_taken: float = 0.0,
+                    gemm: tuple[int, ...] = (), itemsize: int = 2, attention: bool = False,
+                    kernel: str = "", cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """Time of one compute kernel on the SMs and HBM bandwidth left over.
+
+    A kernel that runs a matmul (``gemm`` = (batch, m, n, k)) is timed by its shape
+    (`kernels.gemm_time_us`: waves of tiles on the SMs left), and by its bytes where its
+    other operands make it memory-bound; any other kernel by the roofline of its FLOPs
+    and bytes. Matmul throughput scales with the SMs left (a channel's CTA holds its SM
+    for the collective's whole duration); bandwidth is what the collectives leave, but
+    never below ``min_hbm_share`` of the achieved rate. A library kernel with its own
+    measured rate (``kernel``: cuDNN attention, fp8 matmuls; `kernels.kernel_tflops`) runs
+    at that rate instead of the BF16 matmul rate.
+    """
+    if flops < 0 or nbytes < 0:
+        raise ValueError(f"flops and bytes must be >= 0, got flops={flops}, bytes={nbytes}")
+    sm_left = max(hw.sm_count - sms_taken, 1.0) / hw.sm_count
+    hbm = max(hw.achieved_hbm_gbps - hbm_gbps_taken, cfg.min_hbm_share * hw.achieved_hbm_gbps)
+    memory = hw.launch_us + nbytes / (hbm * 1e3)
+    pressure = 1.0
+    if hbm_gbps_taken > 0 and cfg.hbm_pressure_exponent:
+        pressure = (hbm / hw.achieved_hbm_gbps) ** -cfg.hbm_pressure_exponent
+    own_rate = kernels.kernel_tflops(kernel, hw) if kernel else None
+    if gemm:
+        batch, m, n, k = gemm
+        shape = dict(batch=batch, itemsize=itemsize, sm_fraction=sm_left, tflops=own_rate)
+        own = kernels.gemm_time_us(m, n, k, hw, **shape, hbm_gbps=hbm)
+        if pressure == 1.0:
+            return max(own, memory)
+        return max(kernels.gemm_time_us(m, n, k, hw, **shape) * pressure, own, memory)
+    rate = own_rate or (hw.attention_tflops if attention and hw.attention_tflops else hw.achieved_tflops)
+    return max(hw.launch_us + flops / (rate * 1e6 * sm_left) * pressure, memory)
+
+
+def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,
+                      cfg: CostConfig = DEFAULT_COSTS, kind: str = "", bus_gbps: float | None = None
+                      ) -> tuple[float, float]:
+    """(SMs, HBM GB/s) a running ``kind`` collective takes from compute.
+
+    SMs: the hardware's ``sm_share_per_channel`` per channel, none where the cluster's NCCL
+    settings hand the collective to the copy engines (``NcclEnv.copy_engine``). HBM:
+    ``hbm_bytes_per_bus_byte`` (NVLS: ``nvls_hbm_bytes_per_bus_byte``) per bus byte, times
+    the protocol's wire bytes per data byte (``protocol_wire_bytes``), at
+    ``bus_gbps``, the rate its bus bytes move (default: the bus bandwidth of ``params``,
+    what a bandwidth-bound collective moves; ``collective_resource_use`` gives the rate of
+    one collective), wherever it runs.
+    """
+    sms, peak, per_bus_byte = _resource_terms(params, hw, nodes, cfg, kind)
+    return sms, (peak if bus_gbps is None else min(bus_gbps, peak)) * per_bus_byte
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _resource_terms(params: CollectiveParams, hw: HardwareProfile, nodes: int, cfg: CostConfig, kind: str
+                    ) -> tuple[float, float, float]:
+    """(SMs held, peak bus GB/s, HBM bytes per bus byte) of ``comm_resource_use``: the same
+    few params come back for every collective size the search prices."""
+    sms = 0.0 if hw.nccl_env.copy_engine(kind, nodes) else params.nchannels * hw.sm_share_per_channel
+    per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if params.algorithm == "nvls" else cfg.hbm_bytes_per_bus_byte
+    per_bus_byte *= cfg.protocol_wire_bytes[PROTOCOL_INDEX[params.protocol]]
+    return sms, busbw_gbps(params, hw, nodes, cfg), per_bus_byte
+
+
+def collective_resource_use(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams,
+                            hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS,
+                            time_us: float | None = None) -> tuple[float, float]:
+    """(SMs, HBM GB/s) one collective takes from compute while it runs: its CTAs for its
+    whole duration, and HBM at the rate its bus bytes really move over that duration
+    (bus bytes / its time, ``time_us`` when the caller has it), not the link's peak: a
+    latency-bound collective holds its CTAs but moves few bytes."""
+    if time_us is None:
+        time_us = collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
+    rate = nbytes * bus_factor(kind, params.algorithm, group_size) / max(time_us, 1e-9) / 1e3
+    return comm_resource_use(params, hw, nodes=nodes, cfg=cfg, kind=kind, bus_gbps=rate)
+
+
+def candidate_resources(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                        cfg: CostConfig = DEFAULT_COSTS) -> tuple[tuple[CollectiveParams, float, float, float], ...]:
+    """Every ``candidate_times`` entry with the resources it holds: (params, time alone us,
+    SMs, HBM GB/s), as ``collective_resource_use`` gives them, in one pass (the search's
+    Pareto front is cut from this table once per collective size)."""
+    out = []
+    table = _size_free_resources(kind, group_size, nodes, hw, cfg)
+    for p, time_us in candidate_times(kind, nbytes, group_size, nodes, hw, cfg):
+        sms, peak, per_bus_byte, bus = table.get(p) or (*_resource_terms(p, hw, nodes, cfg, kind),
+                                                         bus_factor(kind, p.algorithm, group_size))
+        rate = nbytes * bus / max(time_us, 1e-9) / 1e3
+        out.append((p, time_us, sms, min(rate, peak) * per_bus_byte))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _size_free_resources(kind: str, group_size: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
+                         ) -> dict[CollectiveParams, tuple[float, float, float, float]]:
+    """Per size-free candidate: ``_resource_terms`` and its bus bytes per nBytes."""
+    return {p: (*_resource_terms(p, hw, nodes, cfg, kind), bus_factor(kind, p.algorithm, group_size))
+            for p in _size_free_candidates(kind, group_size, nodes, hw)}
+
+
+class ResourceTracker:
+    """SMs and HBM bandwidth held by the collectives running now.
+
+    The simulator acquires a collective's use when it starts and releases it when it
+    ends; compute asks for its slowdown factor under the current holdings.
+    """
+
+    __slots__ = ("hw", "sms", "hbm")
+
+    def __init__(self, hw: HardwareProfile) -> None:
+        self.hw = hw
+        self.sms = 0.0
+        self.hbm = 0.0
+
+    def acquire(self, use: tuple[float, float]) -> None:
+        self.sms += use[0]
+        self.hbm += use[1]
+
+    def release(self, use: tuple[float, float]) -> None:
+        sms, hbm = self.sms - use[0], self.hbm - use[1]  # never below zero (float rounding)
+        self.sms = sms if sms > 0.0 else 0.0
+        self.hbm = hbm if hbm > 0.0 else 0.0
+
+    @property
+    def idle(self) -> bool:
+        return self.sms <= 0.0 and self.hbm <= 0.0
+
+    def compute_time_us(self, flops: float, nbytes: float, gemm: tuple[int, ...] = (),
+                        itemsize: int = 2, attention: bool = False, kernel: str = "") -> float:
+        return compute_time_us(flops, nbytes, self.hw, sms_taken=self.sms, hbm_gbps_taken=self.hbm,
+                               gemm=gemm, itemsize=itemsize, attention=attention, kernel=kernel)
+
+
+def clear_caches() -> None:
+    """Forget every table this module cached (its ``lru_cache`` functions): a search timed
+    after this pays for tabulating its collectives, as a first search in a process does."""
+    for value in list(globals().values()):
+        if callable(getattr(value, "cache_clear", None)):
+            value.cache_clear()

@@ -1,0 +1,217 @@
+"""Kernel times on one GPU: matmuls by shape, memory-bound kernels, the optimizer step.
+
+One peak rate does not time a training step: a matmul's throughput depends on its shape.
+The GPU runs a matmul as output tiles, one thread block per tile, in waves of one block per
+SM; a wave that is not full wastes the idle SMs (*wave quantization*), and every tile pays
+a fixed prologue/epilogue besides its loop over the contraction dimension, so a short
+contraction runs below peak. NVIDIA's "Matrix Multiplication Background User's Guide"
+(docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication) describes
+both effects. The model::
+
+    waves   = ceil(batch * ceil(m / tile_m) * ceil(n / tile_n) / SMs)
+    compute = waves * 2 * tile_m * tile_n * (k + k_overhead) / (achieved rate / SMs)
+    memory  = itemsize * batch * (m*k + k*n + m*n) / achieved HBM bandwidth
+    time    = launch + fixed + max(compute, memory)
+
+The library picks the tile with the shortest time among ``GemmModel.tiles`` (smaller
+tiles fill more SMs at a lower per-tile rate). ``achieved rate`` is the hardware
+profile's best-shape matmul rate (MAMF). The constants are fitted to XLA's measured
+H100 matmul table (see ``GemmModel``). Memory-bound kernels (layer norms, softmax,
+element-wise fusions, the optimizer) take ``launch + bytes / achieved HBM bandwidth``.
+
+This module is on the ground floor: it imports only the hardware profiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from lagom_jax.cluster.hardware import HardwareProfile
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmModel:
+    """The constants of the matmul model.
+
+    ``tiles``: (tile_m, tile_n, relative rate) of the thread-block tiles the library picks
+    from. ``k_overhead``: contraction steps' worth of time every tile pays besides its
+    loop. ``fixed_us``: a matmul kernel's start-up beyond the launch.
+
+    Fitted to the 375 BF16 shapes of XLA's measured H100 matmul table (openxla/xla
+    ``xla/service/gpu/model/default_matmul_perf_table.txtpb``, ``sm_90``; m, n, k in
+    256..4096, batch 1..4; copied to ``lagom_jax/data/xla_matmul_h100.csv``) by a grid
+    search: median absolute error 5.2%, mean 6.5% (the first guess, 256x128 tiles with a
+    470-step overhead, had 13.8% / 16.4%). No such table exists for the A100; the same
+    constants with the A100's best-shape rate give 248 / 265 / 266 TFLOP/s at 4096^3 /
+    8192^3 / 16384^3, against 228 / 253.7 / 256.5 measured with cuBLASLt on Azure's ND A100
+    v4 (Azure/AI-benchmarking-guide): 4-9% optimistic there.
+    """
+
+    tiles: tuple[tuple[int, int, float], ...] = ((256, 128, 1.0), (128, 128, 1.0), (128, 64, 0.85), (64, 64, 0.6))
+    k_overhead: float = 64.0
+    fixed_us: float = 3.0
+
+
+DEFAULT_GEMM = GemmModel()
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def gemm_time_us(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1, itemsize: int = 2,
+                 sm_fraction: float = 1.0, hbm_gbps: float | None = None,
+                 model: GemmModel = DEFAULT_GEMM, tflops: float | None = None) -> float:
+    """Time of one (batched) matmul ``[m, k] x [k, n]`` on ``hw`` (us).
+
+    ``sm_fraction`` is the share of SMs left to it (collectives running beside it hold
+    the rest); ``hbm_gbps`` the bandwidth left (default: the achieved rate); ``tflops``
+    its best-shape rate (default: the profile's BF16 rate; fp8 matmuls run faster).
+    """
+    if min(m, n, k, batch) < 0 or itemsize <= 0:
+        raise ValueError(f"gemm dims must be >= 0 and itemsize > 0, got m={m} n={n} k={k} "
+                         f"batch={batch} itemsize={itemsize}")
+    if min(m, n, k, batch) == 0:
+        return hw.launch_us
+    sms = max(hw.sm_count * sm_fraction, 1.0)
+    per_sm = (tflops or hw.achieved_tflops) * 1e6 / hw.sm_count  # flops per us of one SM at best shape
+    best = math.inf
+    for tm, tn, rate in model.tiles:
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(tiles / sms)
+        best = min(best, waves * 2.0 * tm * tn * (k + model.k_overhead) / (per_sm * rate))
+    hbm = hw.achieved_hbm_gbps if hbm_gbps is None else hbm_gbps
+    memory = itemsize * batch * (m * k + k * n + m * n) / (hbm * 1e3)
+    return hw.launch_us + model.fixed_us + max(best, memory)
+
+
+def gemm_tflops(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1, itemsize: int = 2,
+                model: GemmModel = DEFAULT_GEMM) -> float:
+    """The achieved TFLOP/s the model predicts for one matmul (for reports and checks)."""
+    return 2.0 * m * n * k * batch / gemm_time_us(m, n, k, hw, batch=batch, itemsize=itemsize, model=model) / 1e6
+
+
+def memory_time_us(nbytes: float, hw: HardwareProfile, *, hbm_gbps: float | None = None) -> float:
+    """A memory-bound kernel moving ``nbytes`` (read plus written)."""
+    if nbytes < 0:
+        raise ValueError(f"bytes must be >= 0, got {nbytes}")
+    hbm = hw.achieved_hbm_gbps if hbm_gbps is None else hbm_gbps
+    return hw.launch_us + nbytes / (hbm * 1e3)
+
+
+
+Matmul = tuple[int, int, int, int]  # (m, n, k, batch) of [m, k] x [k, n]
+
+
+def transformer_matmuls(*, sequences: int, seq_len: int, hidden: int, heads: int, head_dim: int,
+                        ffn: int, tp: int = 1) -> tuple[tuple[Matmul, ...], tuple[Matmul, ...], tuple[Matmul, ...]]:
+    """The forward matmuls of one transformer layer on one tensor-parallel rank (Megatron's
+    split: heads and FFN columns over ``tp``), as (attention projections QKV and output,
+    attention core scores and context, MLP FC1 and FC2)."""
+    tokens = sequences * seq_len
+    width = heads * head_dim
+    local_heads = heads // tp
+    projections = ((tokens, 3 * width // tp, hidden, 1), (tokens, hidden, width // tp, 1))
+    core = ((seq_len, seq_len, head_dim, sequences * local_heads),
+            (seq_len, head_dim, seq_len, sequences * local_heads))
+    mlp = ((tokens, ffn // tp, hidden, 1), (tokens, hidden, ffn // tp, 1))
+    return projections, core, mlp
+
+
+def backward_matmuls(forward: tuple[Matmul, ...]) -> tuple[Matmul, ...]:
+    """Data and weight gradients of forward matmuls: ``[m, n] x [n, k]`` and ``[k, m] x [m, n]``."""
+    return tuple(g for m, n, k, b in forward for g in ((m, k, n, b), (k, n, m, b)))
+
+
+def matmuls_us(matmuls: tuple[Matmul, ...], hw: HardwareProfile, *, itemsize: int = 2) -> float:
+    """Total time of matmuls run one after another."""
+    return sum(gemm_time_us(m, n, k, hw, batch=b, itemsize=itemsize) for m, n, k, b in matmuls)
+
+
+# ------------------------------------------------------------ library kernels by rate
+#
+# Kernels a program calls from a library (cuDNN's fused attention through Transformer
+# Engine, cuBLASLt's fp8 matmuls) run at their own measured rates, not at the BF16
+# matmul rate of the profile. Each rate is TFLOP/s counted the way its source counts
+# FLOPs; ``lagom_jax.program.custom_calls`` counts a call's FLOPs the same way.
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionRates:
+    """Dense TFLOP/s of cuDNN's flash attention (what Transformer Engine's fused attention
+    runs on Hopper and Blackwell), forward and backward, for head dim 128 at long sequences.
+
+    FLOPs are counted as FlashAttention's papers count them: forward ``4 b h s_q s_k d``,
+    halved under a causal mask; backward 2.5 times the forward. ``source`` names the
+    measurement.
+    """
+
+    forward: float
+    backward: float
+    source: str
+
+
+# H100 SXM5, cuDNN 9 (FlashAttention-3, Shah et al., arXiv 2407.08608, figures 5-6: head
+# dim 128, 16k tokens per batch, hidden 2048): forward causal 529 TFLOP/s at sequence 8k
+# (518 at 4k, 539 at 16k); backward 518 at 8k (the paper's backward figure has no causal
+# variant: the non-causal rate stands in). H200 is the same chip with more HBM: the same rates.
+# B200, cuDNN 9.13 (FlashAttention-4, arXiv 2603.05451: "up to 1.3x over cuDNN 9.13" at a
+# peak of 1613 TFLOP/s BF16 forward): 1613 / 1.3 = 1241 forward; no cuDNN backward on
+# B200 was published: the H100's backward/forward ratio (518/529) stands in (assumption).
+ATTENTION_RATES: dict[str, AttentionRates] = {
+    "hopper": AttentionRates(529.0, 518.0, "cuDNN 9 on H100 SXM5 (FlashAttention-3 paper, figs 5-6)"),
+    "blackwell": AttentionRates(1241.0, round(1241.0 * 518.0 / 529.0, 1),
+                                "cuDNN 9.13 on B200 (FlashAttention-4 paper: FA4 1613 = 1.3x cuDNN); "
+                                "backward from H100's ratio (assumption)"),
+}
+
+# fp8 matmul rate over the BF16 rate, as XLA's programs get it. The tensor cores' fp8 peak
+# is 2x BF16 on Hopper (H100 SXM5 datasheet: 1,979 vs 989 dense TFLOP/s) and Blackwell, and
+# a bare cuBLASLt fp8 GEMM reaches it: 1,599-1,630 TFLOP/s at 8192^3 on H100 (public
+# cross-check report, gitea.d-robotics.cc/han.zhao/test_gpu_scripts,
+# reports_cublaslt_fp8_crosscheck_20260524.md), 2.0x the profile's 792. XLA's fp8 dots,
+# which call the same cuBLASLt, measured 896-922 TFLOP/s against 723-761 for the same
+# shapes in BF16 on an H100 (Llama 70B layer GEMMs at 8192 tokens, jax 0.11.2; this
+# project's benchmarks/gpu_kernels.py, benchmarks/results/gpu/wave_2026-11-25/
+# gpu_kernels.json): 1.2x. The modules priced here are XLA's, so 1.2x. Blackwell has no
+# such measurement: the Hopper ratio stands in (assumption). GPUs before Hopper have no
+# fp8 tensor cores (1.0).
+FP8_RATE_RATIO: dict[str, float] = {"hopper": 1.2, "blackwell": 1.2}
+
+
+def attention_rates(hw: HardwareProfile) -> AttentionRates:
+    """The cuDNN attention rates of ``hw``'s GPU; where none was measured, the profile's
+    fused-attention rate (FlashAttention-2 fwd+bwd), else its matmul rate, for both."""
+    rates = ATTENTION_RATES.get(hw.arch)
+    if rates is not None:
+        return rates
+    rate = hw.attention_tflops or hw.achieved_tflops
+    why = "FlashAttention-2 fwd+bwd" if hw.attention_tflops else "the best-shape matmul rate"
+    return AttentionRates(rate, rate, f"no cuDNN attention measurement for {hw.gpu}: {why}")
+
+
+def fp8_tflops(hw: HardwareProfile) -> float:
+    """The achieved fp8 matmul rate of ``hw`` (``FP8_RATE_RATIO`` x the BF16 rate)."""
+    return hw.achieved_tflops * FP8_RATE_RATIO.get(hw.arch, 1.0)
+
+
+def kernel_tflops(kernel: str, hw: HardwareProfile) -> float | None:
+    """The rate a library kernel named by ``custom_calls`` runs at on ``hw`` (None: no own
+    rate, the cost model's default applies)."""
+    if kernel == "attention-forward":
+        return attention_rates(hw).forward
+    if kernel == "attention-backward":
+        return attention_rates(hw).backward
+    if kernel == "fp8-matmul":
+        return fp8_tflops(hw)
+    return None
+
+
+# GB/s one way over the GPU's host link: PCIe Gen5 x16 on H100/H200 SXM ("PCIe Gen5: 128
+# GB/s", both ways, NVIDIA H100 datasheet) and B200 (HGX B200: PCIe Gen5 x16), Gen4 x16 on
+# A100 SXM ("PCIe Gen4: 64 GB/s"). Datasheet rates; transfers reach less.
+HOST_LINK_GBPS: dict[str, float] = {"ampere": 32.0, "hopper": 64.0, "blackwell": 64.0}
+
+
+def host_transfer_us(nbytes: float, hw: HardwareProfile) -> float:
+    """Time of ``nbytes`` moved one way between HBM and host memory over the host link."""
+    return nbytes / (HOST_LINK_GBPS.get(hw.arch, 16.0) * 1e3)

@@ -1,0 +1,372 @@
+"""Event-driven replay of a StepGraph on one GPU: the Timeline of one training step.
+
+The driver over the cost model (``cost``): compute tasks run in schedule order on one
+compute stream; collectives run on up to ``overlap_limit`` communication streams. It is a
+*fluid* model: every running task progresses at a rate, and the rates are recomputed at
+each event (a task starting or ending), because a collective that starts or ends changes
+the SMs and HBM bandwidth left to compute (``cost.ResourceTracker``).
+
+Semantics (the shared contract):
+
+* a compute task starts when the previous compute task ended, all its deps ended, and
+  every collective ``c`` with ``c.done_before == task.id`` ended (the ``*-done`` wait);
+* a collective is ready when its deps ended; ready collectives issue by ``priority``
+  (higher first; unset = 0), ties in schedule order, while fewer than ``overlap_limit``
+  collectives run;
+* concurrent collectives share the network (processor sharing: with ``k`` running, each
+  progresses at ``1/k`` of its own rate), so the communication never beats the sum of
+  its parts and the overlap bound holds;
+* a task with ``trip_count`` r stands for r executions unless the graph holds unrolled
+  copies (some task has ``iteration > 0``); then each copy counts once.
+
+The simulator is called O(N*K) times by the search, so everything that depends only on
+(graph, hardware) is computed once per pair and cached, and ``makespan_us`` replays
+without building a Timeline (the search scores candidates by the makespan alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import math
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from lagom_jax.cluster.hardware import HardwareProfile
+from lagom_jax.cluster.params import CollectiveParams
+from lagom_jax.costs import cost
+from lagom_jax.program.graph import StepGraph, Task
+
+COMPUTE_STREAM = "compute"
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """When one task ran, and on which stream (``compute`` or ``comm<k>``)."""
+
+    task_id: int
+    stream: str
+    start: float
+    end: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective's run: its params, interval and the time compute waited idle."""
+
+    task_id: int
+    name: str
+    params: CollectiveParams
+    start: float
+    end: float
+    exposed_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """The result of one replay. Times in microseconds.
+
+    ``exposed_comm_us`` is the time at least one collective ran while the compute stream
+    was idle; a collective's ``exposed_us`` is its share of that idle time (the idle time
+    inside its interval).
+    """
+
+    makespan_us: float
+    bound_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    intervals: tuple[Interval, ...]
+    per_collective: tuple[CollectiveRecord, ...]
+    overlap_limit: int = 1
+
+    @property
+    def exposed(self) -> dict[int, float]:
+        """Task id -> exposed time of that collective."""
+        return {r.task_id: r.exposed_us for r in self.per_collective}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "makespan_us": self.makespan_us,
+            "bound_us": self.bound_us,
+            "compute_us": self.compute_us,
+            "comm_us": self.comm_us,
+            "exposed_comm_us": self.exposed_comm_us,
+            "overlap_limit": self.overlap_limit,
+            "intervals": [dataclasses.asdict(i) for i in self.intervals],
+            "per_collective": [
+                dataclasses.asdict(r) | {"params": dataclasses.asdict(r.params)} for r in self.per_collective
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """Everything about (graph, hardware) that does not depend on params or priorities.
+
+    ``memo`` holds what is derived lazily and reused across calls: per (collective id,
+    params) its time and resource use, and the overlap bound (only a full Timeline
+    needs it, and it costs a tabulation of every candidate of every collective).
+    """
+
+    is_coll: tuple[bool, ...]
+    repeat: tuple[int, ...]
+    # Collectives: (kind, bytes, group size, nodes spanned); None for compute tasks.
+    coll_key: tuple[tuple[str, float, int, int] | None, ...]
+    compute_order: tuple[int, ...]
+    pending: tuple[int, ...]  # deps + done_before waits
+    ready_at_start: tuple[int, ...]  # collectives with nothing pending, in id order
+    successors: tuple[tuple[int, ...], ...]
+    # Compute tasks: (flops, bytes); collectives: None.
+    work: tuple[tuple[float, float, tuple[int, ...], int] | None, ...]
+    compute_alone: tuple[float, ...]
+    default_params: Mapping[int, CollectiveParams]
+    compute_us: float
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # (compute task id, SMs taken, HBM GB/s taken) -> its duration under that contention.
+    durations: dict[tuple[int, float, float], float] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # Collective id -> the memo entry (params, time, use) of its params at the last call.
+    last: dict[int, tuple[CollectiveParams, float, tuple[float, float]]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False)
+
+    def bound_us(self, hw: HardwareProfile) -> float:
+        """max(compute alone, every collective at its fastest candidate)."""
+        if "bound" not in self.memo:
+            fastest = sum(r * cost.fastest_time_us(*k, hw) for k, r in zip(self.coll_key, self.repeat)
+                          if k is not None)
+            self.memo["bound"] = max(self.compute_us, fastest)
+        return self.memo["bound"]
+
+
+# Keyed by graph identity (hashing a step's tasks would cost more than a replay); an
+# entry leaves when its graph is collected.
+_PREPARED: dict[tuple[int, HardwareProfile], tuple[weakref.ref[StepGraph], _Prepared]] = {}
+
+
+def alone_us(task: Task, hw: HardwareProfile) -> float:
+    """One execution of a compute task with nothing running beside it: by its matmul shape,
+    operand width, fused-attention flag and library kernel where it has them."""
+    return cost.compute_time_us(task.flops, task.bytes, hw, gemm=task.gemm, itemsize=task.itemsize,
+                                attention=task.fused_attention, kernel=task.kernel)
+
+
+def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
+    key = (id(graph), hw)
+    hit = _PREPARED.get(key)
+    if hit is not None and hit[0]() is graph:
+        return hit[1]
+    tasks = graph.tasks
+    unrolled = any(t.iteration > 0 for t in tasks)
+    repeat = tuple(1 if unrolled else max(t.trip_count, 1) for t in tasks)
+    is_coll = tuple(t.is_collective for t in tasks)
+    coll_key = tuple(graph.shape(t, hw.gpus_per_node) if c else None for t, c in zip(tasks, is_coll))
+    pending = [len(t.deps) for t in tasks]
+    succ: list[list[int]] = [list(c) for c in graph.consumers]
+    for t in tasks:
+        j = t.done_before
+        if t.is_collective and j is not None:
+            if not 0 <= j < len(tasks) or is_coll[j]:
+                raise ValueError(
+                    f"collective {t.name!r} (id {t.id}) has done_before={j}, which is not a compute task id")
+            pending[j] += 1
+            succ[t.id].append(j)
+    work = tuple(None if c else (t.flops, t.bytes, t.gemm, t.itemsize, t.fused_attention, t.kernel)
+                 for t, c in zip(tasks, is_coll))
+    compute_alone = tuple(0.0 if c else r * alone_us(t, hw) for t, c, r in zip(tasks, is_coll, repeat))
+    default_params = {i: cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
+                      for i, k in enumerate(coll_key) if k is not None}
+    prepared = _Prepared(
+        is_coll=is_coll, repeat=repeat, coll_key=coll_key,
+        compute_order=tuple(i for i, c in enumerate(is_coll) if not c),
+        pending=tuple(pending), ready_at_start=tuple(i for i, c in enumerate(is_coll) if c and pending[i] == 0),
+        successors=tuple(tuple(s) for s in succ),
+        work=work,
+        compute_alone=compute_alone, default_params=default_params,
+        compute_us=sum(compute_alone),
+    )
+
+    def forget(ref: weakref.ref[StepGraph], key: tuple[int, HardwareProfile] = key) -> None:
+        if _PREPARED.get(key, (None,))[0] is ref:
+            del _PREPARED[key]
+
+    _PREPARED[key] = (weakref.ref(graph, forget), prepared)
+    return prepared
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """The raw outcome of one replay, before it is dressed as a Timeline."""
+
+    makespan_us: float
+    start: list[float]
+    end: list[float]
+    stream_of: dict[int, int]
+    exposed: dict[int, float]
+    exposed_total: float
+    chosen: Mapping[int, CollectiveParams]
+    coll_time: dict[int, float]
+
+
+def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, CollectiveParams] | None,
+            overlap_limit: int, priority: Mapping[int, float] | None, detail: bool) -> tuple[_Prepared, _Run]:
+    """The event loop shared by ``simulate`` and ``makespan_us``; without ``detail`` it
+    keeps no intervals, streams or exposed times (only the makespan is valid)."""
+    if overlap_limit < 1:
+        raise ValueError(f"overlap_limit must be >= 1, got {overlap_limit}")
+    prep = _prepare(graph, hw)
+    ntasks = len(prep.is_coll)
+    chosen = prep.default_params
+    if params:
+        if not chosen.keys() >= params.keys():
+            bad = sorted(i for i in params if i not in chosen)
+            raise ValueError(f"params given for ids {bad[:5]} that are not collectives of graph {graph.name!r}")
+        chosen = {**chosen, **params}
+    prio = priority or {}
+
+    # Per-collective constants under these params: time alone and resources held.
+    # A search changes one collective's params per call: the others are the very same
+    # objects as last time, which an identity check finds without hashing them.
+    memo, last = prep.memo, prep.last
+    coll_time: dict[int, float] = {}
+    coll_use: dict[int, tuple[float, float]] = {}
+    for i, p in chosen.items():
+        hit = last.get(i)
+        if hit is None or hit[0] is not p:
+            hit = memo.get((i, p))
+            if hit is None:
+                kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
+                one = cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
+                hit = memo[(i, p)] = (p, prep.repeat[i] * one,
+                                      cost.collective_resource_use(kind, nbytes, n, nodes, p, hw, time_us=one))
+            last[i] = hit
+        _, coll_time[i], coll_use[i] = hit
+
+    tracker = cost.ResourceTracker(hw)
+    pending = list(prep.pending)
+    successors, is_coll, repeat, work = prep.successors, prep.is_coll, prep.repeat, prep.work
+    compute_alone, durations = prep.compute_alone, prep.durations
+    order = prep.compute_order
+    n_compute = len(order)
+    prio_of = prio.get
+    heappush, heappop = heapq.heappush, heapq.heappop
+    start = [0.0] * ntasks
+    end = [0.0] * ntasks
+    ready: list[tuple[float, int]] = [(-prio_of(i, 0.0), i) for i in prep.ready_at_start]
+    heapq.heapify(ready)
+    free_streams = list(range(overlap_limit))
+    stream_of: dict[int, int] = {}
+    running: dict[int, float] = {}  # collective id -> fraction left
+    exposed: dict[int, float] = dict.fromkeys(chosen, 0.0) if detail else {}
+    acquire, release = tracker.acquire, tracker.release
+    exposed_total = 0.0
+    cur, cur_left, cur_dur, nxt = -1, 0.0, 0.0, 0
+    stale = True  # the compute rate must be recomputed (contention or task changed)
+    now = 0.0
+    done = 0
+
+    # The loop body runs once per event, tens of thousands of times per search: it keeps
+    # to locals and plain comparisons, with the float operations in a fixed order.
+    while True:
+        while ready and len(running) < overlap_limit:
+            i = heappop(ready)[1]
+            running[i] = 1.0
+            if detail:
+                start[i] = now
+                stream_of[i] = heappop(free_streams)
+            acquire(coll_use[i])
+            stale = True
+        if cur < 0 and nxt < n_compute and pending[order[nxt]] == 0:
+            cur, cur_left = order[nxt], 1.0
+            nxt += 1
+            start[cur] = now
+            stale = True
+        if cur < 0 and not running:
+            break
+        if cur >= 0 and stale:
+            if tracker.sms == 0.0 and tracker.hbm == 0.0:
+                cur_dur = compute_alone[cur]  # the same roofline, nothing taken
+            else:
+                # The same few collectives overlap the same task in call after call.
+                key = (cur, tracker.sms, tracker.hbm)
+                cur_dur = durations.get(key, -1.0)
+                if cur_dur < 0.0:
+                    cur_dur = durations[key] = repeat[cur] * tracker.compute_time_us(*work[cur])  # type: ignore[misc]
+            stale = False
+        # Time to the next event; k running collectives share the network.
+        k = len(running)
+        dt = cur_left * cur_dur if cur >= 0 else math.inf
+        for i, left in running.items():
+            x = left * coll_time[i] * k
+            if x < dt:
+                dt = x
+        now += dt
+        if cur < 0:
+            if detail:
+                exposed_total += dt
+                for i in running:
+                    exposed[i] += dt
+        else:
+            cur_left = cur_left - dt / cur_dur if cur_dur > 0 else 0.0
+        ended = []
+        for i, left in running.items():
+            total = coll_time[i] * k
+            left = left - dt / total if total > 0 else 0.0
+            running[i] = left
+            if left <= 1e-12:
+                ended.append(i)
+        if ended:
+            stale = True
+            for i in ended:
+                del running[i]
+                release(coll_use[i])
+                if detail:
+                    heappush(free_streams, stream_of[i])
+        if cur >= 0 and cur_left <= 1e-12:
+            ended.append(cur)
+            cur = -1
+        for i in ended:
+            end[i] = now
+            done += 1
+            for j in successors[i]:
+                pending[j] -= 1
+                if pending[j] == 0 and is_coll[j]:
+                    heappush(ready, (-prio_of(j, 0.0), j))
+    if done != ntasks:
+        stuck = [graph.tasks[i].name for i in range(ntasks) if pending[i] > 0][:5]
+        raise ValueError(
+            f"graph {graph.name!r} cannot complete: tasks {stuck} wait on work that never runs "
+            f"(check deps and done_before)")
+    return prep, _Run(now, start, end, stream_of, exposed, exposed_total, chosen, coll_time)
+
+
+def makespan_us(graph: StepGraph, hw: HardwareProfile,
+                params: Mapping[int, CollectiveParams] | None = None, *,
+                overlap_limit: int = 1, priority: Mapping[int, float] | None = None) -> float:
+    """``simulate(...).makespan_us`` without building the Timeline: what a search that
+    scores thousands of candidates needs."""
+    return _replay(graph, hw, params, overlap_limit, priority, detail=False)[1].makespan_us
+
+
+def simulate(graph: StepGraph, hw: HardwareProfile,
+             params: Mapping[int, CollectiveParams] | None = None, *,
+             overlap_limit: int = 1, priority: Mapping[int, float] | None = None) -> Timeline:
+    """Replay ``graph`` on ``hw`` with per-collective ``params`` (missing ids get NCCL's
+    defaults) and return its Timeline."""
+    prep, run = _replay(graph, hw, params, overlap_limit, priority, detail=True)
+    tasks = graph.tasks
+    start, end, chosen = run.start, run.end, run.chosen
+    intervals = tuple(
+        Interval(i, f"comm{run.stream_of[i]}" if prep.is_coll[i] else COMPUTE_STREAM, start[i], end[i])
+        for i in range(len(tasks)))
+    records = tuple(
+        CollectiveRecord(i, tasks[i].name, chosen[i], start[i], end[i], run.exposed[i]) for i in sorted(chosen))
+    return Timeline(
+        makespan_us=run.makespan_us, bound_us=prep.bound_us(hw), compute_us=prep.compute_us,
+        comm_us=sum(run.coll_time.values()), exposed_comm_us=run.exposed_total,
+        intervals=intervals, per_collective=records, overlap_limit=overlap_limit,
+    )

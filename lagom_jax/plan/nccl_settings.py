@@ -1,0 +1,193 @@
+"""Process-wide NCCL settings that free SMs or change NCCL's algorithm, chosen for a step.
+
+The search tunes each collective's channels, threads, algorithm and protocol; some levers
+act on every collective of the process at once and hold no per-call value, so the search
+cannot try them one collective at a time. This step of the pipeline (``job.plan_compiled``)
+plans the step again under each setting that can change something here, and keeps one
+only where the predicted step gains more than ``SETTING_FLOOR``:
+
+* **zero-CTA collectives**: ``NCCL_CTA_POLICY=2`` (NCCL 2.28+, "zero CTA whenever it can",
+  docs.nvidia.com/deeplearning/nccl ``env``) with XLA's
+  ``--xla_gpu_experimental_enable_nccl_symmetric_buffers=true`` (NCCL runs zero-CTA only on
+  buffers registered as symmetric windows). All-gathers and all-to-alls inside one NVLink
+  domain then run on the copy engines and hold no SM (``NcclEnv.copy_engine``), so the
+  compute beside them keeps every SM. Priced: SMs 0 for those collectives, time unchanged
+  (no published copy-engine bandwidth beside NCCL's). Memory: XLA allocates collective
+  buffers in its collective memory space, rounded up to the device's
+  ``collective_memory_granularity`` (2 MiB in every device description XLA ships,
+  ``xla/backends/gpu/target_config/specs``); ``memory_overhead_bytes`` is that rounding
+  over the step's collectives, an upper bound (all buffers live at once).
+* **NVLS on or off** (``NCCL_NVLS_ENABLE``) on NVSwitch systems: NVLS all-reduces hold
+  fewer SMs (``nvls_channels``) and run at the NVLS bus bandwidth; turning it off frees
+  the multicast memory NCCL reserves but gives up that bandwidth.
+
+The channel cap (``xla_gpu_nccl_collective_max_nchannels``) is not searched here: the
+search sets every collective's channels itself (through the tuner plugin, or the cap
+as a fallback, ``planning.plan_flags``).
+
+``SETTING_FLOOR``: a setting applies to every collective of every step of a job, and the
+only public A/B of single NCCL settings on a JAX job (marin-community/marin issue #8054,
+64 GB200) measured its noise at 0.29% (2 sigma) and a repeated run of one setting moving
++1.10% then -1.28%; a predicted gain below 1.3% of the step is not one a run could
+confirm, so it is not taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from lagom_jax.cluster.hardware import HardwareProfile
+from lagom_jax.cluster.nccl_env import NcclEnv
+from lagom_jax.costs import cost
+from lagom_jax.plan import planning
+from lagom_jax.plan.schema import Plan
+from lagom_jax.program.flags import XlaFlag
+from lagom_jax.program.graph import StepGraph, collective_shape
+from lagom_jax.units import human_bytes
+
+__all__ = ["SETTING_FLOOR", "Setting", "Outcome", "candidates", "memory_overhead_bytes", "choose", "with_setting",
+           "installed_nccl_version", "unmet_needs"]
+
+SETTING_FLOOR = 0.013
+# XLA's collective memory granularity (collective_memory_granularity, every spec in
+# xla/backends/gpu/target_config/specs that has the field: 2 MiB).
+COLLECTIVE_MEMORY_GRANULARITY = 2 << 20
+SYMMETRIC_BUFFERS = "xla_gpu_experimental_enable_nccl_symmetric_buffers"
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One process-wide alternative to the cluster's NCCL settings."""
+
+    name: str
+    env: NcclEnv
+    flags: tuple[XlaFlag, ...]
+    needs: str  # what the job must run with for the setting to act
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What ``choose`` decided: the step planned under the kept setting (or unchanged)."""
+
+    planned: planning.Planned
+    hardware: HardwareProfile
+    setting: Setting | None
+    decisions: tuple[tuple[str, str], ...]
+
+
+def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> list[str]:
+    """The kinds of the step's collectives that ``setting`` can change (empty: none)."""
+    kinds = set()
+    for t in step.collectives:
+        shape = collective_shape(t, step.num_devices, hw.gpus_per_node)
+        if setting.env.zero_cta != hw.nccl_env.zero_cta and setting.env.copy_engine(t.kind, shape.nodes):
+            kinds.add(t.kind)
+        if setting.env.nvls != hw.nccl_env.nvls and cost.nvls_shape(t.kind, shape.ranks, shape.nodes):
+            kinds.add(t.kind)
+    return sorted(kinds)
+
+
+def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
+    """The settings worth pricing on ``hw`` beside its own."""
+    base = hw.nccl_env
+    out = []
+    if not base.zero_cta and hw.intra_link == "nvlink" and hw.gpus_per_node > 1:
+        out.append(Setting("zero-CTA collectives (NCCL_CTA_POLICY=2, symmetric buffers)",
+                           dataclasses.replace(base, zero_cta=True),
+                           (XlaFlag(SYMMETRIC_BUFFERS, True),), "NCCL 2.28 or later"))
+    if hw.nvls_channels > 0:
+        name = "NVLS off (NCCL_NVLS_ENABLE=0)" if base.nvls else "NVLS on (NCCL_NVLS_ENABLE=1)"
+        out.append(Setting(name, dataclasses.replace(base, nvls=not base.nvls), (), "NVSwitch with NVLS"))
+    return tuple(out)
+
+
+def memory_overhead_bytes(step: StepGraph, granularity: int = COLLECTIVE_MEMORY_GRANULARITY) -> int:
+    """Upper bound of the memory symmetric buffers add: every collective's buffer rounded
+    up to XLA's collective memory granularity, all live at once."""
+    return int(sum(math.ceil(t.bytes / granularity) * granularity - t.bytes
+                   for t in step.collectives if t.bytes > 0))
+
+
+def installed_nccl_version() -> tuple[int, ...] | None:
+    """The NCCL this process would load, from its pip distribution (the one JAX's CUDA
+    plugin depends on); None where none is installed that way."""
+    from importlib import metadata
+
+    for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
+        try:
+            text = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return tuple(int(x) for x in text.split(".")[:3] if x.isdigit())
+    return None
+
+
+def unmet_needs(plan: Plan, version: tuple[int, ...] | None) -> str:
+    """Why ``plan``'s NCCL settings will not act with NCCL ``version`` ("" when they will
+    or the version is unknown)."""
+    if version is not None and dict(plan.nccl_settings).get("NCCL_CTA_POLICY") == "2" and version < (2, 28):
+        return (f"the plan asks for zero-CTA collectives (NCCL_CTA_POLICY=2), which need NCCL 2.28 or later; "
+                f"this process has NCCL {'.'.join(map(str, version))}, so its collectives keep their SMs "
+                "and the predicted gain of that setting will not come")
+    return ""
+
+
+def _environ(env: NcclEnv, base: NcclEnv) -> tuple[tuple[str, str], ...]:
+    """The variables a run needs for ``env`` where the cluster runs ``base``: turning NVLS
+    back on must be said, since the cluster's own environment turns it off."""
+    out = env.as_environ()
+    if env.nvls and not base.nvls:
+        out["NCCL_NVLS_ENABLE"] = "1"
+    return tuple(sorted(out.items()))
+
+
+def with_setting(plan: Plan, setting: Setting, hw: HardwareProfile) -> Plan:
+    """``plan`` asking for ``setting`` (its XLA flags and NCCL variables) on the cluster ``hw``."""
+    names = {f.name for f in plan.flags}
+    return dataclasses.replace(plan, flags=plan.flags + tuple(f for f in setting.flags if f.name not in names),
+                               nccl_settings=_environ(setting.env, hw.nccl_env))
+
+
+def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, strategy: str,
+           fingerprint: str = "", log: Callable[[str], None] = lambda _: None) -> Outcome:
+    """Plan ``step`` again under each candidate setting; keep the fastest above the floor.
+
+    ``planned`` is the step planned under ``hw``'s own settings; its baselines stay as they
+    are (XLA's defaults run with the cluster's settings), only ``strategy``'s step moves.
+    """
+    base_us = planned.plan.makespan_us
+    best: tuple[float, Setting, planning.Planned] | None = None
+    decisions = []
+    for setting in candidates(hw):
+        kinds = _affected(step, hw, setting)
+        if not kinds:
+            decisions.append((setting.name, "not priced: no collective of this step would change"))
+            continue
+        log(f"NCCL settings: pricing {setting.name} ({', '.join(kinds)}) ...")
+        try:
+            again = planning.plan(step, dataclasses.replace(hw, nccl_env=setting.env), strategy=strategy,
+                                  baselines=(), fingerprint=fingerprint)
+        except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
+            decisions.append((setting.name, f"not priced: {err}"))
+            continue
+        us = again.plan.makespan_us
+        gain = 1.0 - us / base_us
+        verdict = "taken" if gain >= SETTING_FLOOR else f"not taken: below the {SETTING_FLOOR:.1%} floor"
+        extra = ""
+        if setting.env.zero_cta and not hw.nccl_env.zero_cta:
+            extra = f"; memory up to +{human_bytes(memory_overhead_bytes(step))} (buffers rounded to 2 MiB)"
+        decisions.append((setting.name, f"step {base_us / 1e3:.3f} -> {us / 1e3:.3f} ms predicted "
+                          f"({gain:+.2%}; changes {', '.join(kinds)}); {verdict}{extra}; needs {setting.needs}"))
+        if gain >= SETTING_FLOOR and (best is None or us < best[0]):
+            best = (us, setting, again)
+    if best is None:
+        return Outcome(planned, hw, None, tuple(decisions))
+    us, setting, again = best
+    predicted = dict(planned.plan.predicted_us)
+    predicted[strategy] = us
+    plan = with_setting(dataclasses.replace(again.plan, predicted_us=tuple(predicted.items())), setting, hw)
+    results = {**planned.results, strategy: again.chosen}
+    return Outcome(planning.Planned(plan, results), dataclasses.replace(hw, nccl_env=setting.env), setting,
+                   tuple(decisions))

@@ -1,0 +1,154 @@
+"""Compile-in-the-loop: the structure of a scanned program, chosen by compiling it.
+
+Some XLA flags rewrite the program in ways no pass here mimics: the collective pipeliner
+(``xla_gpu_enable_pipelined_{all_gather,reduce_scatter,all_reduce}``: move a layer's
+collective into the previous or next loop iteration), while-loop double buffering (unroll
+the layer loop by two so one iteration's collectives overlap the other's compute) and
+combining all-gathers or reduce-scatters only along one dimension. Each is a candidate the
+search takes or leaves, priced by what it does: the step is compiled deviceless with the
+flag, read, searched, and its predicted step compared with the best so far.
+
+The search is greedy over the candidates, in order of the exposed communication of the
+collective kinds each one touches (a flag for a kind with nothing exposed cannot shorten
+the step and is not compiled); a candidate is taken when it shortens the predicted step
+by more than ``MIN_GAIN``. Each distinct set of flags is compiled at most once (cached by
+the source module's fingerprint and the flags), and the result says how many compiles ran
+and how long they took.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lagom_jax import search as search_lib
+from lagom_jax.cluster.hardware import HardwareProfile
+from lagom_jax.plan import planning
+from lagom_jax.program import graph as graph_lib
+from lagom_jax.program.flags import KNOWN_FLAGS, XlaFlag
+
+__all__ = ["CANDIDATES", "MIN_GAIN", "Candidate", "Outcome", "search"]
+
+# A structure is taken only for a predicted step this much shorter: below it the choice is
+# within the noise of the cost model's step predictions (the fidelity benchmarks' spread).
+MIN_GAIN = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One flag away from XLA's default, and the collective kinds whose exposure it can hide."""
+
+    flag: XlaFlag
+    kinds: tuple[str, ...]
+    needs_loop: bool = True
+    # XLA combines the collectives this flag moves under combiner keys of their own, which
+    # the combine pass does not model: with it taken, the search leaves those kinds'
+    # combine thresholds at XLA's default (`search.Space.default_combine_kinds`).
+    combines_apart: bool = False
+
+
+def _toggle(name: str) -> XlaFlag:
+    return XlaFlag(name, not KNOWN_FLAGS[name].default)
+
+
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate(_toggle("xla_gpu_enable_pipelined_all_gather"), ("all-gather",), combines_apart=True),
+    Candidate(_toggle("xla_gpu_enable_pipelined_reduce_scatter"), ("reduce-scatter",), combines_apart=True),
+    Candidate(_toggle("xla_gpu_enable_pipelined_all_reduce"), ("all-reduce",), combines_apart=True),
+    Candidate(_toggle("xla_gpu_enable_while_loop_double_buffering"),
+              ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")),
+    Candidate(_toggle("xla_gpu_enable_all_gather_combine_by_dim"), ("all-gather",), needs_loop=False),
+    Candidate(_toggle("xla_gpu_enable_reduce_scatter_combine_by_dim"), ("reduce-scatter",), needs_loop=False),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The structure chosen, its module and search results, and what was tried."""
+
+    flags: tuple[XlaFlag, ...]
+    text: str
+    planned: planning.Planned
+    decisions: tuple[tuple[str, str], ...]
+    compiles: int
+    compile_seconds: float
+
+
+def _exposed_by_kind(planned: planning.Planned) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for c in planned.plan.collectives:
+        out[c.kind] = out.get(c.kind, 0.0) + c.exposed_us
+    return out
+
+
+def _why(before: planning.Planned, after: planning.Planned, kinds: tuple[str, ...]) -> str:
+    """Where a structure's predicted change comes from: the exposed time of the collective
+    kinds it touches, and the rest of the step (compute, its slowdown beside the
+    collectives, the copies a restructured loop adds)."""
+    def split(p: planning.Planned) -> tuple[float, float]:
+        exposed = sum(v for k, v in _exposed_by_kind(p).items() if k in kinds)
+        return exposed, p.plan.makespan_us - exposed
+
+    def ms(us: float) -> str:
+        return f"{us / 1e3:.0f}" if us >= 1e6 else f"{us / 1e3:.4g}"
+
+    (e0, r0), (e1, r1) = split(before), split(after)
+    what = "communication" if len(kinds) > 2 else "/".join(kinds)
+    return (f"; exposed {what} {ms(e0)} -> {ms(e1)} ms, the rest (compute slowed beside "
+            f"communication, added copies) {ms(r0)} -> {ms(r1)} ms")
+
+
+def search(text: str, planned: planning.Planned, hw: HardwareProfile,
+           recompile: Callable[[Mapping[str, Any]], str], *, strategy: str,
+           baselines: tuple[str, ...], log: Callable[[str], None] = lambda _: None,
+           candidates: tuple[Candidate, ...] = CANDIDATES) -> Outcome:
+    """Greedy structure search from the module ``text`` (compiled with no structure flags)
+    and its ``planned`` search; ``recompile(options)`` compiles the same step with options."""
+    cache: dict[tuple[str, tuple[XlaFlag, ...]], str] = {}
+    source = hashlib.sha256(text.encode()).hexdigest()
+    compiles, seconds = 0, 0.0
+    has_loop = any(t.trip_count > 1 for t in planned.chosen.graph.tasks)
+    chosen: tuple[XlaFlag, ...] = ()
+    best_text, best = text, planned
+    decisions: list[tuple[str, str]] = []
+    exposed = _exposed_by_kind(planned)
+    order = sorted(candidates, key=lambda c: -sum(exposed.get(k, 0.0) for k in c.kinds))
+    for cand in order:
+        subject = f"{cand.flag.name}={str(cand.flag.value).lower()}"
+        hidden = sum(_exposed_by_kind(best).get(k, 0.0) for k in cand.kinds)
+        if cand.needs_loop and not has_loop:
+            decisions.append((subject, "left: the step has no loop to pipeline"))
+            continue
+        if hidden <= 0.0:
+            decisions.append((subject, f"left: no {'/'.join(cand.kinds)} time is exposed to hide"))
+            continue
+        trial = tuple(sorted((*chosen, cand.flag)))
+        key = (source, trial)
+        if key not in cache:
+            log(f"structure: compiling with {subject} ...")
+            start = time.perf_counter()
+            cache[key] = recompile({f.name: f.value for f in trial})
+            seconds += time.perf_counter() - start
+            compiles += 1
+        trial_text = cache[key]
+        if trial_text == best_text:
+            decisions.append((subject, "left: XLA compiled the same module with it"))
+            continue
+        apart = {k for c in candidates if c.combines_apart and c.flag in trial for k in c.kinds}
+        trial_planned = planning.plan(graph_lib.from_hlo_text(trial_text), hw, strategy=strategy,
+                                      baselines=baselines,
+                                      fingerprint=hashlib.sha256(trial_text.encode()).hexdigest(),
+                                      space=search_lib.Space(default_combine_kinds=tuple(sorted(apart))))
+        before, after = best.plan.makespan_us, trial_planned.plan.makespan_us
+        change = f"predicted step {before / 1e3:.3f} -> {after / 1e3:.3f} ms ({after / before - 1:+.1%})"
+        change += _why(best, trial_planned, cand.kinds)
+        if after < before * (1 - MIN_GAIN):
+            chosen, best_text, best = trial, trial_text, trial_planned
+            decisions.append((subject, f"taken: {change}"))
+        else:
+            decisions.append((subject, f"left: {change}, not {MIN_GAIN:.0%} shorter"))
+    decisions.append(("structure search", f"{compiles} compile(s) in {seconds:.1f} s"))
+    return Outcome(chosen, best_text, best, tuple(decisions), compiles, seconds)

@@ -1,0 +1,141 @@
+"""Verify a Plan by compiling again: did each option change the module, as predicted?
+
+The search predicts what XLA will do under the Plan's options (its ``combine`` pass stands
+for XLA's combiners, and so on). Whether XLA does it is settled by compiling the step
+again with the options and reading the module:
+
+* the collectives of the recompiled module, per kind (count and NCCL-convention bytes),
+  against the collectives of the StepGraph the search evaluated;
+* where they are: per kind, how many run outside loops and how many inside loops of how
+  many iterations (``placement``), against the same of the StepGraph. The structure flags
+  move collectives between loops and their prologues (the collective pipeliner peels one
+  iteration's collective out of the loop) or change the loop (double buffering halves its
+  trip count over a body twice as long), so a plan that took one says where its collectives
+  will run, and the recompile shows whether XLA put them there;
+* for each option, whether the module changes without it (leave-one-out; one option
+  alone is compared with the untuned module). An option that changes nothing is dropped
+  from the Plan, and the report says so: it would only be noise in a launch script.
+
+``compile_fn(options) -> HLO text`` is the caller's compile (a deviceless XLA:GPU compile
+for the CLI). Compiles are the cost: one per option plus one.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lagom_jax.plan.schema import Plan
+from lagom_jax.program import graph as graph_lib
+
+__all__ = ["Inventory", "Placement", "Verification", "inventory", "placement", "verify_plan"]
+
+Inventory = dict[str, tuple[int, int]]
+"""Collective kind -> (count, total bytes) of one StepGraph."""
+
+Placement = dict[tuple[str, int], int]
+"""(collective kind, iterations of the loops around it; 1 outside loops) -> collectives
+there, each iteration of a loop counted."""
+
+# The module's name carries a compile counter in some JAX versions; ids are not content.
+_MODULE_LINE = re.compile(r"^HloModule \S+", re.M)
+
+
+def inventory(graph: graph_lib.StepGraph) -> Inventory:
+    counts: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for t in graph.collectives:
+        counts[t.kind][0] += 1
+        counts[t.kind][1] += int(t.bytes)
+    return {k: (c, b) for k, (c, b) in sorted(counts.items())}
+
+
+def placement(graph: graph_lib.StepGraph) -> Placement:
+    counts: collections.Counter[tuple[str, int]] = collections.Counter(
+        (t.kind, t.trip_count) for t in graph.collectives)
+    return dict(sorted(counts.items()))
+
+
+def _format_placement(place: Placement) -> str:
+    parts = []
+    for (kind, trips), n in place.items():
+        where = "outside loops" if trips == 1 else f"in loops of {trips} iterations"
+        parts.append(f"{n} {kind} {where}")
+    return ", ".join(parts) or "none"
+
+
+def _same_module(a: str, b: str) -> bool:
+    return _MODULE_LINE.sub("HloModule m", a) == _MODULE_LINE.sub("HloModule m", b)
+
+
+def _format_inventory(inv: Inventory) -> str:
+    return ", ".join(f"{c} {k} ({b / 2**20:.1f} MiB)" for k, (c, b) in inv.items()) or "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verification:
+    """What recompiling with a Plan's options showed."""
+
+    predicted: Inventory
+    compiled: Inventory
+    predicted_placement: Placement
+    compiled_placement: Placement
+    async_starts: int  # collectives issued as async start/done pairs in the recompiled module
+    option_changed: tuple[tuple[str, bool], ...]  # (option, changed the module)
+    compiles: int
+
+    @property
+    def inventory_matches(self) -> bool:
+        return self.predicted == self.compiled
+
+    @property
+    def placement_matches(self) -> bool:
+        return self.predicted_placement == self.compiled_placement
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        return tuple(name for name, changed in self.option_changed if not changed)
+
+    def lines(self) -> tuple[tuple[str, str], ...]:
+        """(subject, outcome) lines for the Plan's report."""
+        out = [("collectives", ("as predicted: " if self.inventory_matches else "DIFFER: predicted ")
+                + _format_inventory(self.predicted)
+                + ("" if self.inventory_matches else f"; compiled {_format_inventory(self.compiled)}")),
+               ("placement", ("as predicted: " if self.placement_matches else "DIFFER: predicted ")
+                + _format_placement(self.predicted_placement)
+                + ("" if self.placement_matches
+                   else f"; compiled {_format_placement(self.compiled_placement)}")),
+               ("async collectives", f"{self.async_starts} start/done pairs in the recompiled module")]
+        out += [(name, "changed the compiled module" if changed
+                 else "changed nothing in the compiled module: dropped from the plan")
+                for name, changed in self.option_changed]
+        if not self.option_changed:
+            out.append(("options", "none to apply: the plan runs XLA's default module"))
+        return tuple(out)
+
+
+def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
+                compile_fn: Callable[[Mapping[str, Any]], str]) -> tuple[Plan, Verification]:
+    """Recompile with ``plan``'s options, check them one by one, and return the Plan without
+    the options that changed nothing (with the verification in its report)."""
+    options = plan.compiler_options()
+    full = compile_fn(options) if options else baseline_text
+    compiles = 1 if options else 0
+    changed = []
+    for name in options:
+        if len(options) == 1:
+            without = baseline_text
+        else:
+            without = compile_fn({k: v for k, v in options.items() if k != name})
+            compiles += 1
+        changed.append((name, not _same_module(without, full)))
+    compiled = graph_lib.from_hlo_text(full)
+    result = Verification(
+        predicted=inventory(predicted), compiled=inventory(compiled),
+        predicted_placement=placement(predicted), compiled_placement=placement(compiled),
+        async_starts=sum(t.is_async for t in compiled.collectives),
+        option_changed=tuple(changed), compiles=compiles)
+    kept = tuple(f for f in plan.flags if f.name not in result.dropped)
+    return dataclasses.replace(plan, flags=kept, verification=result.lines()), result
