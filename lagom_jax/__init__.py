@@ -22,6 +22,17 @@ def _warn_outside_the_tested_range() -> None:
 
 _warn_outside_the_tested_range()
 
+
+def _prepare_deviceless() -> None:
+    # Before the user's program starts JAX's backends: on a GPU-less host, no CUDA plugin
+    # traceback, and the plugin registered for compiling the step for GPUs.
+    from lagom_jax.program import gpu_compile
+
+    gpu_compile.prepare()
+
+
+_prepare_deviceless()
+
 from lagom_jax.advise.predict import (predict_hlo_step_ms as predict_hlo_step_ms,
                                       predict_train_step_ms as predict_train_step_ms)
 from lagom_jax.api import (Tuned as Tuned, TuningWarning as TuningWarning, auto_hardware as auto_hardware,

@@ -72,19 +72,42 @@ def _has_cuda_driver() -> bool:
     return True
 
 
+def _other_accelerator_plugins() -> list[str]:
+    """JAX plugins installed besides CUDA's (ROCm, TPU, ...): their devices are not ours to hide."""
+    import pkgutil
+
+    try:
+        import jax_plugins
+    except ImportError:
+        names = []
+    else:
+        names = [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+    ours = {m.rpartition(".")[2] for m in _PLUGIN_MODULES}
+    found = [n for n in names if n not in ours]
+    if importlib.util.find_spec("libtpu") is not None:
+        found.append("libtpu")
+    return found
+
+
 def prepare() -> None:
     """Make the deviceless route possible in this process, if JAX has not started yet.
 
     On a machine with no CUDA driver, the CUDA plugin registers only when JAX's platforms
-    are limited to the CPU before its backends start. Nothing changes on a GPU machine,
-    when the user chose platforms, or once the backends are up.
+    are limited to the CPU before its backends start; left to itself, JAX tries to start
+    CUDA there, logs the plugin's traceback ("Unable to load CUDA. Is it installed?") and
+    runs on the CPU anyway. So where the CUDA plugin is installed, no CUDA driver loads, no
+    other accelerator plugin is installed and the user chose no platforms, JAX's platforms
+    become "cpu": the devices a program sees are the ones it would have got, without the
+    traceback, and the plugin stays registered for compiling. ``import lagom_jax`` calls
+    this. Nothing changes on a GPU machine, when the user chose platforms, or once the
+    backends are up.
     """
     import jax
 
     if jax_internals.backends_started() or not _plugin_installed() or _has_cuda_driver():
         return
     jax_internals.allow_cuda_plugin_without_driver()
-    if jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS"):
+    if jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS") or _other_accelerator_plugins():
         return
     jax.config.update("jax_platforms", "cpu")
 
@@ -102,8 +125,9 @@ def unavailable_reason() -> str | None:
                 "'lagom-jax[deviceless]')")
     prepare()
     if "cuda" not in jax_internals.registered_platforms():
-        return ("the CUDA plugin did not register: JAX started with CUDA enabled on a machine "
-                "without a CUDA driver (set JAX_PLATFORMS=cpu before JAX starts)")
+        return ("the CUDA plugin did not register: JAX's backends started with CUDA enabled on a "
+                "machine without a CUDA driver (import lagom_jax before the program first uses "
+                "JAX, or set JAX_PLATFORMS=cpu)")
     return None
 
 
