@@ -76,6 +76,34 @@ class HardwareProfile:
     # A100 kernels, ISPASS'25 (arXiv 2507.03114), PyTorch's all-gather + GEMM
     # microbenchmark), not to one of them; `lagom-jax profile` measures it on a GPU.
     sm_share_per_channel: float = 0.2
+    # Contention that knows launch order (the simulator, ``costs/simulate.py``; issue 35).
+    # SMs one resident NCCL CTA takes from a matmul kernel that starts after it. NCCL's
+    # kernels are built ``__launch_bounds__(NCCL_MAX_NTHREADS, 1)`` (NVIDIA/nccl
+    # ``src/device/``), one CTA per SM, and cuBLAS's Hopper/Blackwell GEMMs run one CTA per
+    # SM with most of its shared memory, so no GEMM CTA fits beside a resident NCCL CTA: a
+    # whole SM (the H100 order probe, ``benchmarks/results/gpu/wave_2026-11-25/
+    # gpu_order_run1.json``: 1.22x at 16 CTAs resident first, 1.31x at 32, 1.80x at 64 of
+    # 132 SMs). None: 1.0 on Hopper and Blackwell; elsewhere ``sm_share_per_channel`` (the
+    # A100's SIMT and Ampere tensor-core GEMMs run several CTAs per SM and share the SM with
+    # the NCCL CTA: Echo-slowdown's A100 GEMMs ran 1.00x beside DDP's all-reduce).
+    matmul_sm_share_per_channel: float | None = None
+    # The launch-order rules (``simulate``): a collective that needs SMs and becomes ready
+    # while a compute kernel holds them waits for that kernel to end, and one made ready at
+    # a compute boundary loses the race to the compute kernel already queued. False: the
+    # order-blind model (every running collective takes ``sm_share_per_channel`` per channel
+    # from whatever runs beside it, from the moment it is ready).
+    contention_order: bool = True
+    # Whether collectives run on a stream of the highest priority: XLA's default
+    # (``xla_gpu_enable_highest_priority_async_stream``, true).
+    comm_high_priority: bool = True
+    # Whether a high-priority collective takes its SMs at the next wave of the compute
+    # kernel running (the CUDA programming guide, "Stream Priorities": pending work of a
+    # higher-priority stream is scheduled before that of lower-priority streams, at CTA
+    # granularity: no running CTA is preempted). Off by default: on the H100 the probe saw
+    # priority change nothing (every high-priority row equals the normal one within
+    # 0.01-0.04), as cuBLAS's Hopper GEMMs are one wave of persistent CTAs; a multi-wave
+    # kernel was not measured.
+    priority_takes_sms_at_wave: bool = False
     # XLA's description of this GPU (lagom_jax/data/gpu_targets/<name>.txtpb, taken from
     # openxla/xla xla/backends/gpu/target_config/specs): what a deviceless GPU compile
     # targets. Empty: no description, the step can only be compiled on real GPUs.
@@ -121,6 +149,9 @@ class HardwareProfile:
         if not 0 < self.sm_share_per_channel <= 1:
             raise ValueError(f"hardware {self.name!r}: sm_share_per_channel must be in (0, 1], "
                              f"got {self.sm_share_per_channel}")
+        if self.matmul_sm_share_per_channel is not None and not 0 < self.matmul_sm_share_per_channel <= 1:
+            raise ValueError(f"hardware {self.name!r}: matmul_sm_share_per_channel must be in (0, 1] or None, "
+                             f"got {self.matmul_sm_share_per_channel}")
         if self.launch_us < 0:
             raise ValueError(f"hardware {self.name!r}: launch_us must be >= 0, got {self.launch_us}")
         if self.collective_table and self.collective_table not in collective_tables.tables():
@@ -158,6 +189,15 @@ class HardwareProfile:
         ``tests/test_hardware.py``.)
         """
         return self.arch in ("hopper", "blackwell")
+
+    def resident_sm_share(self, matmul: bool) -> float:
+        """SMs one resident collective CTA takes from a kernel that starts after it:
+        ``matmul_sm_share_per_channel`` for matmuls, ``sm_share_per_channel`` otherwise."""
+        if not matmul:
+            return self.sm_share_per_channel
+        if self.matmul_sm_share_per_channel is not None:
+            return self.matmul_sm_share_per_channel
+        return 1.0 if self.arch in ("hopper", "blackwell") else self.sm_share_per_channel
 
     def with_nodes(self, nodes: int) -> HardwareProfile:
         """The same cluster with ``nodes`` nodes."""

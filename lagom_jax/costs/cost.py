@@ -117,9 +117,13 @@ class CostConfig:
     # A compute-bound kernel beside traffic that takes a share p of HBM bandwidth still slows,
     # by (1 - p) ** -exponent: its operand loads queue behind the other traffic in L2 and
     # HBM (the H100 probe: a cuBLAS GEMM ran 1.23x slower beside a copy of 702 GB/s on 8
-    # CTAs, 2.2x beside 1,859 GB/s on 32). Fitted with ``sm_share_per_channel`` to every
-    # source of ``benchmarks/contention.py``; 0 turns the term off.
-    hbm_pressure_exponent: float = 0.8
+    # CTAs, 2.2x beside 1,859 GB/s on 32; copy engines moving 2.6 TB/s with no CTA: 1.46x).
+    # With the launch-order rules (whole SMs from GEMMs that start beside resident CTAs,
+    # ``HardwareProfile.resident_sm_share``) the exponent no longer stands in for the SMs:
+    # 0.5 is the value of {0.2, 0.3, ..., 0.8} whose worst per-source median error over every
+    # source of ``benchmarks/contention.py`` is smallest (9.3%, ISPASS'25; 0.8 gave 14.4%,
+    # 0.2 gave 14.3%), not a fit to one source. 0 turns the term off.
+    hbm_pressure_exponent: float = 0.5
     # Compute keeps at least this share of HBM bandwidth however much comm wants.
     min_hbm_share: float = 0.1
     # Anchor a collective inside one node to the measured time of NCCL's own choice
@@ -639,6 +643,22 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
         return max(kernels.gemm_time_us(m, n, k, hw, **shape) * pressure, own, memory)
     rate = own_rate or (hw.attention_tflops if attention and hw.attention_tflops else hw.achieved_tflops)
     return max(hw.launch_us + flops / (rate * 1e6 * sm_left) * pressure, memory)
+
+
+def cta_waves(gemm: tuple[int, ...], hw: HardwareProfile) -> int:
+    """Waves of CTAs a compute kernel runs on all SMs, for the rule that a high-priority
+    collective takes its SMs at the next wave (``simulate``). A matmul on Hopper or
+    Blackwell is one wave: cuBLAS's sm90+ GEMMs are persistent, one CTA per SM looping over
+    tiles (the H100 order probe's 8192^3 GEMM held every SM for the whole kernel). Another
+    matmul runs ``ceil(tiles / SMs)`` waves of its best tile (``kernels.DEFAULT_GEMM``). 0:
+    a kernel of many short CTAs, whose SMs free continuously (elementwise, reductions)."""
+    if not gemm:
+        return 0
+    if hw.arch in ("hopper", "blackwell"):
+        return 1
+    batch, m, n, _k = gemm
+    tm, tn, _rate = kernels.DEFAULT_GEMM.tiles[0]
+    return max(1, math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / hw.sm_count))
 
 
 def comm_resource_use(params: CollectiveParams, hw: HardwareProfile, *, nodes: int = 1,

@@ -127,6 +127,12 @@ class _Prepared:
     compute_alone: tuple[float, ...]
     default_params: Mapping[int, CollectiveParams]
     compute_us: float
+    # Compute tasks: SMs one resident collective CTA takes from the task
+    # (``HardwareProfile.resident_sm_share``) and its kernel boundaries as a fraction of its
+    # work: ``repeat`` executions of ``cost.cta_waves`` waves each (0 waves: CTAs free SMs
+    # continuously).
+    sm_share: tuple[float, ...] = ()
+    waves: tuple[int, ...] = ()
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # (compute task id, SMs taken, HBM GB/s taken) -> its duration under that contention.
     durations: dict[tuple[int, float, float], float] = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -188,6 +194,8 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
         work=work,
         compute_alone=compute_alone, default_params=default_params,
         compute_us=sum(compute_alone),
+        sm_share=tuple(0.0 if c else hw.resident_sm_share(bool(t.gemm)) for t, c in zip(tasks, is_coll)),
+        waves=tuple(0 if c else cost.cta_waves(t.gemm, hw) for t, c in zip(tasks, is_coll)),
     )
 
     def forget(ref: weakref.ref[StepGraph], key: tuple[int, HardwareProfile] = key) -> None:
@@ -250,19 +258,61 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
     pending = list(prep.pending)
     successors, is_coll, repeat, work = prep.successors, prep.is_coll, prep.repeat, prep.work
     compute_alone, durations = prep.compute_alone, prep.durations
+    sm_share, waves = prep.sm_share, prep.waves
     order = prep.compute_order
     n_compute = len(order)
     prio_of = prio.get
     heappush, heappop = heapq.heappush, heapq.heappop
     start = [0.0] * ntasks
     end = [0.0] * ntasks
-    ready: list[tuple[float, int]] = [(-prio_of(i, 0.0), i) for i in prep.ready_at_start]
+    # Launch order (``hw.contention_order``). A collective whose CTAs need SMs ("gated")
+    # takes them only where no compute kernel holds them: when the compute stream is idle, or
+    # at a kernel boundary. Rules, each from the H100 order probe (benchmarks/results/gpu/
+    # wave_2026-11-25/gpu_order_run1.json, docs/gpu_measurements.md):
+    # (a) CTAs resident when a compute kernel starts take whole SMs from it for as long as
+    #     they stay (``hw.resident_sm_share``: NCCL's __launch_bounds__(NCCL_MAX_NTHREADS, 1)
+    #     kernels hold one SM per CTA; the CUDA programming guide: a resident block keeps its
+    #     SM until it exits, nothing preempts it);
+    # (b) a collective that becomes ready while a kernel runs waits for that kernel's end and
+    #     then wins the SMs before the next queued kernel (probe "second": CTAs start 830-870
+    #     us after launch, when the running 1430 us GEMM ends); one made ready at a compute
+    #     boundary by the kernel that just ended (XLA's async start waits on the event of its
+    #     operand's producer) loses the race to the compute kernel already queued, and waits
+    #     for that one's end too (probe "dep": the next GEMM runs at 0.996-1.000x, the
+    #     collective starts one GEMM later, at either priority). Simplification: a compute
+    #     task that stands for ``repeat`` executions has a boundary every 1/repeat of its work;
+    #     a kernel is assumed to fill every SM (a small kernel's free SMs are not modelled);
+    # (c) with ``hw.priority_takes_sms_at_wave`` (and ``hw.comm_high_priority``, XLA's
+    #     xla_gpu_enable_highest_priority_async_stream), a waiting collective takes its SMs
+    #     at the running kernel's next wave (CUDA programming guide, stream priorities: the
+    #     block scheduler gives freed SMs to pending blocks of the higher-priority stream);
+    #     the kernel runs its remaining waves on what is left;
+    # (d) a collective that holds no SM (copy engines, NCCL's zero-CTA policy:
+    #     ``NcclEnv.copy_engine``) starts when ready, whatever runs, and takes HBM bandwidth.
+    # Without ``contention_order`` every collective starts when ready and takes
+    # ``sm_share_per_channel`` per channel from whatever runs (the order-blind model).
+    gate = hw.contention_order
+    wave_rule = gate and hw.priority_takes_sms_at_wave and hw.comm_high_priority
+    ctas = {i: (chosen[i].nchannels if coll_use[i][0] > 0.0 else 0) for i in chosen} if gate else {}
+    ready: list[tuple[float, int]] = []  # gated collectives allowed to take SMs at the next chance
+    free_ready: list[tuple[float, int]] = []  # collectives that may start at once
+    deferred: list[tuple[float, int]] = []  # made ready at this compute boundary (rule b)
+    first_compute = order[0] if n_compute else ntasks
+    for i in prep.ready_at_start:
+        item = (-prio_of(i, 0.0), i)
+        if gate and ctas[i]:
+            # Launched after the first compute kernel in schedule order: it waits for it.
+            (ready if i < first_compute else deferred).append(item)
+        else:
+            free_ready.append(item)
     heapq.heapify(ready)
+    heapq.heapify(free_ready)
     free_streams = list(range(overlap_limit))
     stream_of: dict[int, int] = {}
     running: dict[int, float] = {}  # collective id -> fraction left
     exposed: dict[int, float] = dict.fromkeys(chosen, 0.0) if detail else {}
     acquire, release = tracker.acquire, tracker.release
+    held_ctas = 0
     exposed_total = 0.0
     cur, cur_left, cur_dur, nxt = -1, 0.0, 0.0, 0
     stale = True  # the compute rate must be recomputed (contention or task changed)
@@ -272,34 +322,71 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
     # The loop body runs once per event, tens of thousands of times per search: it keeps
     # to locals and plain comparisons, with the float operations in a fixed order.
     while True:
-        while ready and len(running) < overlap_limit:
-            i = heappop(ready)[1]
+        # Gated collectives may take SMs now: no kernel runs, or the running one is at a
+        # boundary (a kernel of a repeated task; a wave under rule c) past its start.
+        if ready and cur >= 0:
+            k = repeat[cur] * (waves[cur] if wave_rule else 1)
+            if wave_rule and waves[cur] == 0:
+                open_now = True
+            else:
+                f = (1.0 - cur_left) * k
+                open_now = f > 1e-6 and abs(f - round(f)) < 1e-6
+        else:
+            open_now = cur < 0
+        while len(running) < overlap_limit:
+            if free_ready and not (ready and open_now and ready[0] < free_ready[0]):
+                i = heappop(free_ready)[1]
+            elif ready and open_now:
+                i = heappop(ready)[1]
+            else:
+                break
             running[i] = 1.0
             if detail:
                 start[i] = now
                 stream_of[i] = heappop(free_streams)
             acquire(coll_use[i])
+            if gate:
+                held_ctas += ctas[i]
             stale = True
         if cur < 0 and nxt < n_compute and pending[order[nxt]] == 0:
             cur, cur_left = order[nxt], 1.0
             nxt += 1
             start[cur] = now
             stale = True
+        if deferred:
+            # The queued kernel has won this boundary (or the stream has a gap: they start now).
+            for item in deferred:
+                heappush(ready, item)
+            deferred = []
+            if cur < 0:
+                continue
         if cur < 0 and not running:
             break
         if cur >= 0 and stale:
-            if tracker.sms == 0.0 and tracker.hbm == 0.0:
+            sms = held_ctas * sm_share[cur] if gate else tracker.sms
+            if sms == 0.0 and tracker.hbm == 0.0:
                 cur_dur = compute_alone[cur]  # the same roofline, nothing taken
             else:
                 # The same few collectives overlap the same task in call after call.
-                key = (cur, tracker.sms, tracker.hbm)
+                key = (cur, sms, tracker.hbm)
                 cur_dur = durations.get(key, -1.0)
                 if cur_dur < 0.0:
-                    cur_dur = durations[key] = repeat[cur] * tracker.compute_time_us(*work[cur])  # type: ignore[misc]
+                    w = work[cur]
+                    cur_dur = durations[key] = repeat[cur] * cost.compute_time_us(  # type: ignore[index]
+                        w[0], w[1], hw, sms_taken=sms, hbm_gbps_taken=tracker.hbm, gemm=w[2], itemsize=w[3],
+                        attention=w[4], kernel=w[5])
             stale = False
         # Time to the next event; k running collectives share the network.
         k = len(running)
         dt = cur_left * cur_dur if cur >= 0 else math.inf
+        if ready and cur >= 0 and k < overlap_limit:
+            # The running kernel's next boundary, where a waiting collective takes its SMs.
+            kb = repeat[cur] * (waves[cur] if wave_rule and waves[cur] else 1)
+            target = 1.0 - (math.floor((1.0 - cur_left) * kb + 1e-6) + 1) / kb
+            if target > 1e-9:
+                x = (cur_left - target) * cur_dur
+                if x < dt:
+                    dt = x
         for i, left in running.items():
             x = left * coll_time[i] * k
             if x < dt:
@@ -324,6 +411,8 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
             for i in ended:
                 del running[i]
                 release(coll_use[i])
+                if gate:
+                    held_ctas -= ctas[i]
                 if detail:
                     heappush(free_streams, stream_of[i])
         if cur >= 0 and cur_left <= 1e-12:
@@ -332,10 +421,17 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
         for i in ended:
             end[i] = now
             done += 1
+            boundary = gate and not is_coll[i]
             for j in successors[i]:
                 pending[j] -= 1
                 if pending[j] == 0 and is_coll[j]:
-                    heappush(ready, (-prio_of(j, 0.0), j))
+                    item = (-prio_of(j, 0.0), j)
+                    if not gate or not ctas[j]:
+                        heappush(free_ready, item)
+                    elif boundary:
+                        deferred.append(item)
+                    else:
+                        heappush(ready, item)
     if done != ntasks:
         stuck = [graph.tasks[i].name for i in range(ntasks) if pending[i] > 0][:5]
         raise ValueError(
