@@ -335,13 +335,12 @@ def _run_tune(args: argparse.Namespace) -> int:
             print(f"  {k}={v}")
         if not env:
             print("  none beyond the tuner plugin, which applies the per-collective choices")
-        print("predicted gain: " + ", ".join(
-            f"{plan.speedup_over(n):.3f}x over {n}" for n in results if n != plan.strategy)
-            + "  (predicted by the cost model, not measured)")
+        print("predicted gain (by the cost model, not measured): " + ", ".join(
+            f"{plan.speedup_over(n):.3f}x over {n}" for n in results if n != plan.strategy))
     if args.out:
         launch = tuned.write(args.out, _log)
         if not args.json:
-            print(f"\nto run with this plan: {launch} python train.py   (sets XLA_FLAGS, the NCCL "
+            print(f"\nto run with this plan: {launch} python train.py\n  (launch.sh sets XLA_FLAGS, the NCCL "
                   "environment and the NCCL tuner plugin with its config)")
     elif not args.json:
         print("\nto run with this plan: add --out DIR, then DIR/launch.sh python train.py")

@@ -1,7 +1,7 @@
 """The README and docs/*.md stay true to the code: every `lagom-jax ...` command they show
 parses with the CLI's own parser, and every relative link points to a file that exists.
 
-Commands are taken from fenced code blocks (line by line, backslash-continued lines
+Commands are taken from fenced code blocks other than ```text ones (program output; line by line, backslash-continued lines
 joined) and from inline code spans. A leading `$ ` is dropped, shell comments are
 skipped, and a chain such as `pip install ... && lagom-jax tune ...` yields the part that
 starts at `lagom-jax`. Nothing is skipped as a placeholder: the docs show commands whose
@@ -32,14 +32,17 @@ def _split(text: str) -> tuple[list[tuple[int, str]], str]:
     """(line number, line) of every fenced-block line, and the prose with fences blanked."""
     code: list[tuple[int, str]] = []
     prose: list[str] = []
-    fenced = False
+    fenced = output = False
     for number, line in enumerate(text.splitlines(), 1):
         if _FENCE.match(line):
             fenced = not fenced
+            # a ```text block shows what a command printed, not commands to run
+            output = fenced and line.strip().strip("`~").strip() == "text"
             prose.append("")
             continue
         if fenced:
-            code.append((number, line))
+            if not output:
+                code.append((number, line))
             prose.append("")
         else:
             prose.append(line)

@@ -18,7 +18,7 @@ from lagom_jax.costs import cost, kernels
 
 A100 = hardware.get("a100-sxm-8")
 H100 = hardware.get("h100-sxm-8")
-DATA = pathlib.Path(kernels.__file__).parent / "data" / "xla_matmul_h100.csv"
+DATA = pathlib.Path(kernels.__file__).parent.parent / "data" / "xla_matmul_h100.csv"
 GPT_350M = dict(hidden=1024, heads=16, layers=24, seq_len=2048, vocab=51200)
 
 

@@ -126,27 +126,31 @@ def test_nccl_env_includes_the_plugin_only_when_built(tmp_path):
 def test_report_names_every_prediction_and_choice():
     text = _plan().report()
     assert "strategy lagom" in text and "1.111x over xla-default" in text
-    assert "ring/LL128 nc=24" in text and "ring/Simple nc=6" in text
+    assert "ring/LL128 24ch" in text and "ring/Simple 6ch" in text
     assert "fewer channels win" in text
-    assert len(_plan(n=30).report(top=5).splitlines()) < 15
+    top5 = _plan(n=30).report(top=5)
+    assert top5.count("  covers ") == 5 and "... 25 more rows" in top5
 
 
-def test_report_has_one_row_per_instruction_with_its_loop_count():
+def test_report_has_one_row_per_tuner_key_with_the_instructions_it_covers():
     import dataclasses
 
     base = _plan(n=1).collectives[0]
     long_why = "ring/Simple nc=4: " + "because " * 40
     loop = tuple(dataclasses.replace(base, name="all-reduce.138", predicted_us=5.0 + i, exposed_us=1.0,
                                      why=long_why) for i in range(11))
+    # another instruction with the same kind, bytes, ranks and nodes: the plugin cannot tell them apart
+    twin = dataclasses.replace(base, name="all-reduce.140", predicted_us=2.0, exposed_us=0.0)
     combined = dataclasses.replace(base, name="combined(all-reduce.32+all-reduce.33+all-reduce.34)", bytes=1 << 25)
-    plan = dataclasses.replace(_plan(n=1), collectives=loop + (combined,))
+    plan = dataclasses.replace(_plan(n=1), collectives=loop + (twin, combined))
     text = plan.report()
-    rows = [line for line in text.splitlines() if line.startswith(("all-reduce.138", "combined"))]
+    assert "13 collective calls after XLA's combiners, in 2 rows" in text
+    rows = [line for line in text.splitlines() if line.startswith("all-reduce ")]
     assert len(rows) == 2
-    assert "12 collective calls after XLA's combiners, in 2 rows" in text
-    loop_row = next(r for r in rows if r.startswith("all-reduce.138"))
-    assert f"{sum(5.0 + i for i in range(11)):>9.1f}" in loop_row and f"{11.0:>9.1f}" in loop_row
-    assert " 11  " in loop_row  # the calls column
-    assert next(r for r in rows if r.startswith("combined")).startswith("combined 3: all-reduce.32+...")
-    assert max(len(line) for line in text.splitlines()) <= 300
-    assert long_why.rstrip() in plan.report(why_width=None)
+    key_row = next(r for r in rows if f"{sum(5.0 + i for i in range(11)) + 2.0:>9.1f}" in r)
+    assert " 12  " in key_row and f"{11.0:>9.1f}" in key_row  # calls; exposed
+    covers = [line for line in text.splitlines() if line.startswith("  covers")]
+    assert "  covers all-reduce.138 x11, all-reduce.140" in covers
+    assert "  covers combined 3: all-reduce.32+..." in covers
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert long_why.removeprefix("ring/Simple nc=4: ").rstrip() in plan.report(width=None)

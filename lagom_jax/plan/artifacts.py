@@ -26,7 +26,7 @@ def write(out: pathlib.Path, plan: Plan, result: SearchResult, log: Callable[[st
     """
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
-    (out / "report.txt").write_text(plan.report(top=10_000, why_width=None) + "\n")
+    (out / "report.txt").write_text(plan.report(top=10_000, width=None) + "\n")
     (out / "xla_flags.txt").write_text(plan.xla_flags() + "\n" if plan.flags else "")
     (out / "nccl_tuner.conf").write_text(plan.nccl_tuner_config())
     (out / "lhs_profile.pbtxt").write_text(plan.lhs_profile())

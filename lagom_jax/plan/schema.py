@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pathlib
+import textwrap
 
 from lagom_jax.cluster import collective_tables
 from lagom_jax.cluster.params import CollectiveParams
@@ -86,12 +87,14 @@ class Plan:
             raise KeyError(f"no prediction for {baseline!r} (have: {', '.join(times)})")
         return times[baseline] / self.makespan_us
 
-    def report(self, *, top: int = 20, why_width: int | None = 100) -> str:
-        """The table a person reads: predictions, speedups and each collective's choice.
+    def report(self, *, top: int = 20, width: int | None = 120) -> str:
+        """The table a person reads: predictions, speedups and the choice per NCCL tuner key.
 
-        Collectives with the same name, size and choice (the iterations of one loop) share
-        a row with their count; rows are ranked by their total predicted time. ``why`` is
-        cut to ``why_width`` characters (None: whole).
+        A row is one key of NCCL's tuner plugin (kind, bytes, ranks, nodes: all the plugin
+        sees of a call, so all its calls run with one choice), ranked by total predicted
+        time; under it, the instructions it covers (with their calls) and why the choice
+        was made. ``width`` cuts those two lines (None: whole, as in ``report.txt``); the
+        table's columns fit 120 characters.
         """
         times = dict(self.predicted_us)
         lines = [
@@ -115,38 +118,54 @@ class Plan:
             lines.append("no collectives: nothing to tune")
             return "\n".join(lines)
         rows = self.rows()
-        lines += ["", f"{len(self.collectives)} collective calls after XLA's combiners, in {len(rows)} rows "
-                      "(a row: one instruction, its loop iterations counted)",
-                  f"{'collective':<32} {'kind':<18} {'bytes':>10} {'ranks':>5} {'nodes':>5} {'calls':>5}  "
-                  f"{'NCCL default':<36} {'chosen':<36} {'time us':>9} {'exposed':>9}  why"]
+        lines += ["", f"{len(self.collectives)} collective calls after XLA's combiners, in {len(rows)} rows (a row: "
+                      "a key of NCCL's tuner plugin, which gives all its calls one choice)"]
         if self.min_gain is None:
-            lines.insert(-1, "(a collective's parameters change only where the predicted gain exceeds the cost "
-                             "model's measured error on a collective of its size, a share of its own time: "
-                             f"{collective_tables.describe_measured_error()})")
+            lines.append("(a collective's parameters change only where the predicted gain exceeds the cost "
+                         "model's measured error on a collective of its size, a share of its own time: "
+                         f"{collective_tables.describe_measured_error()})")
         elif self.min_gain:
-            lines.insert(-1, f"(a collective's parameters change only where the predicted gain exceeds "
-                             f"{self.min_gain:.0%} of its own time, the cost model's error on a collective)")
-        for calls, c, total_us, exposed_us in rows[:top]:
+            lines.append(f"(a collective's parameters change only where the predicted gain exceeds "
+                         f"{self.min_gain:.0%} of its own time, the cost model's error on a collective)")
+        if width is not None:  # the prose above the table wraps; the table's lines fit 120
+            lines = [wrapped for line in lines
+                     for wrapped in (textwrap.wrap(line, width, subsequent_indent="  ") or [""])]
+        lines.append(f"{'kind':<14} {'bytes':>10} {'ranks':>5} {'nodes':>5} {'calls':>5}  {'NCCL default':<27} "
+                     f"{'chosen':<27} {'time us':>9} {'exposed':>9}")
+
+        def cut(text: str) -> str:
+            return text if width is None or len(text) <= width else text[:width - 1] + "…"
+
+        for row in rows[:top]:
+            c = row.example
+            lines.append(f"{c.kind:<14} {human_bytes(c.bytes):>10} {c.group_size:>5} {c.nodes:>5} {row.calls:>5}  "
+                         f"{_brief(c.default_params):<27} {_brief(c.params):<27} {row.total_us:>9.1f} "
+                         f"{row.exposed_us:>9.1f}")
+            lines.append(cut("  covers " + ", ".join(
+                f"{_short_name(name, 48)}" + (f" x{n}" if n > 1 else "") for name, n in row.instructions)))
             why = c.why.removeprefix(c.params.describe() + ": ")
-            why = why if why_width is None or len(why) <= why_width else why[:why_width - 1] + "…"
-            lines.append(
-                f"{_short_name(c.name, 32):<32} {c.kind:<18} {human_bytes(c.bytes):>10} {c.group_size:>5} "
-                f"{c.nodes:>5} {calls:>5}  {c.default_params.describe():<36} {c.params.describe():<36} "
-                f"{total_us:>9.1f} {exposed_us:>9.1f}  {why}".rstrip())
+            if why:
+                lines.append(cut("  why: " + why))
         if len(rows) > top:
             lines.append(f"... {len(rows) - top} more rows (all of them: report.txt of --out, --json, Plan.to_json)")
         return "\n".join(lines)
 
-    def rows(self) -> list[tuple[int, CollectiveChoice, float, float]]:
-        """(calls, the call with the longest time, total time us, total exposed us) per
-        instruction and choice, longest total first."""
+    def rows(self) -> list[ReportRow]:
+        """One row per NCCL tuner key and choice, longest total predicted time first."""
         groups: dict[tuple, list[CollectiveChoice]] = {}
         for c in self.collectives:
-            key = (c.name, c.kind, c.bytes, c.group_size, c.nodes, c.params, c.default_params)
+            key = (c.kind, c.bytes, c.group_size, c.nodes, c.params, c.default_params)
             groups.setdefault(key, []).append(c)
-        rows = [(len(cs), max(cs, key=lambda c: c.predicted_us), sum(c.predicted_us for c in cs),
-                 sum(c.exposed_us for c in cs)) for cs in groups.values()]
-        return sorted(rows, key=lambda r: -r[2])
+        rows = []
+        for cs in groups.values():
+            counts: dict[str, int] = {}
+            for c in cs:
+                counts[c.name] = counts.get(c.name, 0) + 1
+            rows.append(ReportRow(
+                example=max(cs, key=lambda c: c.predicted_us), calls=len(cs),
+                total_us=sum(c.predicted_us for c in cs), exposed_us=sum(c.exposed_us for c in cs),
+                instructions=tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))))
+        return sorted(rows, key=lambda r: -r.total_us)
 
     # -- how the plan reaches XLA --------------------------------------------------------
     def compiler_options(self, *, with_profile: bool = False) -> dict[str, object]:
@@ -287,6 +306,24 @@ def _to_jsonable(value: object) -> object:
     if isinstance(value, (tuple, list)):
         return [_to_jsonable(v) for v in value]
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRow:
+    """One row of :meth:`Plan.report`: a tuner key's calls, the longest of them, their total
+    and exposed predicted time, and the instructions they come from with their call counts."""
+
+    example: CollectiveChoice
+    calls: int
+    total_us: float
+    exposed_us: float
+    instructions: tuple[tuple[str, int], ...]
+
+
+def _brief(params: CollectiveParams) -> str:
+    """``params`` in at most 27 characters: ``ring/LL128 24ch 512K 256t``."""
+    return (f"{params.algorithm}/{params.protocol} {params.nchannels}ch "
+            f"{params.chunk_bytes // 1024}K {params.nthreads}t")
 
 
 def _short_name(name: str, width: int) -> str:
