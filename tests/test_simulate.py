@@ -98,15 +98,18 @@ def test_law_no_collectives_takes_exactly_compute_time(g, hw):
 
 
 def test_overlapped_collective_is_hidden_and_slows_compute():
-    g = StepGraph("overlap", (compute(0, 4e12, 1e8), coll(1, 64 << 20), compute(2, 1e9, 1e6, deps=(1,))), 8)
+    # The all-reduce is launched before the GEMM (schedule order), so its CTAs are resident
+    # when the GEMM starts (a collective launched behind a running kernel waits for its end:
+    # tests/test_contention_order.py).
+    g = StepGraph("overlap", (coll(0, 64 << 20), compute(1, 4e12, 1e8), compute(2, 1e9, 1e6, deps=(0,))), 8)
     tl = simulate.simulate(g, A100)
     p = cost.nccl_default_params("all-reduce", 64 << 20, 8, 1, A100)
     t_comm = cost.collective_time_us("all-reduce", 64 << 20, 8, 1, p, A100)
     iv = {i.task_id: i for i in tl.intervals}
-    assert iv[1].start == 0.0 and iv[1].end == pytest.approx(t_comm)
+    assert iv[0].start == 0.0 and iv[0].end == pytest.approx(t_comm)
     # The GEMM outlasts the all-reduce, so nothing is exposed, but it ran slower.
     assert tl.exposed_comm_us == 0.0
-    assert iv[0].end > cost.compute_time_us(4e12, 1e8, A100)
+    assert iv[1].end > cost.compute_time_us(4e12, 1e8, A100)
     assert tl.makespan_us > tl.bound_us
 
 
