@@ -429,11 +429,30 @@ def _run_advise(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- predict
 
 
-_PREDICT_INTS = ("hidden", "heads", "layers", "seq_len", "vocab", "gpus", "tp", "dp", "pp",
+# Without --model: a Megatron-LM GPT configuration (its ``hidden`` is --d-model).
+_PREDICT_INTS = ("d_model", "heads", "layers", "seq_len", "vocab", "gpus", "tp", "dp", "pp",
                  "micro_batch", "global_batch")
 # predict --model: the contract's arguments (lagom_jax.predict_train_step_ms).
 _CONTRACT_INTS = ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab", "seq_len", "global_batch",
                   "experts", "top_k")
+# Each dimension's options (the first is its name) and help.
+_DIMENSIONS = {
+    "layers": (("--layers",), "transformer layers"),
+    "d_model": (("--d-model", "--hidden"), "model width (Megatron's hidden size)"),
+    "heads": (("--heads",), "attention heads"),
+    "kv_heads": (("--kv-heads",), "--model: key/value heads (grouped-query attention; default --heads)"),
+    "ffn": (("--ffn", "--ffn-hidden"), "FFN width (without --model, default 4 x --d-model)"),
+    "vocab": (("--vocab",), "vocabulary size (without --model, default 51200)"),
+    "seq_len": (("--seq-len",), "tokens per sequence"),
+    "global_batch": (("--global-batch",), "sequences per step, all GPUs together"),
+    "gpus": (("--gpus",), "without --model: GPUs of the job"),
+    "tp": (("--tp",), "without --model: tensor-parallel ways"),
+    "dp": (("--dp",), "without --model: data-parallel ways"),
+    "pp": (("--pp",), "without --model: pipeline stages"),
+    "micro_batch": (("--micro-batch",), "without --model: sequences per micro-batch"),
+    "experts": (("--experts",), "--model mixtral: experts per MoE layer"),
+    "top_k": (("--top-k",), "--model mixtral: experts each token is routed to"),
+}
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
@@ -451,8 +470,8 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
                    "first when it is HLO before optimization; lagom_jax.predict_hlo_step_ms)")
     p.add_argument("--nodes", type=int, default=None, help="--hlo: nodes of the cluster (default: from the module)")
     for name in dict.fromkeys(_PREDICT_INTS + _CONTRACT_INTS):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
-    p.add_argument("--ffn-hidden", type=int, default=None, help="FFN width (default 4 x hidden)")
+        flags, what = _DIMENSIONS[name]
+        p.add_argument(*flags, dest=name, type=int, default=None, help=what)
     p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
     p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
                    help="activation recomputation; auto: the cheapest that fits in memory")
@@ -516,10 +535,10 @@ def _megatron_args(args: argparse.Namespace, names: tuple[str, ...] | list[str],
     missing = [n for n in names if n != "vocab" and getattr(args, n) is None]
     if missing:
         raise _UsageError(missing_says + ", ".join("--" + n.replace("_", "-") for n in missing))
-    kw = {name: getattr(args, name) for name in names}
+    kw = {("hidden" if name == "d_model" else name): getattr(args, name) for name in names}
     kw["vocab"] = kw["vocab"] or 51200
     return kw, dict(hardware=args.hardware or "a100-sxm-8", schedule=args.schedule,
-                    recompute=args.recompute, ffn_hidden=args.ffn_hidden,
+                    recompute=args.recompute, ffn_hidden=args.ffn,
                     sequence_parallel=args.sequence_parallel)
 
 
