@@ -156,8 +156,9 @@ def gemm_beside_all_gather_ms(nccl_env: dict[str, str] | None = None, *, overlap
     from lagom_jax.cluster.nccl_env import NcclEnv
 
     n = GEMM
-    # Overlapped, the all-gather is launched first and the GEMM starts beside its CTAs (as
-    # FSDP's prefetch issues it; the microbenchmark's launch order is assumed, not published).
+    # Overlapped, the all-gather is launched first and the GEMM starts beside its CTAs: the
+    # microbenchmark enqueues the all-gather, then the matmul, on an idle GPU
+    # (bench_overlapped_matmul_allgather.py ``_step_overlap``; docs/contention_sources.md).
     ag_id, gemm_id = (0, 1) if overlapped else (1, 0)
     gemm = Task(id=gemm_id, name="gemm", kind="compute", flops=2 * n**3, bytes=3 * n * n * 2, opcode="fusion",
                 gemm=(1, n, n, n))
@@ -264,9 +265,9 @@ READING = """How to read it:
 - Launch order is what separates the sources. The H100 probe's GEMMs that start beside resident
   CTAs lose whole SMs (1.22x at 16, 1.80x at 64 of 132); a collective that arrives while a GEMM
   runs waits for it. XLA issues an async collective before the compute it overlaps, so in a JAX
-  step the GEMMs after the first lose the collective's SMs; PyTorch's microbenchmark is priced
-  with its all-gather launched first (assumed, as FSDP prefetches; the script's order is not in
-  the PR's text).
+  step the GEMMs after the first lose the collective's SMs; PyTorch's microbenchmark enqueues its
+  all-gather first on an idle GPU (docs/contention_sources.md), so its GEMM starts beside the
+  resident CTAs.
 - Echo's A100 kernels are SIMT and Ampere GEMMs that run several CTAs per SM and share an SM with
   a NCCL CTA: the whole-SM rule there puts them about 27% slow where they measured 1.00x (the
   what-if), so they keep the 0.2 share. That split is by kernel and GPU, not by source, and no
