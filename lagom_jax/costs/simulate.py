@@ -13,6 +13,11 @@ Semantics (the shared contract):
 * a collective is ready when its deps ended; ready collectives issue by ``priority``
   (higher first; unset = 0), ties in schedule order, while fewer than ``overlap_limit``
   collectives run;
+* launch order (``HardwareProfile.contention_order``, rules a-d in ``_replay``): a collective
+  whose CTAs need SMs takes them only where no compute kernel holds them (the compute stream
+  idle, or a kernel boundary; one made ready at a boundary by the kernel that just ended
+  waits for the next queued kernel too), and takes ``resident_sm_share`` SMs per CTA from
+  every kernel that starts while it runs; copy-engine collectives start when ready;
 * concurrent collectives share the network (processor sharing: with ``k`` running, each
   progresses at ``1/k`` of its own rate), so the communication never beats the sum of
   its parts and the overlap bound holds;
