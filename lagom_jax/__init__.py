@@ -33,6 +33,7 @@ def _prepare_deviceless() -> None:
 
 _prepare_deviceless()
 
+from lagom_jax.advise.configtuner import advise_train_step as advise_train_step
 from lagom_jax.advise.predict import (predict_hlo_step_ms as predict_hlo_step_ms,
                                       predict_train_step_ms as predict_train_step_ms)
 from lagom_jax.api import (Tuned as Tuned, TuningWarning as TuningWarning, auto_hardware as auto_hardware,

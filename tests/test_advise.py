@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lagom_jax.advise import configtuner as adv
+from lagom_jax.advise import configtuner as adv, predict as adv_predict
 from lagom_jax.cluster import hardware
 from lagom_jax.models import FAMILIES
 from lagom_jax.program import gpu_compile
@@ -173,3 +174,122 @@ def test_a_pipeline_across_many_nodes_is_estimated():
     e = _est(adv.ParallelConfig(8, 1, 4, 8, microbatches=8), batch=512,
              hw=hardware.get("a100-sxm-8", nodes=32))
     assert e.pp_comm_us > 0 and e.step_us > e.compute_us
+
+
+# ------------------------------------------- advise_train_step: Llama, Mixtral, GPT (issue 37)
+
+import concurrent.futures  # noqa: E402
+
+from lagom_jax.advise import memory  # noqa: E402
+
+TINY_LLAMA = dict(layers=2, d_model=32, heads=4, kv_heads=2, ffn=64, vocab=128)
+LLAMA2_7B = dict(layers=32, d_model=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)
+
+
+@pytest.fixture(scope="module")
+def advise_cache(tmp_path_factory):
+    """One compile cache for this module's tests (they share compiles), none of the user's."""
+    path = tmp_path_factory.mktemp("advise-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LAGOM_JAX_CACHE", str(path))
+        yield path
+
+
+def _fake_compile(calls, temp_per_seq=1e9):
+    """A stand-in for memory.compile_step: records what would be compiled; memory is the
+    arguments plus ``temp_per_seq`` per sequence, the step 10 ms per sequence + 5 ms."""
+    def compile_step(hw, model, config, mesh, *, batch_size, seq_len, remat, attention, limit_bytes, **_):
+        calls.append(dict(mesh))
+        ways = math.prod(mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
+        b = batch_size // ways
+        share = 0.3 if remat == "full" else 1.0
+        args = 4 * 10 ** 9
+        return memory.StepMemory(args, args, args, int(b * temp_per_seq * share), 0, 0,
+                                 5 + 10 * b / share ** 0.1, "fake"), False
+    return compile_step
+
+
+def test_weights_alone_over_memory_are_rejected_before_any_compile(monkeypatch):
+    """llama2-7b on 8 H100: meshes without fsdp/model sharding hold 84 GB of float32 weights
+    and Adam moments per GPU, over the 59 GiB limit: rejected, never compiled."""
+    calls: list[dict] = []
+    monkeypatch.setattr(memory, "compile_step", _fake_compile(calls))
+    advice = adv.advise_train_step("llama", **LLAMA2_7B, gpus=8, hardware="h100-sxm-8", global_batch=16,
+                                   seq_len=4096, mesh_finalists=1, remats=("full",), jobs=1)
+    limit = advice.limit_bytes
+    assert limit == int(0.75 * memory.gpu_memory_bytes(H100))
+    over = [c for c, why in advice.rejected if "weights and Adam state alone" in why]
+    assert "data=8" in over
+    assert calls and all(adv.state_bytes_per_gpu("llama", {**LLAMA2_7B, "seq_len": 4096}, m) <= limit
+                         for m in calls)
+    assert {"data": 8, "fsdp": 1, "model": 1, "expert": 1} not in calls
+    # On one GPU nothing can hold the state: nothing is compiled, one line says so.
+    calls.clear()
+    with pytest.raises(adv.NothingFits, match="weights and Adam state alone need at least 75.* about 2 GPUs") as err:
+        adv.advise_train_step("llama", **LLAMA2_7B, gpus=1, hardware="h100-sxm-8", global_batch=16,
+                              seq_len=4096)
+    assert calls == [] and "\n" not in str(err.value)
+
+
+def test_search_takes_the_largest_batch_that_fits_and_says_how_it_pruned(monkeypatch):
+    calls: list[dict] = []
+    monkeypatch.setattr(memory, "compile_step", _fake_compile(calls, temp_per_seq=9 * 2 ** 30))
+    advice = adv.advise_train_step("llama", **LLAMA2_7B, gpus=8, hardware="h100-sxm-8", global_batch=64,
+                                   seq_len=4096, meshes=[{"fsdp": 8}], remats=("full", "none"), jobs=1,
+                                   current={"mesh": {"fsdp": 8}, "per_device_batch": 1, "remat": "full"})
+    limit = advice.limit_bytes
+    best = advice.best
+    assert all(c.fits == (c.peak_bytes <= limit) for c in advice.candidates)
+    # none: 4 GiB + 9 GiB per sequence fits 5 sequences -> the largest divisor of 8 is 4;
+    # full: 0.3 x 9 GiB per sequence fits all 8
+    by = {(c.remat, c.per_device_batch) for c in advice.candidates if c.fits}
+    assert ("none", 4) in by and ("none", 8) not in by and ("full", 8) in by
+    assert best.step_ms == min(c.step_ms for c in advice.candidates if c.fits)
+    assert advice.current.per_device_batch == 1 and advice.current.grad_accum == 8
+    assert advice.gain(best) == pytest.approx(advice.current.step_ms / best.step_ms)
+    report = advice.report()
+    assert "Pruning:" in report and "MaxText-style config" in report
+    assert "gradient_accumulation_steps" in adv.maxtext_fragment(best, 8, 8)
+
+
+def test_bad_input_for_the_family_advisor():
+    with pytest.raises(ValueError, match="not whole nodes"):
+        adv.advise_train_step("llama", **TINY_LLAMA, gpus=12, hardware="h100-sxm-8", global_batch=24,
+                              seq_len=16)
+    with pytest.raises(ValueError, match="global batch 3 is divided by no mesh"):
+        adv.advise_train_step("llama", **TINY_LLAMA, gpus=8, hardware="h100-sxm-8", global_batch=3,
+                              seq_len=16)
+
+
+def _peak(mesh, batch, remat):
+    hw = H100.with_nodes(1)
+    src = adv_predict.train_step_source("llama", **TINY_LLAMA, seq_len=16, global_batch=batch, mesh=mesh,
+                                        remat=remat, attention="xla")
+    step, _ = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=batch, seq_len=16,
+                                  remat=remat, attention="xla",
+                                  limit_bytes=int(0.75 * memory.gpu_memory_bytes(hw)))
+    return step.peak_bytes
+
+
+def test_xla_memory_rises_with_the_batch_and_falls_with_remat(advise_cache):
+    """Deviceless compiles of a tiny llama on 2 GPUs (fsdp 2): XLA's peak per GPU."""
+    cases = [(1, "none"), (2, "none"), (2, "full")]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        peaks = dict(zip(cases, pool.map(lambda c: _peak({"fsdp": 2}, 2 * c[0], c[1]), cases)))
+    assert peaks[(2, "none")] > peaks[(1, "none")]
+    assert peaks[(2, "full")] < peaks[(2, "none")]
+
+
+def test_ranked_by_the_contract_prediction(advise_cache):
+    """A configuration is ranked by the number predict_train_step_ms gives it."""
+    import lagom_jax
+
+    advice = adv.advise_train_step("llama", **TINY_LLAMA, gpus=2, hardware="h100-sxm-8", global_batch=4,
+                                   seq_len=16, meshes=[{"fsdp": 2}], remats=("full", "none"), jobs=2)
+    ranked = [c.step_ms for c in advice.candidates if c.fits]
+    assert ranked == sorted(ranked) and len(ranked) >= 2
+    best = next(c for c in advice.candidates if c.grad_accum == 1)
+    ms = lagom_jax.predict_train_step_ms("llama", **TINY_LLAMA, seq_len=16, global_batch=4, mesh=best.mesh,
+                                         remat=best.remat, attention="xla")
+    assert best.step_ms == pytest.approx(ms, rel=1e-9)
+    assert best.attention == "xla"  # flash needs head_dim >= 16

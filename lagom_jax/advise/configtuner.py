@@ -31,7 +31,7 @@ import functools
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from lagom_jax import job
@@ -763,3 +763,550 @@ def predict_step_ms(*, hidden: int, heads: int, layers: int, seq_len: int, vocab
                         gpus=gpus, tp=tp, dp=dp, pp=pp, micro_batch=micro_batch,
                         global_batch=global_batch, hardware=hardware, schedule=schedule,
                         **options).total_ms
+
+
+# ------------------------------------------------ Llama, Mixtral and GPT: memory from XLA
+#
+# `advise_train_step` advises the built-in families of the prediction contract
+# (`lagom_jax.advise.predict`): which mesh (data x fsdp x model x expert, model and expert
+# inside a node), per-device batch and gradient accumulation, remat policy and attention
+# implementation. Arithmetic rules out what cannot run; XLA's deviceless compile gives the
+# memory of the rest (`lagom_jax.advise.memory`) and the contract's prediction ranks them.
+
+# Remat policies from least memory to most: each saves a superset of what the one before
+# saves (models/pipeline.py), so memory rises along this order and recomputation falls.
+REMAT_ORDER = ("full", "save_qkv_proj", "save_dot_except_mlp", "save_dot_except_mlpwi", "minimal",
+               "minimal_flash", "none")
+# GPT-2's layers tag no names, so the name-based policies save what `full` saves.
+GPT_REMATS = ("full", "minimal", "none")
+# Float32 weights and the two Adam moments per parameter: the step's arguments.
+STATE_BYTES = 12
+GRAD_ACCUM_BYTES = 4  # the float32 gradient accumulator a step with grad_accum > 1 keeps
+DEFAULT_MESH_FINALISTS = 4
+DEFAULT_TOP = 10
+
+
+class NothingFits(ValueError):
+    """No configuration of the search fits in GPU memory (the message says what would)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainCandidate:
+    """One configuration of a training step, evaluated: memory from XLA (``peak_bytes``)
+    against ``limit_bytes``, and the predicted step (``step_ms``: the contract's
+    ``predict_train_step_ms`` of one micro-step times ``grad_accum``)."""
+    mesh: dict[str, int]
+    per_device_batch: int  # sequences per data x fsdp x expert rank in one micro-step
+    grad_accum: int
+    remat: str
+    attention: str
+    fits: bool
+    peak_bytes: int
+    limit_bytes: int
+    step_ms: float
+    micro_step_ms: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    xla_remat: int  # instructions XLA's rematerialization pass added to meet the limit
+    why: str
+
+    def label(self) -> str:
+        mesh = ",".join(f"{a}={n}" for a, n in self.mesh.items())
+        return (f"[{mesh}] b={self.per_device_batch} x{self.grad_accum} {self.remat}"
+                + ("" if self.attention == "flash" else f" {self.attention}-attn"))
+
+    def key(self) -> tuple:
+        return (tuple(sorted(self.mesh.items())), self.per_device_batch, self.grad_accum, self.remat,
+                self.attention)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainAdvice:
+    """What ``advise_train_step`` returns (the issue's ``Advice``): ``candidates`` fastest
+    first (fitting ones, then the rest), ``current`` (the user's own configuration, always
+    evaluated) and how the search went."""
+    family: str
+    dims: dict[str, int]
+    gpus: int
+    hardware: str
+    nodes: int
+    global_batch: int
+    seq_len: int
+    memory_fraction: float
+    gpu_memory_bytes: int
+    limit_bytes: int
+    candidates: tuple[TrainCandidate, ...]
+    current: TrainCandidate | None
+    screened: int
+    rejected: tuple[tuple[str, str], ...]  # (configuration, why), ruled out before compiling
+    compiles: int
+    cached: int
+    wall_s: float
+    pruning: tuple[str, ...]
+    tuned: Any = None  # job.Job of the best candidate (``tune=True``)
+
+    @property
+    def best(self) -> TrainCandidate:
+        fitting = [c for c in self.candidates if c.fits]
+        if not fitting:
+            raise NothingFits("no configuration fits")
+        return fitting[0]
+
+    def gain(self, c: TrainCandidate) -> float | None:
+        return None if self.current is None else self.current.step_ms / c.step_ms
+
+    def table(self, top: int | None = None) -> str:
+        gib = 2 ** 30
+        rows = ["| rank | mesh | per-device batch | grad accum | remat | attention | fits (peak GiB of "
+                f"{self.limit_bytes / gib:.1f}) | predicted step ms | tokens/s/GPU | MFU | gain |",
+                "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|"]
+        shown = list(self.candidates[:top])
+        if self.current is not None:
+            shown.append(self.current)
+        for i, c in enumerate(shown, 1):
+            rank = "yours" if c is self.current else str(i)
+            mesh = ",".join(f"{a}={n}" for a, n in c.mesh.items())
+            fit = ("yes" if c.fits else "NO") + f" ({c.peak_bytes / gib:.1f})" + (
+                f" XLA remat {c.xla_remat}" if c.xla_remat else "")
+            g = self.gain(c)
+            rows.append(f"| {rank} | {mesh} | {c.per_device_batch} | {c.grad_accum} | {c.remat} | "
+                        f"{c.attention} | {fit} | {c.step_ms:.1f} | {c.tokens_per_s_per_gpu:.0f} | "
+                        f"{c.mfu * 100:.1f}% | {'-' if g is None else f'{g:.2f}x'} |")
+        return "\n".join(rows)
+
+    def report(self, top: int | None = None) -> str:
+        d = self.dims
+        head = (f"{self.family} (layers {d['layers']}, d_model {d['d_model']}, heads {d['heads']}/"
+                f"{d['kv_heads']}, ffn {d['ffn']}, vocab {d['vocab']}"
+                + (f", {d['experts']} experts top-{d['top_k']}" if d.get("experts") else "")
+                + f") on {self.gpus} x {self.hardware} ({self.nodes} node(s)), global batch "
+                f"{self.global_batch} x seq {self.seq_len}; limit {self.limit_bytes / 2 ** 30:.1f} GiB "
+                f"= {self.memory_fraction:g} x {self.gpu_memory_bytes / 2 ** 30:.1f} GiB "
+                "-- memory from XLA's deviceless compile, times predicted by the cost model")
+        lines = [head, "", self.table(top), ""]
+        remat = [c for c in self.candidates[:top] if c.xla_remat and c.fits]
+        if remat:
+            lines.append(f"XLA had to rematerialize to fit in {len(remat)} of these rows (its "
+                         "rematerialization pass ran against the same limit; 'XLA remat N': N "
+                         "instructions recomputed).")
+        lines += [f"Searched: {self.screened} configurations screened by arithmetic, "
+                  f"{len(self.rejected)} ruled out before compiling, {self.compiles} compiled "
+                  f"({self.cached} from the cache), {self.wall_s:.0f} s.",
+                  "Pruning: " + " ".join(self.pruning)]
+        try:
+            best = self.best
+        except NothingFits:
+            return "\n".join(lines)
+        lines += ["", f"Recommendation: {best.label()}: {best.why}", "", "MaxText-style config:",
+                  maxtext_fragment(best, self.gpus, self.nodes_size()), ""]
+        if self.tuned is not None:
+            flags = self.tuned.plan.xla_flags()
+            lines += [f"Tuned by the pipeline (lagom): {self.tuned.predicted_ms('lagom'):.1f} ms "
+                      f"(XLA defaults {self.tuned.predicted_ms('xla-default'):.1f} ms); flags:",
+                      "  " + (" ".join(flags) if flags else "(none)")]
+        return "\n".join(lines)
+
+    def nodes_size(self) -> int:
+        return self.gpus // self.nodes
+
+    def to_json(self) -> str:
+        d = {k: getattr(self, k) for k in ("family", "dims", "gpus", "hardware", "nodes", "global_batch",
+                                           "seq_len", "memory_fraction", "gpu_memory_bytes",
+                                           "limit_bytes", "screened", "compiles", "cached", "wall_s")}
+        d["pruning"] = list(self.pruning)
+        d["candidates"] = [c.to_dict() for c in self.candidates]
+        d["current"] = None if self.current is None else self.current.to_dict()
+        d["rejected"] = [{"config": c, "why": w} for c, w in self.rejected]
+        if self.tuned is not None:
+            d["tuned"] = {"xla_flags": list(self.tuned.plan.xla_flags()),
+                          "lagom_ms": self.tuned.predicted_ms("lagom"),
+                          "xla_default_ms": self.tuned.predicted_ms("xla-default")}
+        return json.dumps(d, indent=2)
+
+
+def maxtext_fragment(c: TrainCandidate, gpus: int, gpus_per_node: int) -> str:
+    """MaxText's names for a candidate: the mesh split into ici (inside a node) and dcn
+    (across nodes) parts, filled innermost first (expert, model, fsdp, data: the layout of
+    the contract's mesh), the per-device batch per GPU, accumulation, remat, attention."""
+    room = gpus_per_node
+    ici, dcn = {}, {}
+    for axis in ("expert", "model", "fsdp", "data"):
+        n = c.mesh.get(axis, 1)
+        inside = math.gcd(n, room)
+        ici[axis], dcn[axis] = inside, n // inside
+        room //= inside
+    ways = math.prod(c.mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
+    per_gpu = c.per_device_batch * ways / gpus
+    names = {"data": "data", "fsdp": "fsdp", "model": "tensor", "expert": "expert"}
+    lines = [f"per_device_batch_size: {per_gpu:g}", f"gradient_accumulation_steps: {c.grad_accum}",
+             f"remat_policy: {c.remat}",
+             f"attention: {'cudnn_flash_te' if c.attention == 'flash' else 'dot_product'}  # lagom-jax "
+             f"priced {'a fused flash kernel' if c.attention == 'flash' else 'materialised scores'}",
+             "scan_layers: true"]
+    lines += [f"ici_{names[a]}_parallelism: {ici[a]}" for a in ("data", "fsdp", "model", "expert")]
+    lines += [f"dcn_{names[a]}_parallelism: {dcn[a]}" for a in ("data", "fsdp", "model", "expert")]
+    return "\n".join(lines)
+
+
+def _divisors_upto(n: int, cap: int | None = None) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0 and (cap is None or d <= cap)]
+
+
+def state_bytes_per_gpu(family: str, dims: Mapping[str, int], mesh: Mapping[str, int]) -> float:
+    """Float32 weights and Adam moments one GPU holds on ``mesh`` (bytes): every matrix over
+    fsdp (its embed dimension) and model (heads, kv heads, MLP, vocab), experts also over
+    expert (models/sharding.py's rules); norms and biases over fsdp."""
+    f, t, e = (mesh.get(a, 1) for a in ("fsdp", "model", "expert"))
+    L, d, h, kv, ff, v = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab"))
+    hd = d // h
+    attn = d * (h + 2 * kv) * hd + h * hd * d
+    if family == "gpt":
+        mlp, embed, small = 2 * d * ff, v * d + dims["seq_len"] * d, 9 * d + ff
+    else:
+        mlp, embed, small = 3 * d * ff, 2 * v * d, 2 * d
+    experts = dims.get("experts", 0)
+    if experts:
+        per_layer = attn / (f * t) + experts * mlp / (f * t * e) + d * experts / f + small / f
+    else:
+        per_layer = (attn + mlp) / (f * t) + small / f
+    return STATE_BYTES * (L * per_layer + embed / (f * t) + d / f)
+
+
+def model_flops_per_token(family: str, dims: Mapping[str, int], seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward, no recomputation): 6 x the matmul
+    parameters a token meets (top-k experts for MoE) plus causal attention,
+    ``6 L s h d_head`` (half the scores of ``12 L s h d_head``), as MaxText counts them."""
+    L, d, h, kv, ff, v = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab"))
+    hd = d // h
+    mlp = (2 if family == "gpt" else 3) * d * ff * (dims.get("top_k") or 1)
+    matmul = L * (d * (h + 2 * kv) * hd + h * hd * d + mlp) + v * d
+    return 6 * matmul + 6 * L * seq_len * h * hd
+
+
+def _mesh_str(mesh: Mapping[str, int]) -> str:
+    return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "data=1"
+
+
+def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_node: int,
+                   global_batch: int) -> tuple[list[dict[str, int]], list[tuple[str, str]]]:
+    """Every data x fsdp x model x expert mesh of ``gpus`` with model x expert inside a node,
+    and the ones arithmetic rules out, with why."""
+    keep, out = [], []
+    experts = dims.get("experts", 0)
+    for t in _divisors_upto(gpus, gpus_per_node):
+        for e in (_divisors_upto(gpus // t, gpus_per_node // t) if experts else [1]):
+            if gpus_per_node % (t * e) and t * e < gpus:
+                continue  # a model x expert group must tile a node
+            rest = gpus // (t * e)
+            for f in _divisors_upto(rest):
+                mesh = {"data": rest // f, "fsdp": f, "model": t, "expert": e}
+                why = []
+                for name in ("heads", "kv_heads", "ffn", "vocab"):
+                    if dims[name] % t:
+                        why.append(f"model {t} does not divide {name} {dims[name]}")
+                if dims["d_model"] % f:
+                    why.append(f"fsdp {f} does not divide d_model {dims['d_model']}")
+                if experts and experts % e:
+                    why.append(f"expert {e} does not divide {experts} experts")
+                ways = (rest // f) * f * e
+                if global_batch % ways:
+                    why.append(f"global batch {global_batch} not divisible by data x fsdp x expert {ways}")
+                (out.append((_mesh_str(mesh), "; ".join(why))) if why else keep.append(mesh))
+    return keep, out
+
+
+def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
+                      vocab: int, experts: int = 0, top_k: int = 0, gpus: int,
+                      hardware: str | hardware_lib.HardwareProfile, global_batch: int, seq_len: int,
+                      current: Mapping[str, Any] | None = None, memory_fraction: float | None = None,
+                      top: int = DEFAULT_TOP, jobs: int | None = None,
+                      mesh_finalists: int = DEFAULT_MESH_FINALISTS,
+                      meshes: Sequence[Mapping[str, int]] | None = None,
+                      remats: Sequence[str] | None = None, attentions: Sequence[str] | None = None,
+                      tune: bool = False, cache: bool = True, progress: Progress | None = None
+                      ) -> TrainAdvice:
+    """The fastest configurations of ``family``'s training step that fit in GPU memory.
+
+    family: "llama" | "mixtral" | "gpt" (``predict_train_step_ms``'s families and
+    dimensions); gpus on ``hardware`` (a preset; nodes = gpus / GPUs per node);
+    global_batch sequences of seq_len per step. current: the user's configuration
+    ({"mesh": {...}, "per_device_batch": b, "grad_accum": g, "remat": ..., "attention": ...}),
+    always compiled and returned as ``current``. memory_fraction: the share of GPU memory
+    XLA gets (default ``XLA_PYTHON_CLIENT_MEM_FRACTION``, else JAX's 0.75).
+
+    The search (each stage prunes the next; ``TrainAdvice.pruning`` says it with numbers):
+
+    1. arithmetic, nothing compiled: meshes data x fsdp x model x expert with model x expert
+       inside a node whose sizes divide heads, kv heads, ffn, vocab (model), d_model (fsdp),
+       experts (expert) and the global batch (data x fsdp x expert); then those whose float32
+       weights and Adam moments alone exceed the limit are rejected;
+    2. a probe of each mesh (compiled): per-device batch 1 with ``full`` remat, the least
+       memory any configuration of that mesh needs: a mesh where it does not fit is out;
+    3. the ``mesh_finalists`` meshes of fastest probe, searched: for each remat policy from
+       least memory to most (``REMAT_ORDER``), the largest per-device batch that fits, found by
+       bisection over the divisors of the per-rank batch (memory rises with the batch, and a
+       policy saving more cannot fit a larger batch than one saving less, so each policy's
+       bisection starts at or below the last); every compiled configuration that fits is ranked;
+    4. the other attention implementation (XLA's materialised scores, where flash applies)
+       at the best configurations found.
+
+    A micro-step is compiled deviceless and predicted as ``predict_train_step_ms`` would
+    (same step, ``xla-default``); a step of ``grad_accum`` micro-steps is predicted as that
+    many micro-steps (an upper bound by ``grad_accum - 1`` optimizer updates) and needs a
+    float32 gradient accumulator beside the micro-step's peak. Compiles run in ``jobs``
+    parallel processes (default: the CPU count) and are cached by fingerprint.
+    ``tune``: also run the best candidate through the pipeline (``job.run``, lagom) and
+    keep the Job in ``tuned``. Raises ValueError for input no mesh or split can use and
+    NothingFits (a ValueError) when nothing fits, naming the smallest memory found and what
+    would fit.
+    """
+    import concurrent.futures
+    import os
+    import threading
+    import time
+
+    from lagom_jax.advise import memory, predict
+
+    say = progress or (lambda _m: None)
+    start = time.monotonic()
+    if family not in predict.FAMILY_MODELS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(predict.FAMILY_MODELS)}")
+    if family == "gpt":
+        kv_heads = kv_heads or heads
+    dims = dict(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab,
+                experts=experts, top_k=top_k, seq_len=seq_len)
+    for name in ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab", "gpus", "global_batch",
+                 "seq_len", "top", "mesh_finalists"):
+        value = dims.get(name, locals()[name])
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    hw = predict._cluster(hardware, gpus)  # noqa: SLF001 - the contract's cluster; ValueError if not whole nodes
+    fraction = memory.memory_fraction(memory_fraction)
+    gpu_bytes = memory.gpu_memory_bytes(hw)
+    limit = int(gpu_bytes * fraction)
+    gib = 2 ** 30
+    hd = d_model // heads if d_model % heads == 0 else 0
+    flash_ok = seq_len % 16 == 0 and hd >= 16
+    attns = list(attentions or (("flash", "xla") if flash_ok else ("xla",)))
+    if "flash" in attns and not flash_ok:
+        raise ValueError(f"flash attention needs seq_len a multiple of 16 and head_dim >= 16 (got "
+                         f"{seq_len}, {hd}); use attention xla")
+    policies = [r for r in (remats or (GPT_REMATS if family == "gpt" else REMAT_ORDER))]
+    policies.sort(key=REMAT_ORDER.index)
+    pruning: list[str] = []
+
+    # 1. arithmetic
+    all_meshes, rejected = _family_meshes(family, dims, gpus, hw.gpus_per_node, global_batch)
+    screened, divisibility = len(all_meshes) + len(rejected), len(rejected)
+    if meshes is not None:
+        wanted = [{a: int(m.get(a, 1)) for a in predict.MESH_AXES} for m in meshes]
+        all_meshes = [m for m in all_meshes if m in wanted]
+    if not all_meshes:
+        if not rejected:
+            raise ValueError(f"no data x fsdp x model x expert mesh of {gpus} GPUs")
+        batch_bad = [w for _, w in rejected if w.startswith("global batch")]  # only the batch
+        if batch_bad:
+            raise ValueError(f"global batch {global_batch} is divided by no mesh of {gpus} GPUs "
+                             f"(every mesh spreads the batch over data x fsdp x expert); use a multiple "
+                             f"of {min(int(w.rsplit(' ', 1)[1]) for w in batch_bad)}")
+        raise ValueError(f"no mesh of {gpus} GPUs can run this model: "
+                         + "; ".join(f"{c}: {w}" for c, w in rejected[:3]))
+    survivors = []
+    smallest_state = min(state_bytes_per_gpu(family, dims, m) for m in all_meshes)
+    for m in all_meshes:
+        state = state_bytes_per_gpu(family, dims, m)
+        if state > limit:
+            rejected.append((_mesh_str(m), f"weights and Adam state alone {state / gib:.1f} GiB > "
+                                           f"limit {limit / gib:.1f} GiB"))
+        else:
+            survivors.append(m)
+    pruning.append(f"{screened} meshes (model x expert inside a node): {divisibility} ruled out by "
+                   f"divisibility, {len(all_meshes) - len(survivors)} by weights + Adam state alone over "
+                   "the limit (never compiled)"
+                   + (f", {screened - divisibility - len(all_meshes)} outside the meshes asked for"
+                      if meshes is not None else "") + ".")
+    lock = threading.Lock()
+    counts = {"compiles": 0, "cached": 0, "seconds": 0.0}
+    results: dict[tuple, TrainCandidate] = {}
+    failures: dict[tuple, str] = {}
+    workers = max(1, jobs or os.cpu_count() or 1)
+    planned = {"n": 0}
+    searched: set[tuple] = set()  # what the search evaluated (the user's own configuration aside)
+
+    def local_batch(m: Mapping[str, int]) -> int:
+        return global_batch // math.prod(m.get(a, 1) for a in ("data", "fsdp", "expert"))
+
+    def evaluate(m: Mapping[str, int], b: int, g: int, remat: str, attention: str, note: str = ""
+                 ) -> TrainCandidate | None:
+        """Compile and predict one configuration (cached in ``results``)."""
+        key = (tuple(sorted(m.items())), b, g, remat, attention)
+        if not note:
+            with lock:
+                searched.add(key)
+        if key in results:
+            return results[key]
+        if key in failures:
+            return None
+        ways = math.prod(m.get(a, 1) for a in ("data", "fsdp", "expert"))
+        try:
+            src = predict.train_step_source(family, layers=layers, d_model=d_model, heads=heads,
+                                            kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq_len=seq_len,
+                                            global_batch=b * ways, mesh=m, remat=remat, experts=experts,
+                                            top_k=top_k, attention=attention)
+            t0 = time.monotonic()
+            step, hit = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=b * ways,
+                                            seq_len=seq_len, remat=remat, attention=attention,
+                                            limit_bytes=limit, cache=cache)
+        except (ValueError, memory.CompileFailed) as err:
+            with lock:
+                failures[key] = str(err)
+            say(f"  {_mesh_str(m)} b={b} {remat} {attention}: not compiled: {str(err)[:200]}")
+            return None
+        state = state_bytes_per_gpu(family, dims, m)
+        peak = step.peak_bytes + (int(GRAD_ACCUM_BYTES / STATE_BYTES * state) if g > 1 else 0)
+        step_ms = g * step.step_ms
+        tokens = global_batch * seq_len
+        tps = tokens / (step_ms / 1e3) / gpus
+        mfu = model_flops_per_token(family, dims, seq_len) * tps / (hw.peak_tflops * 1e12)
+        fits = peak <= limit
+        why = (f"peak {peak / gib:.1f} GiB ({'fits' if fits else 'over'} the {limit / gib:.1f} GiB limit: "
+               f"arguments {step.argument_bytes / gib:.1f}, temporaries {step.temp_bytes / gib:.1f}"
+               + (f", accumulator {(peak - step.peak_bytes) / gib:.1f}" if g > 1 else "")
+               + f"); {g} x {step.step_ms:.1f} ms micro-step"
+               + (f"; XLA rematerialized {step.remat_instructions} instructions"
+                  if step.remat_instructions else "") + (f"; {note}" if note else ""))
+        cand = TrainCandidate(dict(m), b, g, remat, attention, fits, peak, limit, step_ms, step.step_ms,
+                              tps, mfu, step.remat_instructions, why)
+        with lock:
+            results[key] = cand
+            counts["compiles"] += 1
+            counts["cached"] += int(hit)
+            if not hit:
+                counts["seconds"] += time.monotonic() - t0
+            done = counts["compiles"]
+            per = counts["seconds"] / max(1, done - counts["cached"])
+            left = max(0, planned["n"] - done)
+        say(f"[{done} compiled, ~{left} to go, {time.monotonic() - start:.0f} s, ~{left * per / workers:.0f} s "
+            f"left] {cand.label()}: {'fits' if fits else 'does not fit'} {peak / gib:.1f} GiB, "
+            f"{step_ms:.1f} ms")
+        return cand
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    try:
+        cur_future = None
+        if current is not None:
+            cm = {a: int(current["mesh"].get(a, 1)) for a in predict.MESH_AXES}
+            if math.prod(cm.values()) != gpus:
+                raise ValueError(f"current mesh {current['mesh']} has {math.prod(cm.values())} GPUs, not {gpus}")
+            cb = int(current.get("per_device_batch") or 0)
+            cg = int(current.get("grad_accum") or 0)
+            lb = local_batch(cm) if global_batch % math.prod(cm[a] for a in ("data", "fsdp", "expert")) == 0 else 0
+            if not lb:
+                raise ValueError(f"current mesh {_mesh_str(cm)}: global batch {global_batch} not divisible "
+                                 "by data x fsdp x expert")
+            cb, cg = (cb or lb // (cg or 1)), (cg or lb // (cb or lb))
+            if cb * cg != lb:
+                raise ValueError(f"current: per-device batch {cb} x grad accum {cg} != {lb} sequences "
+                                 f"per data x fsdp x expert rank (global batch {global_batch})")
+            planned["n"] += 1
+            cur_future = pool.submit(evaluate, cm, cb, cg, current.get("remat", "full"),
+                                     current.get("attention", "flash" if flash_ok else "xla"),
+                                     "your configuration")
+
+        # 2. probes: per-device batch 1, full remat (the least memory of a mesh)
+        probe_attn = "flash" if "flash" in attns else attns[0]
+        probe_remat = policies[0]
+        planned["n"] += len(survivors)
+        say(f"screened {screened} meshes: {len(survivors)} pass arithmetic; probing each at per-device "
+            f"batch 1, remat {probe_remat} ({workers} parallel compiles)")
+        probes = dict(zip(map(_mesh_str, survivors), pool.map(
+            lambda m: evaluate(m, 1, local_batch(m), probe_remat, probe_attn), survivors)))
+        fit_probes = sorted((c for c in probes.values() if c is not None and c.fits),
+                            key=lambda c: c.step_ms)
+        finalists = [c.mesh for c in fit_probes[:mesh_finalists]]
+        pruning.append(f"{len(survivors)} probed at per-device batch 1 with {probe_remat} remat, "
+                       f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further.")
+
+        # 3. per finalist mesh: the largest per-device batch that fits, per remat policy
+        def search_mesh(m: dict[str, int]) -> None:
+            lb = local_batch(m)
+            sizes = _divisors_upto(lb)
+            hi = len(sizes) - 1
+            for remat in policies:
+                def fits(i: int) -> bool:
+                    with lock:
+                        planned["n"] += 1
+                    c = evaluate(m, sizes[i], lb // sizes[i], remat, probe_attn)
+                    return c is not None and c.fits
+
+                # The largest batch allowed first (it fits where memory is plenty), then bisect.
+                best = hi if fits(hi) else None
+                lo, up = 0, (hi - 1 if best is None else -1)
+                while lo <= up:
+                    mid = (lo + up + 1) // 2
+                    if fits(mid):
+                        best, lo = mid, mid + 1
+                    else:
+                        up = mid - 1
+                if best is None:
+                    return  # this policy fits no batch: the ones saving more cannot either
+                hi = best
+
+        list(pool.map(search_mesh, finalists))
+        pruning.append(f"Per finalist, each remat policy ({', '.join(policies)}) bisects the per-device "
+                       "batch below the last policy's largest fit (memory rises with the batch and along "
+                       "the policies).")
+
+        # 4. the other attention implementation at the best configurations
+        others = [a for a in attns if a != probe_attn]
+        if others:
+            best = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:3]
+            planned["n"] += len(best) * len(others)
+            list(pool.map(lambda ca: evaluate(ca[0].mesh, ca[0].per_device_batch, ca[0].grad_accum,
+                                              ca[0].remat, ca[1]),
+                          [(c, a) for c in best for a in others]))
+            pruning.append(f"Attention {', '.join(others)} tried at the {len(best)} best configurations.")
+        cur = cur_future.result() if cur_future is not None else None
+    finally:
+        pool.shutdown(wait=True)
+
+    if current is not None and cur is None:
+        key = next(iter(k for k in failures), None)
+        raise ValueError(f"the current configuration could not be compiled: {failures.get(key, '?')}")
+    ranked = sorted((c for k, c in results.items() if k in searched), key=lambda c: (not c.fits, c.step_ms if c.fits else c.peak_bytes))
+    fitting = [c for c in ranked if c.fits]
+    if not fitting:
+        smallest = min((c.peak_bytes for k, c in results.items() if k in searched), default=None)
+        if smallest is None:
+            need = math.ceil(smallest_state / limit * gpus) if smallest_state > limit else gpus
+            more = need if need <= hw.gpus_per_node else hw.gpus_per_node * -(-need // hw.gpus_per_node)
+            raise NothingFits(
+                f"nothing fits: the weights and Adam state alone need at least {smallest_state / gib:.1f} GiB "
+                f"per GPU over the {limit / gib:.1f} GiB limit ({fraction:g} x {gpu_bytes / gib:.1f} GiB); "
+                f"about {more} GPUs would hold them")
+        best_small = min(results.values(), key=lambda c: c.peak_bytes)
+        raise NothingFits(
+            f"nothing fits: the smallest peak found is {smallest / gib:.1f} GiB ({best_small.label()}) over "
+            f"the {limit / gib:.1f} GiB limit ({fraction:g} x {gpu_bytes / gib:.1f} GiB): per-device batch 1 "
+            f"with full remat was tried on every mesh; use about "
+            f"{hw.gpus_per_node * max(1, -(-math.ceil(gpus * smallest / limit) // hw.gpus_per_node))} GPUs, "
+            f"a shorter sequence or a larger --memory-fraction")
+    tuned = None
+    if tune:
+        b = fitting[0]
+        ways = math.prod(b.mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
+        say(f"tuning the best candidate {b.label()} with the pipeline (lagom) ...")
+        src = predict.train_step_source(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads,
+                                        ffn=ffn, vocab=vocab, seq_len=seq_len, global_batch=b.per_device_batch * ways,
+                                        mesh=b.mesh, remat=b.remat, experts=experts, top_k=top_k,
+                                        attention=b.attention)
+        from lagom_jax import job as job_lib
+        tuned = job_lib.run(src, hw, strategy="lagom", baselines=("xla-default",), verify=False, log=say)
+    wall = time.monotonic() - start
+    return TrainAdvice(family, {k: v for k, v in dims.items() if k != "seq_len"}, gpus, hw.name, hw.nodes,
+                       global_batch, seq_len, fraction, gpu_bytes, limit, tuple(ranked[:max(top, 1)]),
+                       cur, screened, tuple(rejected), counts["compiles"], counts["cached"], wall,
+                       tuple(pruning), tuned)
