@@ -268,9 +268,19 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
                     decisions=decisions, recompile=recompile)
 
 
+def _as_compiled_for(hw: hardware_lib.HardwareProfile, options: Mapping[str, Any]) -> hardware_lib.HardwareProfile:
+    """``hw`` with the stream priority XLA gives async collectives in this compile: the
+    user's ``xla_gpu_enable_highest_priority_async_stream`` (compile option, else XLA_FLAGS),
+    else XLA's default (true; read in openxla/xla ``GpuExecutable::ExecuteThunksImpl``)."""
+    high = flags_lib.bool_setting("xla_gpu_enable_highest_priority_async_stream", options)
+    return hw if high is None or high == hw.comm_high_priority else dataclasses.replace(hw, comm_high_priority=high)
+
+
 def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_lib.HardwareProfile,
                    log: Log = silent) -> Compiled:
-    """Step 1 of the pipeline: the module of ``source`` for the cluster ``hw``."""
+    """Step 1 of the pipeline: the module of ``source`` for the cluster ``hw``, whose
+    collectives run at the stream priority the compile gives them (:func:`_as_compiled_for`)."""
+    hw = _as_compiled_for(hw, dict(getattr(source, "compiler_options", ())))
     if isinstance(source, HloSource):
         return _compile_hlo(source, hw, log)
     if isinstance(source, ModelSource):

@@ -53,3 +53,21 @@ def test_every_known_flag_is_accepted_by_installed_xla_at_its_default():
 def test_rejections_name_the_flag(xla_flags, options, culprit):
     with pytest.raises(flags.FlagError, match=culprit):
         flags.validate(xla_flags, options)
+
+
+def test_a_step_is_planned_at_the_stream_priority_its_compile_gives_collectives(monkeypatch):
+    from lagom_jax import job
+    from lagom_jax.cluster import hardware
+    from lagom_jax.program.flags import bool_setting
+
+    name = "xla_gpu_enable_highest_priority_async_stream"
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_gpu_enable_latency_hiding_scheduler=true --{name}=false")
+    assert bool_setting(name) is False
+    assert bool_setting(name, {name: True}) is True  # a compile option wins over XLA_FLAGS
+    hw = hardware.get("h100-sxm-8")
+    assert hw.comm_high_priority  # XLA's default
+    assert job._as_compiled_for(hw, {}).comm_high_priority is False
+    monkeypatch.setenv("XLA_FLAGS", f"--{name}=true --{name}=false --{name}")  # the last one counts
+    assert job._as_compiled_for(hw, {}).comm_high_priority is True
+    monkeypatch.delenv("XLA_FLAGS")
+    assert bool_setting(name) is None and job._as_compiled_for(hw, {}) is hw

@@ -139,6 +139,21 @@ def compiler_options(flags: Iterable[XlaFlag]) -> dict[str, FlagValue]:
     return {f.name: f.value for f in sorted(flags) if KNOWN_FLAGS[f.name].per_compile}
 
 
+def bool_setting(name: str, options: Mapping[str, FlagValue] | None = None,
+                 environ: Mapping[str, str] | None = None) -> bool | None:
+    """The value a step's compile will see for boolean XLA flag ``name``: its compile option
+    (``options``), else ``--name=...`` in ``XLA_FLAGS`` (the last one given, as XLA's own
+    parser takes it), else None (XLA's default)."""
+    if options and name in options:
+        return bool(options[name])
+    found = None
+    for token in (environ if environ is not None else os.environ).get("XLA_FLAGS", "").split():
+        key, eq, value = token.removeprefix("--").partition("=")
+        if key == name:
+            found = not eq or value.strip().lower() in ("true", "1")
+    return found
+
+
 _UNKNOWN_FLAG = re.compile(r"Unknown flag in XLA_FLAGS: --([A-Za-z0-9_]+)")
 _BAD_VALUE = re.compile(r"Couldn't interpret value (.*?) for flag ([A-Za-z0-9_]+)")
 _NO_OPTION = re.compile(r"No such compile option: '([A-Za-z0-9_]+)'")
