@@ -222,6 +222,33 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", default="xla", choices=("xla", "flash"),
                    help="xla: scores materialised; flash: the fused flash-attention kernel (llama, mixtral)")
     p.add_argument("--unroll", action="store_true", help="unroll the layers instead of a scan")
+    _add_moe_args(p)
+
+
+def _add_moe_args(p: argparse.ArgumentParser) -> None:
+    """--model mixtral's MoE options (docs/moe.md); not given: the config's own."""
+    p.add_argument("--moe", default=None, choices=("dropless", "dropping"),
+                   help="--model mixtral: dropless (sorted tokens, grouped GEMMs; MaxText's default) or "
+                   "dropping (GShard capacity); default dropless")
+    p.add_argument("--shared-experts", type=int, default=None,
+                   help="--model mixtral: dense experts every token runs (DeepSeek: 1)")
+    p.add_argument("--expert-ffn", type=int, default=None,
+                   help="--model mixtral: each expert's FFN width (default the FFN width)")
+    p.add_argument("--dense-layers", type=int, default=None,
+                   help="--model mixtral: the first layers with a dense MLP (DeepSeek-V3: 3)")
+    p.add_argument("--expert-imbalance", type=float, default=None,
+                   help="--model mixtral: the busiest expert's load over the mean, >= 1 (default 1, "
+                   "balanced)")
+
+
+def _moe_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The MoE options given, checked (one line, exit 2, for what does not fit)."""
+    given = {k: getattr(args, k, None) for k in ("moe", "shared_experts", "expert_ffn", "dense_layers",
+                                                  "expert_imbalance")}
+    given = {k: v for k, v in given.items() if v is not None}
+    if given and args.model != "mixtral":
+        raise _UsageError(f"--{next(iter(given)).replace('_', '-')} needs --model mixtral")
+    return given
 
 
 def _add_tune(sub: argparse._SubParsersAction) -> None:
@@ -270,6 +297,18 @@ def _model_source(args: argparse.Namespace):
     try:
         shape = models.parse_mesh(args.mesh)
         config = args.config or models.DEFAULT_CONFIG[args.model]
+        moe = _moe_options(args)
+        if args.model == "mixtral":
+            import dataclasses as _dc
+
+            cfg = models.families.resolve_config(args.model, config)
+            imbalance = moe.pop("expert_imbalance", 1.0)
+            predict.check_moe(experts=cfg.experts, top_k=cfg.top_k, expert_ways=shape.get("expert", 1),
+                              expert_imbalance=imbalance, layers=cfg.layers,
+                              **{k: moe.get(k, getattr(cfg, k)) for k in ("moe", "shared_experts",
+                                                                          "expert_ffn", "dense_layers")})
+            if moe:
+                config = ",".join(f"{f.name}={moe.get(f.name, getattr(cfg, f.name))}" for f in _dc.fields(cfg))
         batch = args.batch_size or models.default_batch(shape)
         source = job.ModelSource(args.model, config, shape, args.recipe, batch, args.seq_len,
                                  args.dtype, args.remat, not args.unroll, args.attention, args.commfuse)
@@ -426,8 +465,10 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attention", default=None, choices=("flash", "xla"), help="your attention")
     p.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: the CPU count)")
     p.add_argument("--top", type=int, default=10, help="rows shown (default 10)")
-    p.add_argument("--mesh-finalists", type=int, default=4,
-                   help="meshes searched in full after the probe (default 4)")
+    p.add_argument("--mesh-finalists", type=int, default=advise.DEFAULT_MESH_FINALISTS,
+                   help=f"meshes searched in full after the probe (default {advise.DEFAULT_MESH_FINALISTS})")
+    p.add_argument("--max-probes", type=int, default=advise.DEFAULT_MAX_PROBES,
+                   help=f"meshes probed, fastest by a closed-form screen first (default {advise.DEFAULT_MAX_PROBES})")
     p.add_argument("--no-tune", action="store_true", help="skip tuning the best candidate with the pipeline")
     p.add_argument("--out", default=None, metavar="DIR", help="write the tuned plan's artifacts (launch.sh) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -446,7 +487,7 @@ def _advise_dims(family: str, config: str | None) -> dict[str, int]:
 
 
 def _run_advise_family(args: argparse.Namespace) -> int:
-    _require_positive(args, "devices", "global_batch", "seq_len", "top", "mesh_finalists", "jobs",
+    _require_positive(args, "devices", "global_batch", "seq_len", "top", "mesh_finalists", "max_probes", "jobs",
                       "per_device_batch", "grad_accum")
     current = None
     if args.mesh:
@@ -459,7 +500,7 @@ def _run_advise_family(args: argparse.Namespace) -> int:
         result = advise.advise_train_step(
             args.model, **dims, gpus=args.devices, hardware=args.hardware, global_batch=args.global_batch,
             seq_len=args.seq_len, current=current, memory_fraction=args.memory_fraction, top=args.top,
-            jobs=args.jobs, mesh_finalists=args.mesh_finalists, tune=not args.no_tune,
+            jobs=args.jobs, mesh_finalists=args.mesh_finalists, max_probes=args.max_probes, tune=not args.no_tune,
             progress=lambda line: print(line, file=sys.stderr, flush=True))
     except (ValueError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err).splitlines()[0]) from None
@@ -528,6 +569,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hlo", metavar="PATH", help="predict an HLO module's step (compiled for the cluster "
                    "first when it is HLO before optimization; lagom_jax.predict_hlo_step_ms)")
     p.add_argument("--nodes", type=int, default=None, help="--hlo: nodes of the cluster (default: from the module)")
+    _add_moe_args(p)
     for name in dict.fromkeys(_PREDICT_INTS + _CONTRACT_INTS):
         flags, what = _DIMENSIONS[name]
         p.add_argument(*flags, dest=name, type=int, default=None, help=what)
@@ -674,6 +716,7 @@ def _run_predict_model(args: argparse.Namespace) -> int:
     flags, env = _xla_flags(args), _nccl_env(args)
     kw = {n: getattr(args, n) for n in need}
     kw.update(kv_heads=args.kv_heads or args.heads, experts=args.experts or 0, top_k=args.top_k or 0)
+    kw.update(_moe_options(args))
     try:
         mesh = models.parse_mesh(args.mesh)
         ms = predict.predict_train_step_ms(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",

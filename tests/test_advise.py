@@ -293,3 +293,15 @@ def test_ranked_by_the_contract_prediction(advise_cache):
                                          remat=best.remat, attention="xla")
     assert best.step_ms == pytest.approx(ms, rel=1e-9)
     assert best.attention == "xla"  # flash needs head_dim >= 16
+
+
+def test_cli_family_advice_bad_input_is_one_line_and_exit_2(capsys):
+    from lagom_jax import cli
+
+    assert cli.main(["advise", "--model", "llama", "--config", "llama2-7b", "--gpus", "1", "--global-batch", "8",
+                     "--seq-len", "4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing fits" in err[0] and "about 2 GPUs" in err[0]
+    assert cli.main(["advise", "--model", "llama", "--config", "tiny", "--gpus", "12", "--global-batch", "24",
+                     "--seq-len", "16"]) == 2
+    assert "not whole nodes" in capsys.readouterr().err

@@ -782,8 +782,9 @@ GPT_REMATS = ("full", "minimal", "none")
 # Float32 weights and the two Adam moments per parameter: the step's arguments.
 STATE_BYTES = 12
 GRAD_ACCUM_BYTES = 4  # the float32 gradient accumulator a step with grad_accum > 1 keeps
-DEFAULT_MESH_FINALISTS = 4
+DEFAULT_MESH_FINALISTS = 3
 DEFAULT_TOP = 10
+DEFAULT_MAX_PROBES = 10
 
 
 class NothingFits(ValueError):
@@ -906,7 +907,7 @@ class TrainAdvice:
             flags = self.tuned.plan.xla_flags()
             lines += [f"Tuned by the pipeline (lagom): {self.tuned.predicted_ms('lagom'):.1f} ms "
                       f"(XLA defaults {self.tuned.predicted_ms('xla-default'):.1f} ms); flags:",
-                      "  " + (" ".join(flags) if flags else "(none)")]
+                      "  XLA_FLAGS=" + (flags or "(none)")]
         return "\n".join(lines)
 
     def nodes_size(self) -> int:
@@ -921,7 +922,7 @@ class TrainAdvice:
         d["current"] = None if self.current is None else self.current.to_dict()
         d["rejected"] = [{"config": c, "why": w} for c, w in self.rejected]
         if self.tuned is not None:
-            d["tuned"] = {"xla_flags": list(self.tuned.plan.xla_flags()),
+            d["tuned"] = {"xla_flags": self.tuned.plan.xla_flags(),
                           "lagom_ms": self.tuned.predicted_ms("lagom"),
                           "xla_default_ms": self.tuned.predicted_ms("xla-default")}
         return json.dumps(d, indent=2)
@@ -990,6 +991,39 @@ def _mesh_str(mesh: Mapping[str, int]) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "data=1"
 
 
+def mesh_screen_us(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
+                   *, global_batch: int, seq_len: int) -> float:
+    """A closed-form step of ``mesh`` (us) that only orders the meshes to probe: compute at
+    the GPU's achieved rate; per layer the tensor-parallel all-reduces of the activations
+    (2 forward, 2 backward, 2 more for the recomputed forward of ``full`` remat) and the
+    expert all-to-alls (2 each way), which sit between dependent matmuls; the fsdp weight
+    all-gathers (forward and backward) and gradient reduce-scatter and the data-parallel
+    all-reduce, float32, hidden up to 2/3 of the compute. The whole local batch is taken as
+    one micro-step (the search finds the real split)."""
+    d, f, t, e = (mesh.get(a, 1) for a in ("data", "fsdp", "model", "expert"))
+    L, dm = dims["layers"], dims["d_model"]
+    gpn = hw.gpus_per_node
+    tokens_gpu = global_batch * seq_len / (d * f * t * e)
+    compute = model_flops_per_token(family, dims, seq_len) * tokens_gpu * 4 / 3 / (hw.achieved_tflops * 1e12) * 1e6
+    local_tokens = global_batch * seq_len / (d * f * e)
+    act = local_tokens * dm * 2
+    exposed = 0.0
+    if t > 1:
+        exposed += 6 * L * _coll_us("all-reduce", act, t, 1, hw)
+    if e > 1:
+        exposed += 4 * L * _coll_us("all-to-all", act * max(1, dims.get("top_k") or 1), e, 1, hw)
+    layer_bytes = state_bytes_per_gpu(family, dims, {"fsdp": 1, "model": t, "expert": e}) / STATE_BYTES * 4 / L
+    hidden = 0.0
+    if f > 1:
+        fn = max(1, min(-(-f * t * e // gpn), -(-d * f * t * e // gpn)))
+        hidden += L * (2 * _coll_us("all-gather", layer_bytes, f, fn, hw)
+                       + _coll_us("reduce-scatter", layer_bytes, f, fn, hw))
+    if d > 1:
+        dn = max(1, -(-d * f * t * e // gpn) // max(1, -(-f * t * e // gpn)))
+        hidden += _coll_us("all-reduce", L * layer_bytes / f, d, dn, hw)
+    return compute + exposed + max(0.0, hidden - 2 / 3 * compute)
+
+
 def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_node: int,
                    global_batch: int) -> tuple[list[dict[str, int]], list[tuple[str, str]]]:
     """Every data x fsdp x model x expert mesh of ``gpus`` with model x expert inside a node,
@@ -1023,11 +1057,11 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                       hardware: str | hardware_lib.HardwareProfile, global_batch: int, seq_len: int,
                       current: Mapping[str, Any] | None = None, memory_fraction: float | None = None,
                       top: int = DEFAULT_TOP, jobs: int | None = None,
-                      mesh_finalists: int = DEFAULT_MESH_FINALISTS,
+                      mesh_finalists: int = DEFAULT_MESH_FINALISTS, max_probes: int = DEFAULT_MAX_PROBES,
                       meshes: Sequence[Mapping[str, int]] | None = None,
                       remats: Sequence[str] | None = None, attentions: Sequence[str] | None = None,
-                      tune: bool = False, cache: bool = True, progress: Progress | None = None
-                      ) -> TrainAdvice:
+                      tune: bool = False, cache: bool = True, xla_flags: Mapping[str, Any] | None = None,
+                      progress: Progress | None = None) -> TrainAdvice:
     """The fastest configurations of ``family``'s training step that fit in GPU memory.
 
     family: "llama" | "mixtral" | "gpt" (``predict_train_step_ms``'s families and
@@ -1043,7 +1077,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
        inside a node whose sizes divide heads, kv heads, ffn, vocab (model), d_model (fsdp),
        experts (expert) and the global batch (data x fsdp x expert); then those whose float32
        weights and Adam moments alone exceed the limit are rejected;
-    2. a probe of each mesh (compiled): per-device batch 1 with ``full`` remat, the least
+    2. a probe of each mesh (compiled; the ``max_probes`` meshes a closed-form screen,
+       ``mesh_screen_us``, puts fastest): per-device batch 1 with ``full`` remat, the least
        memory any configuration of that mesh needs: a mesh where it does not fit is out;
     3. the ``mesh_finalists`` meshes of fastest probe, searched: for each remat policy from
        least memory to most (``REMAT_ORDER``), the largest per-device batch that fits, found by
@@ -1059,7 +1094,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     float32 gradient accumulator beside the micro-step's peak. Compiles run in ``jobs``
     parallel processes (default: the CPU count) and are cached by fingerprint.
     ``tune``: also run the best candidate through the pipeline (``job.run``, lagom) and
-    keep the Job in ``tuned``. Raises ValueError for input no mesh or split can use and
+    keep the Job in ``tuned``. ``xla_flags``: the run's XLA flags, applied to every compile
+    (and the NCCL channel cap to the prediction), as ``predict_train_step_ms`` applies them. Raises ValueError for input no mesh or split can use and
     NothingFits (a ValueError) when nothing fits, naming the smallest memory found and what
     would fit.
     """
@@ -1084,6 +1120,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     hw = predict._cluster(hardware, gpus)  # noqa: SLF001 - the contract's cluster; ValueError if not whole nodes
+    options, cap = predict._split_flags(xla_flags)  # noqa: SLF001 - the contract's reading of flags
+    hw = predict._with_nccl_settings(hw, cap, None)  # noqa: SLF001
     fraction = memory.memory_fraction(memory_fraction)
     gpu_bytes = memory.gpu_memory_bytes(hw)
     limit = int(gpu_bytes * fraction)
@@ -1128,6 +1166,21 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                    "the limit (never compiled)"
                    + (f", {screened - divisibility - len(all_meshes)} outside the meshes asked for"
                       if meshes is not None else "") + ".")
+    if len(survivors) > max_probes:
+        order = sorted(survivors, key=lambda m: (round(mesh_screen_us(family, dims, m, hw, global_batch=global_batch,
+                                                                      seq_len=seq_len), -3),
+                                                 state_bytes_per_gpu(family, dims, m)))
+        pruning.append(f"The {len(survivors) - max_probes} meshes the closed-form screen (compute, tensor and "
+                       f"expert collectives, fsdp/data traffic past 2/3 of the compute) puts slowest are not "
+                       f"probed (--max-probes {max_probes}).")
+        survivors = order[:max_probes]
+    if not survivors and current is None:
+        need = math.ceil(smallest_state / limit * gpus)
+        more = need if need <= hw.gpus_per_node else hw.gpus_per_node * -(-need // hw.gpus_per_node)
+        raise NothingFits(
+            f"nothing fits: the weights and Adam state alone need at least {smallest_state / gib:.1f} GiB "
+            f"per GPU over the {limit / gib:.1f} GiB limit ({fraction:g} x {gpu_bytes / gib:.1f} GiB); "
+            f"about {more} GPUs would hold them")
     lock = threading.Lock()
     counts = {"compiles": 0, "cached": 0, "seconds": 0.0}
     results: dict[tuple, TrainCandidate] = {}
@@ -1159,7 +1212,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             t0 = time.monotonic()
             step, hit = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=b * ways,
                                             seq_len=seq_len, remat=remat, attention=attention,
-                                            limit_bytes=limit, cache=cache)
+                                            limit_bytes=limit, options=options, cache=cache)
         except (ValueError, memory.CompileFailed) as err:
             with lock:
                 failures[key] = str(err)
@@ -1302,7 +1355,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         src = predict.train_step_source(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads,
                                         ffn=ffn, vocab=vocab, seq_len=seq_len, global_batch=b.per_device_batch * ways,
                                         mesh=b.mesh, remat=b.remat, experts=experts, top_k=top_k,
-                                        attention=b.attention)
+                                        attention=b.attention, compiler_options=options)
         from lagom_jax import job as job_lib
         tuned = job_lib.run(src, hw, strategy="lagom", baselines=("xla-default",), verify=False, log=say)
     wall = time.monotonic() - start

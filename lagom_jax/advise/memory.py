@@ -106,16 +106,17 @@ class StepMemory:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
 
 
-def _limit_options(limit_bytes: int) -> dict[str, Any]:
-    return {"xla_gpu_memory_limit_slop_factor": 100}
+# XLA's limit is the whole of ``base - inputs and outputs`` (default slop factor 95).
+LIMIT_OPTIONS = {"xla_gpu_memory_limit_slop_factor": 100}
 
 
 def _spec(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh: Mapping[str, int], *,
           batch_size: int, seq_len: int, dtype: str, remat: str, attention: str,
-          limit_bytes: int) -> dict[str, Any]:
+          limit_bytes: int, scan: bool, options: Mapping[str, Any]) -> dict[str, Any]:
     return {"hardware": hw.to_dict(), "model": model, "config": config, "mesh": dict(mesh),
             "batch_size": batch_size, "seq_len": seq_len, "dtype": dtype, "remat": remat,
-            "attention": attention, "limit_bytes": int(limit_bytes)}
+            "attention": attention, "limit_bytes": int(limit_bytes), "scan": bool(scan),
+            "options": dict(options)}
 
 
 def _fingerprint(spec: Mapping[str, Any]) -> str:
@@ -139,16 +140,19 @@ class CompileFailed(RuntimeError):
 
 def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh: Mapping[str, int], *,
                  batch_size: int, seq_len: int, dtype: str = "bfloat16", remat: str = "full",
-                 attention: str = "flash", limit_bytes: int, timeout_s: float = 1800.0,
+                 attention: str = "flash", limit_bytes: int, scan: bool = True,
+                 options: Mapping[str, Any] | None = None, timeout_s: float = 1800.0,
                  cache: bool = True) -> tuple[StepMemory, bool]:
     """The step compiled deviceless in a fresh process, its memory and predicted step;
-    (answer, whether it came from the cache). Raises ValueError when ``models.build``
-    refuses the step and CompileFailed when XLA cannot compile it."""
+    (answer, whether it came from the cache). ``options``: XLA flags of the run (compile
+    options; the slop factor of ``LIMIT_OPTIONS`` is added). Raises ValueError when
+    ``models.build`` refuses the step and CompileFailed when XLA cannot compile it."""
     from lagom_jax.files import atomic_write_text
     from lagom_jax.program import gpu_compile
 
     spec = _spec(hw, model, config, mesh, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
-                 remat=remat, attention=attention, limit_bytes=limit_bytes)
+                 remat=remat, attention=attention, limit_bytes=limit_bytes, scan=scan,
+                 options=options or {})
     path = _cache_dir() / f"{_fingerprint(spec)}.json"
     if cache and path.exists():
         try:
@@ -200,8 +204,8 @@ def _compile_and_predict(spec: Mapping[str, Any]) -> StepMemory:
     recipe = job_lib.ModelSource(spec["model"], spec["config"], shape).resolved_recipe()
     built = models.build(spec["model"], spec["config"], recipe, shape, batch_size=spec["batch_size"],
                          seq_len=spec["seq_len"], dtype=spec["dtype"], devices=devices,
-                         remat=spec["remat"], scan=True, attention=spec["attention"])
-    compiled = built.lower().compile(compiler_options=_limit_options(spec["limit_bytes"]))
+                         remat=spec["remat"], scan=spec.get("scan", True), attention=spec["attention"])
+    compiled = built.lower().compile(compiler_options={**spec.get("options", {}), **LIMIT_OPTIONS})
     text = compiled.as_text()
     mem = compiled.memory_analysis()
     where = f"XLA:GPU deviceless compile for {n}x {hw.gpu}"
