@@ -338,7 +338,8 @@ def resolve_config(model: str, config: str) -> ModelConfig:
             raise ValueError(f"unknown {model} config {config!r}; known: {', '.join(configs)}, "
                              "or dimensions such as 'layers=80,d_model=8192,heads=64'")
         return configs[config]
-    fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+    base = configs[DEFAULT_CONFIG[model]]
+    fields = {f.name: f.type for f in dataclasses.fields(type(base))}
     values: dict[str, Any] = {}
     for item in config.split(","):
         key, _, value = (part.strip() for part in item.partition("="))
@@ -346,11 +347,13 @@ def resolve_config(model: str, config: str) -> ModelConfig:
         if key not in fields:
             raise ValueError(f"bad {model} config {config!r}: unknown field {key!r} (known: "
                              f"{', '.join(fields)}, ffn for d_ff)")
+        if fields[key] == "str":
+            values[key] = value
+            continue
         try:
             values[key] = float(value) if fields[key] == "float" else int(value)
         except ValueError:
             raise ValueError(f"bad {model} config {config!r}: {key}={value!r} is not a number") from None
-    base = configs[DEFAULT_CONFIG[model]]
     if "heads" in values and "head_dim" not in values and "d_model" in values:
         values["head_dim"] = values["d_model"] // values["heads"]
     return dataclasses.replace(base, **values)

@@ -14,6 +14,20 @@ and combine are einsums with one-hot masks, so the program has static shapes; un
 ``ep`` recipe part the experts live on the ``expert`` mesh axis while the tokens are split
 over it as batch, and GSPMD moves tokens to their experts and back by all-to-all.
 
+Dropless routing (``moe="dropless"``, the default: MaxText's ``src/maxtext/configs/base.yml``
+ships ``sparse_matmul: true``, ``capacity_factor: -1.0`` and ``ragged_buffer_factor: -1.0``,
+dropless grouped GEMMs with worst-case buffers, and its GPU configurations set ``megablox:
+false``, which runs the grouped GEMM as ``jax.lax.ragged_dot``; ``src/maxtext/layers/moe.py``,
+``sparse_matmul``/``permute``/``unpermute``): each device sorts its tokens' assignments by
+expert, runs the experts as grouped GEMMs (`jax.lax.ragged_dot`) and combines by the
+inverse permutation; no token is dropped. With an ``expert`` axis the sorted rows travel to
+the experts' devices and back by `jax.lax.all_to_all` with worst-case buffers (every
+assignment of a device could go to one expert shard): XLA:CPU has no ragged all-to-all
+(``UNIMPLEMENTED: ragged-all-to-all``), so the same program runs on the CPU test devices and
+compiles for GPUs. Shared experts (DeepSeek-MoE, arXiv 2401.06066) are one dense SwiGLU of
+``shared_experts * expert_ffn`` beside the routed ones; ``dense_layers`` first layers have a
+dense MLP of ``d_ff`` (DeepSeek-V3: 3).
+
 Model shapes: AI-Hypercomputer/maxtext ``src/maxtext/configs/models/*.yml`` (llama2-7b,
 llama2-70b, llama3-8b, llama3-70b, llama3.1-405b, mixtral-8x7b), which follow the
 published checkpoints' ``config.json`` on the Hugging Face hub (meta-llama/*,
@@ -23,6 +37,7 @@ mistralai/Mixtral-8x7B-v0.1).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -44,6 +59,39 @@ _NO_LAYOUT = Layout()
 GROUP_TOKENS = (None, "act_batch", None, None)
 EXPERT_TOKENS = ("act_exp", "act_exp_batch", None, None)
 EXPERT_HIDDEN = ("act_exp", "act_exp_batch", None, "act_mlp")
+
+
+MOE_MODES = ("dropless", "dropping")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig(ModelConfig):
+    """A Mixtral-family configuration: ModelConfig plus the MoE layer's own options."""
+
+    moe: str = "dropless"  # "dropless": sorted grouped GEMMs; "dropping": GShard capacity
+    shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeek)
+    expert_ffn: int = 0  # each expert's FFN width; 0: d_ff
+    dense_layers: int = 0  # the first layers with a dense MLP of d_ff instead of experts
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.moe not in MOE_MODES:
+            raise ValueError(f"model config: moe must be one of {', '.join(MOE_MODES)}, got {self.moe!r}")
+        for f in ("shared_experts", "expert_ffn", "dense_layers"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"model config: {f} must be >= 0, got {getattr(self, f)}")
+        if self.dense_layers >= self.layers:
+            raise ValueError(f"model config: dense_layers {self.dense_layers} must be below layers "
+                             f"{self.layers}")
+
+    @property
+    def ffn_e(self) -> int:
+        """The FFN width of one expert."""
+        return self.expert_ffn or self.d_ff
+
+
+def _expert_ffn(c: ModelConfig) -> int:
+    return getattr(c, "ffn_e", c.d_ff)
 
 
 def rope(x: jax.Array, theta: float) -> jax.Array:
@@ -97,14 +145,16 @@ class SwiGLU(nn.Module):
     cfg: ModelConfig
     dtype: Any
     layout: Layout
+    width: int = 0  # 0: the config's d_ff
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         c, dt, lay = self.cfg, self.dtype, self.layout
-        wi = [weight(self, f"wi_{i}", (c.d_model, c.d_ff), ("embed", "mlp"), normal(0.02)).astype(dt)
+        f = self.width or c.d_ff
+        wi = [weight(self, f"wi_{i}", (c.d_model, f), ("embed", "mlp"), normal(0.02)).astype(dt)
               for i in (0, 1)]
         h = lay.constrain(_swiglu(x, *wi, "btd,df->btf"), HIDDEN)
-        wo = weight(self, "wo", (c.d_ff, c.d_model), ("mlp", "embed"), normal(0.02)).astype(dt)
+        wo = weight(self, "wo", (f, c.d_model), ("mlp", "embed"), normal(0.02)).astype(dt)
         return checkpoint_name(lay.constrain(h @ wo, RESID), "mlpwo")
 
 
@@ -139,6 +189,139 @@ def route(logits: jax.Array, top_k: int, slots: int) -> tuple[jax.Array, jax.Arr
     return dispatch, combine
 
 
+def _expert_weights(mod: nn.Module, c: ModelConfig, dt: Any) -> tuple[list[jax.Array], jax.Array]:
+    """The routed experts' stacked SwiGLU weights: ([wi_0, wi_1] [E, d, f], wo [E, f, d])."""
+    f = _expert_ffn(c)
+    wi = [weight(mod, f"wi_{i}", (c.experts, c.d_model, f), ("exp", "embed", "mlp"),
+                 normal(0.02)).astype(dt) for i in (0, 1)]
+    wo = weight(mod, "wo", (c.experts, f, c.d_model), ("exp", "mlp", "embed"), normal(0.02)).astype(dt)
+    return wi, wo
+
+
+def top_k_routing(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """(weights, experts) [..., top_k] of a softmax router, weights renormalised (Mixtral)."""
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    top_p, top_e = jax.lax.top_k(probs, top_k)
+    return top_p / jnp.sum(top_p, axis=-1, keepdims=True), top_e
+
+
+def _grouped_swiglu(rows: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
+                    sizes: jax.Array) -> jax.Array:
+    """The experts on rows sorted by expert: three grouped GEMMs (`jax.lax.ragged_dot`);
+    rows beyond ``sum(sizes)`` (buffer padding) come out zero."""
+    g = jax.lax.ragged_dot(rows, wi0, sizes)
+    u = jax.lax.ragged_dot(rows, wi1, sizes)
+    h = checkpoint_name(jax.nn.silu(g) * u, "mlpwi")
+    return checkpoint_name(jax.lax.ragged_dot(h, wo, sizes), "mlpwo")
+
+
+def counting_sort(keys: jax.Array, classes: int) -> tuple[jax.Array, jax.Array]:
+    """(order, sizes): the stable permutation sorting ``keys`` in 0..classes-1 and the count
+    of each. By counting, not by a sort: XLA:GPU turns a large sort into CUB's radix sort,
+    which a deviceless compile cannot size (it needs the CUDA runtime)."""
+    hot = (keys[:, None] == jnp.arange(classes)[None, :]).astype(jnp.int32)  # [m, classes]
+    rank = jnp.sum((jnp.cumsum(hot, axis=0) - hot) * hot, axis=1)
+    sizes = jnp.sum(hot, axis=0)
+    start = jnp.cumsum(sizes) - sizes
+    pos = jnp.take(start, keys) + rank
+    order = jnp.zeros_like(keys).at[pos].set(jnp.arange(keys.shape[0], dtype=keys.dtype))
+    return order, sizes.astype(jnp.int32)
+
+
+def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
+                   *, top_k: int, experts: int, expert_axis: str | None = None, expert_ways: int = 1,
+                   model_axis: str | None = None) -> jax.Array:
+    """Dropless routed experts on one device's tokens ``x`` [b, t, d] (see the module).
+
+    Inside a shard_map: ``expert_axis`` holds ``expert_ways`` shards of the experts (the
+    weights passed are the local ones) and ``model_axis`` splits the expert FFN (partial
+    outputs summed over it)."""
+    b, t, d = x.shape
+    n = b * t
+    xf = x.reshape(n, d)
+    weights, chosen = top_k_routing(jnp.einsum("nd,de->ne", xf.astype(jnp.float32), router), top_k)
+    flat = chosen.reshape(-1)  # [n*k], assignment a = token a // k
+    order, sizes = counting_sort(flat.astype(jnp.int32), experts)
+    rows = jnp.take(xf, order // top_k, axis=0)  # sorted by expert
+    if expert_ways == 1:
+        y = _grouped_swiglu(rows, wi0, wi1, wo, sizes)
+    else:
+        y = _expert_exchange(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways)
+    if model_axis is not None:
+        y = jax.lax.psum(y, model_axis)
+    back = jnp.zeros_like(y).at[order].set(y)  # the inverse permutation: assignment order
+    out = jnp.einsum("nkd,nk->nd", back.reshape(n, top_k, d).astype(jnp.float32), weights)
+    return out.astype(x.dtype).reshape(b, t, d)
+
+
+def _expert_exchange(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
+                     axis: str, ways: int) -> jax.Array:
+    """Sorted rows to their experts' shards by all-to-all, the local experts, and back.
+
+    Every destination gets a buffer of all ``m`` rows of this device (the worst case: all
+    could go to one shard), so nothing is dropped; rows past a block's count are padding."""
+    m, d = rows.shape
+    local = sizes.shape[0] // ways
+    send = sizes.reshape(ways, local).sum(axis=1)  # rows for each shard
+    start = jnp.cumsum(send) - send
+    pos = jnp.arange(m)
+    idx = start[:, None] + pos[None, :]  # [ways, m]
+    valid = pos[None, :] < send[:, None]
+    buf = jnp.where(valid[..., None], jnp.take(rows, jnp.clip(idx, 0, m - 1), axis=0), 0)
+    recv = jax.lax.all_to_all(buf, axis, 0, 0, tiled=True)  # [ways (source), m, d]
+    # Each source's block is sorted by its expert; regroup all blocks by local expert.
+    counts = jax.lax.all_gather(sizes, axis).reshape(ways, ways, local)  # [src, dst shard, local]
+    mine = counts[:, jax.lax.axis_index(axis)]  # [src, local]
+    ends = jnp.cumsum(mine, axis=1)
+    ids = jnp.sum(pos[None, :, None] >= ends[:, None, :], axis=2)  # [src, m]; ``local``: padding
+    order, _ = counting_sort(ids.reshape(-1).astype(jnp.int32), local + 1)
+    grouped = jnp.take(recv.reshape(ways * m, d), order, axis=0)
+    y = _grouped_swiglu(grouped, wi0, wi1, wo, mine.sum(axis=0).astype(jnp.int32))
+    y = jnp.zeros_like(y).at[order].set(y).reshape(ways, m, d)
+    back = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)  # [ways (shard), m, d]: my rows
+    shard = jnp.sum(pos[:, None] >= jnp.cumsum(send)[None, :], axis=1)  # each sorted row's shard
+    return back[jnp.clip(shard, 0, ways - 1), pos - start[jnp.clip(shard, 0, ways - 1)]]
+
+
+class DroplessMoE(nn.Module):
+    """Top-k routed SwiGLU experts, dropless: sort, grouped GEMMs, inverse permutation.
+
+    Under a mesh the layer is a shard_map manual over every mesh axis: tokens split over
+    the batch axes, experts over ``expert``, each expert's FFN over ``model`` (Megatron's
+    split, the partial outputs summed); weights split over ``fsdp`` are gathered on entry
+    (ZeRO-3)."""
+
+    cfg: ModelConfig
+    dtype: Any
+    layout: Layout
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        c, dt, lay = self.cfg, self.dtype, self.layout
+        router = weight(self, "router", (c.d_model, c.experts), ("embed", None), normal(0.02))
+        (wi0, wi1), wo = _expert_weights(self, c, dt)
+        if lay.mesh is None:
+            return dropless_local(x, router, wi0, wi1, wo, top_k=c.top_k, experts=c.experts)
+        from jax.sharding import PartitionSpec as P
+
+        axes = dict(lay.mesh.shape)
+        batch = tuple(a for a in ("data", "fsdp", "expert") if axes.get(a, 1) > 1) or None
+        ep = axes.get("expert", 1) if _rule(lay, "act_exp") == "expert" else 1
+        tp = "model" if axes.get("model", 1) > 1 and _rule(lay, "act_mlp") == "model" else None
+        e_ax = "expert" if ep > 1 else None
+        fn = functools.partial(dropless_local, top_k=c.top_k, experts=c.experts,
+                               expert_axis=e_ax, expert_ways=ep, model_axis=tp)
+        run = jax.shard_map(fn, mesh=lay.mesh,
+                            in_specs=(P(batch), P(), P(e_ax, None, tp), P(e_ax, None, tp), P(e_ax, tp, None)),
+                            out_specs=P(batch), axis_names=frozenset(axes), check_vma=False)
+        y = run(lay.constrain(x, ("act_batch", None, None)), router, wi0, wi1, wo)
+        return lay.constrain(y, RESID)
+
+
+def _rule(lay: Layout, name: str) -> Any:
+    return dict(lay.rules).get(name)
+
+
 class MoE(nn.Module):
     """Top-k routed SwiGLU experts with fixed capacity (Mixtral's sparse MLP)."""
 
@@ -155,11 +338,8 @@ class MoE(nn.Module):
         dispatch, combine = route(logits, c.top_k, capacity(c, x.shape[1]))
         tokens = lay.constrain(jnp.einsum("btd,btec->ebcd", x, dispatch.astype(dt)), GROUP_TOKENS)
         tokens = lay.constrain(tokens, EXPERT_TOKENS)  # the all-to-all to the experts
-        wi = [weight(self, f"wi_{i}", (c.experts, c.d_model, c.d_ff), ("exp", "embed", "mlp"),
-                     normal(0.02)).astype(dt) for i in (0, 1)]
+        wi, wo = _expert_weights(self, c, dt)
         h = lay.constrain(_swiglu(tokens, *wi, "ebcd,edf->ebcf"), EXPERT_HIDDEN)
-        wo = weight(self, "wo", (c.experts, c.d_ff, c.d_model), ("exp", "mlp", "embed"),
-                    normal(0.02)).astype(dt)
         out = checkpoint_name(lay.constrain(jnp.einsum("ebcf,efd->ebcd", h, wo), EXPERT_TOKENS),
                               "mlpwo")
         out = lay.constrain(out, GROUP_TOKENS)  # the all-to-all back
@@ -171,6 +351,7 @@ class LlamaBlock(nn.Module):
     cfg: ModelConfig
     dtype: Any
     layout: Layout
+    dense: bool = False  # a dense MLP even in an MoE config (DeepSeek's first layers)
 
     @nn.compact
     def __call__(self, x: jax.Array, enc: jax.Array | None = None,
@@ -182,9 +363,15 @@ class LlamaBlock(nn.Module):
 
         x = lay.constrain(x, RESID)
         x = x + LlamaAttention(c, self.dtype, lay, name="attn")(norm("ln_attn", x))
-        mlp = MoE if c.experts else SwiGLU
-        x = x + mlp(c, self.dtype, lay, name="mlp")(norm("ln_mlp", x))
-        return lay.constrain(x, RESID)
+        h = norm("ln_mlp", x)
+        if not c.experts or self.dense:
+            return lay.constrain(x + SwiGLU(c, self.dtype, lay, name="mlp")(h), RESID)
+        routed = DroplessMoE if getattr(c, "moe", "dropping") == "dropless" else MoE
+        y = routed(c, self.dtype, lay, name="mlp")(h)
+        shared = getattr(c, "shared_experts", 0)
+        if shared:
+            y = y + SwiGLU(c, self.dtype, lay, width=shared * _expert_ffn(c), name="shared")(h)
+        return lay.constrain(x + y, RESID)
 
 
 class LlamaOuter(nn.Module):
@@ -215,6 +402,10 @@ def _llama(**kw: Any) -> ModelConfig:
     return ModelConfig(**{"head_dim": 128, **kw})
 
 
+def _moe(**kw: Any) -> MoEConfig:
+    return MoEConfig(**{"head_dim": 128, **kw})
+
+
 @dataclasses.dataclass(frozen=True)
 class Llama:
     """Llama 2/3 decoders; Mixtral when the config has experts (see the module docstring)."""
@@ -238,8 +429,13 @@ class Llama:
         r_outer, r_blocks = jax.random.split(rng)
         tok = jnp.zeros((1, 8), jnp.int32)
         x = jnp.zeros((1, 8, cfg.d_model), dtype)
-        return {"outer": LlamaOuter(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
-                "blocks": stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT), r_blocks, cfg.layers, x)}
+        dense = getattr(cfg, "dense_layers", 0)
+        params = {"outer": LlamaOuter(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
+                  "blocks": stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT), r_blocks, cfg.layers - dense, x)}
+        if dense:
+            params["dense_blocks"] = stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT, dense=True),
+                                                jax.random.fold_in(r_blocks, 1), dense, x)
+        return params
 
     def loss(self, cfg: ModelConfig, params: Any, batch: dict, layout: Layout, stack: Stack,
              dtype: Any) -> jax.Array:
@@ -247,6 +443,9 @@ class Llama:
         po = {"params": params["outer"]}
         block = LlamaBlock(cfg, dtype, block_layout(layout, stack))
         x = outer.apply(po, batch["inputs"], method="embed")
+        if "dense_blocks" in params:
+            dense = LlamaBlock(cfg, dtype, block_layout(layout, stack), dense=True)
+            x = stack(lambda p, h, enc, bias: dense.apply({"params": p}, h), params["dense_blocks"], x)
         x = stack(lambda p, h, enc, bias: block.apply({"params": p}, h), params["blocks"], x)
         return outer.apply(po, x, batch["targets"], method="loss")
 
@@ -260,8 +459,25 @@ class Llama:
 @dataclasses.dataclass(frozen=True)
 class Mixtral(Llama):
     configs: dict[str, ModelConfig] = dataclasses.field(default_factory=lambda: {
-        "tiny": ModelConfig(vocab=128, d_model=32, heads=4, kv_heads=2, head_dim=8, d_ff=64,
-                            layers=2, max_len=16, experts=4, top_k=2),
-        "mixtral-8x7b": _llama(vocab=32000, d_model=4096, heads=32, kv_heads=8, d_ff=14336,
-                               layers=32, max_len=32768, rope_theta=1e6, experts=8, top_k=2),
+        "tiny": MoEConfig(vocab=128, d_model=32, heads=4, kv_heads=2, head_dim=8, d_ff=64,
+                          layers=2, max_len=16, experts=4, top_k=2),
+        # Fine-grained and shared experts and a dense first layer, at the tiny scale.
+        "tiny-deepseek": MoEConfig(vocab=128, d_model=32, heads=4, kv_heads=4, head_dim=8, d_ff=64,
+                                   layers=3, max_len=16, experts=8, top_k=3, shared_experts=1,
+                                   expert_ffn=16, dense_layers=1),
+        "mixtral-8x7b": _moe(vocab=32000, d_model=4096, heads=32, kv_heads=8, d_ff=14336,
+                             layers=32, max_len=32768, rope_theta=1e6, experts=8, top_k=2),
+        # mistralai/Mixtral-8x22B-v0.1 config.json: hidden 6144, 56 layers, 48 heads, 8 kv
+        # heads, intermediate 16384, vocab 32768, 8 experts, top-2, rope theta 1e6.
+        "mixtral-8x22b": _moe(vocab=32768, d_model=6144, heads=48, kv_heads=8, d_ff=16384,
+                              layers=56, max_len=65536, rope_theta=1e6, experts=8, top_k=2),
+        # DeepSeek-V3 shaped (arXiv 2412.19437 sec. 4.2; deepseek-ai/DeepSeek-V3 config.json):
+        # hidden 7168, 61 layers, the first 3 dense (intermediate 18432), then 256 routed
+        # experts of width 2048, top-8, and 1 shared expert; vocab 129280, 128 heads. MLA is
+        # not modelled: standard multi-head attention with 128 heads of dim 128 (q/k/v/o
+        # 7168 -> 16384) stands in; it has more attention weights than MLA's low-rank
+        # projections (q_lora 1536, kv_lora 512), and no multi-token prediction module.
+        "deepseek-v3": _moe(vocab=129280, d_model=7168, heads=128, kv_heads=128, d_ff=18432,
+                            layers=61, max_len=4096, rope_theta=10000.0, experts=256, top_k=8,
+                            shared_experts=1, expert_ffn=2048, dense_layers=3),
     })

@@ -92,7 +92,9 @@ def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
 def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
                       vocab: int, seq_len: int, global_batch: int, mesh: Mapping[str, int],
                       dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
-                      attention: str = "flash", scan: bool = True,
+                      attention: str = "flash", scan: bool = True, moe: str = "dropless",
+                      shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0,
+                      capacity_factor: float | None = None, expert_imbalance: float = 1.0,
                       compiler_options: Mapping[str, Any] | None = None):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     if family not in FAMILY_MODELS:
@@ -114,6 +116,10 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
     if (family == "mixtral") != (experts > 0):
         raise ValueError(f"family {family!r} with experts={experts}: mixtral needs experts >= 1 "
                          "and top_k >= 1; llama and gpt have none")
+    if experts:
+        check_moe(experts=experts, top_k=top_k, expert_ways=int(mesh.get("expert", 1)), moe=moe,
+                  expert_imbalance=expert_imbalance, shared_experts=shared_experts, expert_ffn=expert_ffn,
+                  dense_layers=dense_layers, layers=layers)
     if family == "gpt" and kv_heads not in (0, heads):
         raise ValueError(f"family 'gpt' has no grouped-query attention: kv_heads must equal heads {heads}")
     shape = {a: int(mesh[a]) for a in MESH_AXES if mesh.get(a, 1) > 1} or {"data": 1}
@@ -124,9 +130,38 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                 vocab=vocab, max_len=seq_len)
     if family != "gpt":
         dims.update(kv_heads=kv_heads, experts=experts, top_k=top_k)
+    if family == "mixtral":
+        dims.update(moe=moe, shared_experts=shared_experts, expert_ffn=expert_ffn, dense_layers=dense_layers)
+        if capacity_factor is not None:
+            dims["capacity_factor"] = capacity_factor
     config = ",".join(f"{k}={v}" for k, v in dims.items())
     return job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
                            remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))
+
+
+def check_moe(*, experts: int, top_k: int, expert_ways: int = 1, moe: str = "dropless",
+              expert_imbalance: float = 1.0, shared_experts: int = 0, expert_ffn: int = 0,
+              dense_layers: int = 0, layers: int | None = None) -> None:
+    """ValueError, one line naming the numbers, for MoE options that do not fit."""
+    from lagom_jax.models.llama import MOE_MODES
+
+    if moe not in MOE_MODES:
+        raise ValueError(f"moe must be one of {', '.join(MOE_MODES)}, got {moe!r}")
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"top_k {top_k} must be in 1..experts ({experts})")
+    if expert_ways > 1 and experts % expert_ways:
+        raise ValueError(f"experts {experts} not divisible by the expert axis {expert_ways}")
+    if not expert_imbalance >= 1.0:
+        raise ValueError(f"expert imbalance {expert_imbalance} must be >= 1 (the busiest expert's load "
+                         "over the mean)")
+    if expert_imbalance > experts:
+        raise ValueError(f"expert imbalance {expert_imbalance} above {experts}: the busiest of {experts} "
+                         "experts holds at most all the tokens")
+    for name, v in (("shared_experts", shared_experts), ("expert_ffn", expert_ffn), ("dense_layers", dense_layers)):
+        if v < 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+    if layers is not None and dense_layers >= layers:
+        raise ValueError(f"dense_layers {dense_layers} must be below layers {layers}")
 
 
 def _cluster(hardware: str | hardware_lib.HardwareProfile, gpus: int) -> hardware_lib.HardwareProfile:
@@ -143,7 +178,9 @@ def predict_train_step_ms(
     seq_len: int, global_batch: int, mesh: Mapping[str, int], hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
     dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
     xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default", scan: bool = True,
-    nccl_env: Mapping[str, str] | None = None, attention: str = "flash",
+    nccl_env: Mapping[str, str] | None = None, attention: str = "flash", moe: str = "dropless",
+    shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0, capacity_factor: float | None = None,
+    expert_imbalance: float = 1.0,
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -159,6 +196,14 @@ def predict_train_step_ms(
     scan (beyond the issue's contract, default as MaxText): layers under ``scan``, else
     unrolled (MaxText's ``scan_layers=False``). attention (beyond the contract): "flash", the
     fused kernel, or "xla", the score matrix materialised (runs that used no fused attention).
+    MoE (family "mixtral"; docs/moe.md): moe "dropless" (sorted tokens, grouped GEMMs as
+    ``jax.lax.ragged_dot``, MaxText's default) or "dropping" (GShard capacity, ``capacity_factor``,
+    default 1.25); shared_experts (dense experts every token runs, of width
+    ``shared_experts * expert_ffn``); expert_ffn (each expert's FFN width, default ``ffn``);
+    dense_layers (the first layers dense, of width ``ffn``); expert_imbalance (the busiest expert's
+    load over the mean, >= 1; checked, but XLA compiles ``ragged_dot`` into a dense dot over every
+    expert whose time does not depend on the group sizes, so it changes no prediction of a
+    compiled step: see ``kernels.grouped_gemm_time_us`` for a true grouped-GEMM kernel).
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
@@ -168,7 +213,9 @@ def predict_train_step_ms(
                          vocab=vocab, seq_len=seq_len, global_batch=global_batch, mesh=mesh,
                          hardware=hardware, dtype=dtype, remat=remat, experts=experts, top_k=top_k,
                          xla_flags=xla_flags, strategy=strategy, scan=scan, nccl_env=nccl_env,
-                         attention=attention)
+                         attention=attention, moe=moe, shared_experts=shared_experts, expert_ffn=expert_ffn,
+                         dense_layers=dense_layers, capacity_factor=capacity_factor,
+                         expert_imbalance=expert_imbalance)
     return job.predicted_ms(strategy)
 
 

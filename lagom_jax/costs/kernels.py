@@ -99,6 +99,78 @@ def memory_time_us(nbytes: float, hw: HardwareProfile, *, hbm_gbps: float | None
 
 
 
+# ------------------------------------------------------------------ grouped GEMMs (MoE)
+#
+# A grouped GEMM (a dropless MoE's experts: ``jax.lax.ragged_dot``, MegaBlocks, cuBLAS's
+# grouped GEMM) runs ``groups`` matmuls ``[m_g, k] x [k, n]`` whose row counts m_g are the
+# tokens routed to each expert, known only at run time. As one kernel it launches the
+# output tiles of every group together (in waves over the SMs, ``gemm_time_us``'s model),
+# but each group pads its rows to whole tiles and reads its own ``k x n`` weights, so its
+# time depends on the group sizes, not only on their sum: a group of few rows is bound by
+# reading its weights, and an imbalanced routing leaves the busiest expert's tiles running
+# after the others finish. MegaBlocks (Gale et al., MLSys 2023, arXiv 2211.15841, fig. 7)
+# measured its grouped (block-sparse) GEMMs at 98.6% of cuBLAS's batched GEMM throughput
+# on A100 at Mixtral-like sizes (block size 128; groups padded to multiples of 128 rows),
+# the measured cost of padding and group bookkeeping at large groups; at small groups the
+# weight reads dominate, which the memory term below prices.
+#
+# What XLA compiles ``jax.lax.ragged_dot`` to is not this kernel: jaxlib 0.10.2's GPU
+# pipeline (deviceless, H100 target) and jax 0.11.2 on a real H100 both rewrite it into
+# one dense dot over every group (the rows masked per group and multiplied by all experts'
+# weights: ``groups`` times the useful FLOPs), whose time does not depend on the group
+# sizes (benchmarks/RESULTS.md, ``gpu_kernels``: skewed = balanced). The cost model prices
+# that dense dot from the compiled HLO; this model prices a true grouped-GEMM kernel.
+
+GROUPED_GEMM_EFFICIENCY = 0.986  # MegaBlocks' grouped GEMM / cuBLAS batched GEMM (A100)
+
+
+def balanced_groups(rows: int, groups: int, imbalance: float = 1.0) -> tuple[int, ...]:
+    """Row counts of ``groups`` groups summing to ``rows`` whose busiest group holds
+    ``imbalance`` times the mean (>= 1); the others share the rest evenly."""
+    if groups < 1 or rows < 0:
+        raise ValueError(f"groups must be >= 1 and rows >= 0, got groups={groups} rows={rows}")
+    if not 1.0 <= imbalance <= groups:
+        raise ValueError(f"expert imbalance must be in 1..{groups} (the busiest expert's load over the "
+                         f"mean), got {imbalance}")
+    busiest = min(rows, round(rows / groups * imbalance))
+    if groups == 1:
+        return (rows,)
+    rest = rows - busiest
+    each, extra = divmod(rest, groups - 1)
+    return (busiest, *(each + (1 if i < extra else 0) for i in range(groups - 1)))
+
+
+def grouped_gemm_time_us(group_rows: tuple[int, ...], n: int, k: int, hw: HardwareProfile, *,
+                         itemsize: int = 2, model: GemmModel = DEFAULT_GEMM,
+                         efficiency: float = GROUPED_GEMM_EFFICIENCY) -> float:
+    """Time of one grouped GEMM: group g is ``[group_rows[g], k] x [k, n]`` (us).
+
+    The tiles of all groups share the SMs in waves, each group padded to whole tiles (the
+    tile shape the library picks, as ``gemm_time_us``); the kernel cannot end before its
+    longest group's tiles, which run one after another on the SMs they hold; and every
+    group reads its own weights. ``efficiency``: the grouped kernel's rate over a plain
+    GEMM's at large groups (MegaBlocks' measurement)."""
+    if any(m < 0 for m in group_rows) or min(n, k) < 0:
+        raise ValueError(f"grouped gemm dims must be >= 0, got rows={group_rows} n={n} k={k}")
+    rows = [m for m in group_rows if m > 0]
+    if not rows or not n or not k:
+        return hw.launch_us
+    per_sm = hw.achieved_tflops * 1e6 / hw.sm_count * efficiency
+    best = math.inf
+    for tm, tn, rate in model.tiles:
+        tile_us = 2.0 * tm * tn * (k + model.k_overhead) / (per_sm * rate)
+        col_tiles = math.ceil(n / tn)
+        tiles = sum(math.ceil(m / tm) * col_tiles for m in rows)
+        waves = math.ceil(tiles / hw.sm_count)
+        # The busiest group: its tiles spread over at most all SMs, but a group of more
+        # tiles than its share of SMs keeps them after the others are done.
+        longest = max(math.ceil(math.ceil(m / tm) * col_tiles / max(hw.sm_count * m / sum(rows), 1.0))
+                      for m in rows)
+        best = min(best, max(waves, longest) * tile_us)
+    memory = itemsize * sum(m * k + k * n + m * n for m in rows) / (hw.achieved_hbm_gbps * 1e3)
+    return hw.launch_us + model.fixed_us + max(best, memory)
+
+
 Matmul = tuple[int, int, int, int]  # (m, n, k, batch) of [m, k] x [k, n]
 
 

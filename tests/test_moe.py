@@ -1,0 +1,135 @@
+"""Mixture-of-experts as it is trained today (issue 38): dropless routing with grouped GEMMs,
+shared and fine-grained experts, dense first layers, the grouped GEMM's price, bad input."""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.extend
+import numpy as np
+import pytest
+
+from lagom_jax import cli, models
+from lagom_jax.advise import predict
+from lagom_jax.cluster import hardware
+from lagom_jax.costs import kernels
+from lagom_jax.models import llama
+
+
+def _config(name="tiny", **over):
+    cfg = dataclasses.replace(models.families.resolve_config("mixtral", name), **over)
+    return ",".join(f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg))
+
+
+@functools.cache
+def _losses(config, recipe="dp", mesh="data=1", steps=3):
+    devices = jax.devices()[: math.prod(models.parse_mesh(mesh).values())]
+    built = models.build("mixtral", config, recipe, mesh, batch_size=8, devices=devices)
+    state, batch = built.init(jax.random.key(0))
+    out = []
+    for _ in range(steps):
+        state, metrics = built.train_step(state, batch)
+        out.append(float(metrics["loss"]))
+    return tuple(out)
+
+
+def test_dropless_is_the_default_and_matches_dropping_when_nothing_drops():
+    cfg = models.families.resolve_config("mixtral", "tiny")
+    assert cfg.moe == "dropless"
+    # capacity = tokens * top_k / experts * factor = every token: no assignment drops.
+    roomy = cfg.experts / cfg.top_k
+    dropless = _losses(_config(moe="dropless"))
+    dropping = _losses(_config(moe="dropping", capacity_factor=roomy))
+    np.testing.assert_allclose(dropless, dropping, rtol=1e-5)
+    # With little capacity tokens drop, and the loss differs.
+    assert not np.allclose(_losses(_config(moe="dropping", capacity_factor=0.25)), dropless, rtol=1e-5)
+
+
+@pytest.mark.parametrize("recipe,mesh", [("fsdp+ep", "fsdp=2,expert=4"), ("dp+tp+ep", "data=2,model=2,expert=2")])
+def test_shared_fine_grained_experts_and_dense_first_layer_train_sharded_as_on_one_device(recipe, mesh):
+    config = _config("tiny-deepseek")
+    one = _losses(config)
+    np.testing.assert_allclose(_losses(config, recipe, mesh), one, rtol=2e-5)
+    assert one[2] < one[0]
+
+
+def _dot_flops(jaxpr) -> float:
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lc, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lc)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            total += _dot_flops(sub) * (eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1)
+    return total
+
+
+def _step_dot_flops(config, batch=2, seq=16):
+    built = models.build("mixtral", config, "dp", "data=1", batch_size=batch, seq_len=seq, devices=jax.devices()[:1])
+    state, batch_ = built.abstract_inputs
+    return _dot_flops(jax.make_jaxpr(built.train_step)(state, batch_).jaxpr), built
+
+
+def test_a_shared_expert_adds_exactly_one_dense_mlp_per_token():
+    base, built = _step_dot_flops(_config(shared_experts=0))
+    shared, _ = _step_dot_flops(_config(shared_experts=1))
+    cfg = models.families.resolve_config("mixtral", "tiny")
+    tokens, moe_layers = 2 * 16, cfg.layers
+    # A SwiGLU MLP: three [tokens, d] x [d, f] matmuls forward, twice as many backward.
+    mlp = 3 * 2 * tokens * cfg.d_model * cfg.d_ff
+    assert shared - base == pytest.approx(3 * mlp * moe_layers, rel=1e-12)
+
+
+def test_grouped_gemm_priced_time_grows_with_imbalance_at_fixed_flops():
+    hw = hardware.get("h100-sxm-8", 1)
+    times = []
+    for imbalance in (1.0, 2.0, 4.0):
+        groups = kernels.balanced_groups(16384, 8, imbalance)
+        assert sum(groups) == 16384 and max(groups) == round(2048 * imbalance)
+        times.append(kernels.grouped_gemm_time_us(groups, 14336, 4096, hw))
+    assert times[0] < times[1] < times[2]
+    # Balanced, it runs near one dense GEMM of the same FLOPs (MegaBlocks: 98.6% of cuBLAS).
+    dense = kernels.gemm_time_us(16384, 14336, 4096, hw)
+    assert dense <= times[0] <= dense * 1.1
+
+
+def test_configs_follow_the_published_shapes():
+    c = models.families.resolve_config
+    m = c("mixtral", "mixtral-8x22b")
+    assert (m.d_model, m.layers, m.heads, m.kv, m.d_ff, m.vocab, m.experts, m.top_k) == (
+        6144, 56, 48, 8, 16384, 32768, 8, 2)
+    d = c("mixtral", "deepseek-v3")
+    assert (d.d_model, d.layers, d.experts, d.top_k, d.shared_experts, d.expert_ffn, d.dense_layers, d.d_ff) == (
+        7168, 61, 256, 8, 1, 2048, 3, 18432)
+    assert c("mixtral", "layers=4,moe=dropping").moe == "dropping"
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(experts=6, top_k=2, expert_ways=4), "experts 6 not divisible by the expert axis 4"),
+    (dict(experts=4, top_k=5), "top_k 5 must be in 1..experts \\(4\\)"),
+    (dict(experts=8, top_k=2, expert_imbalance=0.5), "expert imbalance 0.5 must be >= 1"),
+])
+def test_bad_moe_options_name_the_numbers(kw, message):
+    with pytest.raises(ValueError, match=message):
+        predict.check_moe(**kw)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--experts", "6", "--top-k", "2", "--mesh", "fsdp=2,expert=4"], "experts 6 not divisible by the expert axis 4"),
+    (["--experts", "4", "--top-k", "5", "--mesh", "fsdp=8"], "top_k 5 must be in 1..experts"),
+    (["--experts", "8", "--top-k", "2", "--mesh", "fsdp=8", "--expert-imbalance", "0.5"], "must be >= 1"),
+])
+def test_cli_refuses_bad_moe_options_in_one_line(extra, message, capsys):
+    args = ["predict", "--model", "mixtral", "--layers", "2", "--d-model", "64", "--heads", "4", "--ffn", "128",
+            "--vocab", "256", "--seq-len", "64", "--global-batch", "8", *extra]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message.replace("\\", "") in err and len(err.splitlines()) == 1
+
+
+def test_llama_routing_helper_renormalises():
+    weights, chosen = llama.top_k_routing(np.log(np.array([[0.5, 0.3, 0.2]])), 2)
+    np.testing.assert_allclose(np.asarray(weights), [[0.625, 0.375]], rtol=1e-6)
+    assert chosen.tolist() == [[0, 1]]
