@@ -14,11 +14,9 @@ and combine are einsums with one-hot masks, so the program has static shapes; un
 ``ep`` recipe part the experts live on the ``expert`` mesh axis while the tokens are split
 over it as batch, and GSPMD moves tokens to their experts and back by all-to-all.
 
-Dropless routing (``moe="dropless"``, the default: MaxText's ``src/maxtext/configs/base.yml``
-ships ``sparse_matmul: true``, ``capacity_factor: -1.0`` and ``ragged_buffer_factor: -1.0``,
-dropless grouped GEMMs with worst-case buffers, and its GPU configurations set ``megablox:
-false``, which runs the grouped GEMM as ``jax.lax.ragged_dot``; ``src/maxtext/layers/moe.py``,
-``sparse_matmul``/``permute``/``unpermute``): each device sorts its tokens' assignments by
+Dropless routing (``moe="dropless"``; MaxText's ``base.yml`` default, ``sparse_matmul: true``
+with ``capacity_factor: -1``, ``src/maxtext/layers/moe.py`` ``sparse_matmul``/``permute``/
+``unpermute``): each device sorts its tokens' assignments by
 expert, runs the experts as grouped GEMMs (`jax.lax.ragged_dot`) and combines by the
 inverse permutation; no token is dropped. With an ``expert`` axis the sorted rows travel to
 the experts' devices and back by `jax.lax.all_to_all` with worst-case buffers (every
@@ -68,7 +66,13 @@ MOE_MODES = ("dropless", "dropping")
 class MoEConfig(ModelConfig):
     """A Mixtral-family configuration: ModelConfig plus the MoE layer's own options."""
 
-    moe: str = "dropless"  # "dropless": sorted grouped GEMMs; "dropping": GShard capacity
+    # "dropping" (GShard capacity), the default: what MaxText runs on GPUs. Its sparse path
+    # there is ``jax.lax.ragged_dot`` (megablox is a TPU Pallas kernel), which XLA:GPU
+    # (jaxlib 0.10.2, and jax 0.11 as measured on an H100) compiles to one dense dot over
+    # every expert, ``experts`` times the useful FLOPs, so GPU recipes set
+    # ``sparse_matmul=false`` with ``capacity_factor=1.25`` (e.g. NVIDIA's MaxText B200
+    # MoE configurations). "dropless": sorted tokens, grouped GEMMs (``ragged_dot``).
+    moe: str = "dropping"
     shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeek)
     expert_ffn: int = 0  # each expert's FFN width; 0: d_ff
     dense_layers: int = 0  # the first layers with a dense MLP of d_ff instead of experts

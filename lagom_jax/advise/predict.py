@@ -92,7 +92,7 @@ def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
 def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
                       vocab: int, seq_len: int, global_batch: int, mesh: Mapping[str, int],
                       dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
-                      attention: str = "flash", scan: bool = True, moe: str = "dropless",
+                      attention: str = "flash", scan: bool = True, moe: str = "dropping",
                       shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0,
                       capacity_factor: float | None = None, expert_imbalance: float = 1.0,
                       compiler_options: Mapping[str, Any] | None = None):
@@ -139,7 +139,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                            remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))
 
 
-def check_moe(*, experts: int, top_k: int, expert_ways: int = 1, moe: str = "dropless",
+def check_moe(*, experts: int, top_k: int, expert_ways: int = 1, moe: str = "dropping",
               expert_imbalance: float = 1.0, shared_experts: int = 0, expert_ffn: int = 0,
               dense_layers: int = 0, layers: int | None = None) -> None:
     """ValueError, one line naming the numbers, for MoE options that do not fit."""
@@ -178,7 +178,7 @@ def predict_train_step_ms(
     seq_len: int, global_batch: int, mesh: Mapping[str, int], hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
     dtype: str = "bfloat16", remat: str = "full", experts: int = 0, top_k: int = 0,
     xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default", scan: bool = True,
-    nccl_env: Mapping[str, str] | None = None, attention: str = "flash", moe: str = "dropless",
+    nccl_env: Mapping[str, str] | None = None, attention: str = "flash", moe: str = "dropping",
     shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0, capacity_factor: float | None = None,
     expert_imbalance: float = 1.0,
 ) -> float:
@@ -196,9 +196,9 @@ def predict_train_step_ms(
     scan (beyond the issue's contract, default as MaxText): layers under ``scan``, else
     unrolled (MaxText's ``scan_layers=False``). attention (beyond the contract): "flash", the
     fused kernel, or "xla", the score matrix materialised (runs that used no fused attention).
-    MoE (family "mixtral"; docs/moe.md): moe "dropless" (sorted tokens, grouped GEMMs as
-    ``jax.lax.ragged_dot``, MaxText's default) or "dropping" (GShard capacity, ``capacity_factor``,
-    default 1.25); shared_experts (dense experts every token runs, of width
+    MoE (family "mixtral"; docs/moe.md): moe "dropping" (GShard capacity, ``capacity_factor``,
+    default 1.25; what MaxText runs on GPUs, the default) or "dropless" (sorted tokens, grouped
+    GEMMs as ``jax.lax.ragged_dot``, which XLA:GPU compiles to a dense dot over every expert); shared_experts (dense experts every token runs, of width
     ``shared_experts * expert_ffn``); expert_ffn (each expert's FFN width, default ``ffn``);
     dense_layers (the first layers dense, of width ``ffn``); expert_imbalance (the busiest expert's
     load over the mean, >= 1; checked, but XLA compiles ``ragged_dot`` into a dense dot over every
