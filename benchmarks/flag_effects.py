@@ -23,6 +23,14 @@ every effect the measurement tells apart from its noise, and the magnitude withi
 percentage points. Nothing runs on a GPU; the measured column is the published number.
 
     python -m benchmarks.flag_effects [--rows N,...] [--no-record]
+    python -m benchmarks.flag_effects --xla-modules DIR [--no-record]
+
+``--xla-modules DIR`` predicts the SM-free settings on the one-node modules of XLA's GPU
+benchmark suite (openxla/xla ``xla/tools/benchmarks/hlo/``, downloaded to DIR as
+``benchmarks.xla_modules`` does; not kept here): each module is compiled deviceless once
+and predicted again with zero-CTA collectives (``NCCL_CTA_POLICY=2`` on XLA's symmetric
+buffers) and with NVLS off. Their measured effects are kept aside to judge the model, so
+this part prints predictions only.
 """
 
 from __future__ import annotations
@@ -198,11 +206,81 @@ def section(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# One-node modules of XLA's benchmark suite, and the SM-free settings predicted on them.
+MODULES = ("hlo_llama31_8b_bf16_1x8", "hlo_mixtral_8x7b_bf16_1x8")
+MODULE_SETTINGS = (("zero-CTA collectives (NCCL_CTA_POLICY=2, xla_gpu_experimental_enable_nccl_symmetric_buffers)",
+                    {"NCCL_CTA_POLICY": "2"}),
+                   ("NVLS off (NCCL_NVLS_ENABLE=0)", {"NCCL_NVLS_ENABLE": "0"}))
+
+
+def predict_modules(folder: Any, hardware: str = "h100-sxm-8") -> list[dict[str, Any]]:
+    """Each module of ``MODULES`` found in ``folder``: XLA's defaults, then every setting of
+    ``MODULE_SETTINGS`` (they change no program: the compiled module is predicted again)."""
+    import pathlib
+    import warnings
+
+    from lagom_jax import job as job_lib
+    from lagom_jax.advise import predict
+    from lagom_jax.cluster import hardware as hardware_lib
+
+    rows = []
+    for name in MODULES:
+        path = pathlib.Path(folder) / f"{name}.hlo"
+        if not path.exists():
+            print(f"[flag_effects] {path}: not there, skipped", file=sys.stderr)
+            continue
+        print(f"[flag_effects] {name}: compiling deviceless for {hardware} ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        text = path.read_text()
+        # A module before optimization grows the one-node cluster to its device count (job.HloSource).
+        hw = hardware_lib.resolve_cluster(hardware).hardware
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the stood-in custom calls are named in the row
+            done = job_lib.run(job_lib.HloSource(text, str(path)), hw, strategy="xla-default", baselines=(),
+                               verify=False)
+        base = done.predicted_ms("xla-default")
+        for setting, env in MODULE_SETTINGS:
+            new = predict.repredict_ms(done, nccl_env=env, strategy="xla-default")
+            rows.append({"module": name, "setting": setting, "base_ms": base, "new_ms": new,
+                         "predicted_pct": 100 * (base - new) / base, "seconds": time.perf_counter() - start})
+    return rows
+
+
+def modules_section(rows: list[dict[str, Any]]) -> str:
+    from benchmarks.common import machine_line
+
+    lines = ["## flag_effects_modules (SM-free settings on XLA's benchmark modules, predicted)", "",
+             f"Machine: {machine_line()}. Each module of openxla/xla `xla/tools/benchmarks/hlo/` compiled deviceless "
+             "for one node of 8 H100 (Transformer Engine attention stood in for the compile and priced from its "
+             "config, as `benchmarks.xla_modules` does) and predicted under XLA's and NCCL's defaults, then again "
+             "with the setting (it changes no program). Effect = (base - with the setting) / base, positive = "
+             "faster. The measured effects are kept aside to judge the model; only predictions are shown.", "",
+             "| module | setting | predicted base step | predicted with the setting | predicted effect |",
+             "|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['module']} | {r['setting']} | {r['base_ms']:.1f} ms | {r['new_ms']:.1f} ms | "
+                     f"{r['predicted_pct']:+.2f}% |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="", help="comma-separated row numbers (1-based) to run; default all")
     parser.add_argument("--no-record", action="store_true", help="print only; do not write RESULTS.md")
+    parser.add_argument("--xla-modules", metavar="DIR", default=None,
+                        help="predict the SM-free settings on XLA's one-node benchmark modules in DIR instead")
     args = parser.parse_args(argv)
+    if args.xla_modules:
+        rows = predict_modules(args.xla_modules)
+        if not rows:
+            parser.error(f"--xla-modules {args.xla_modules}: none of {', '.join(MODULES)} is there")
+        md = modules_section(rows)
+        print(md)
+        if not args.no_record:
+            from benchmarks.common import write_section
+
+            print(f"recorded in {write_section('flag_effects_modules', md)}", file=sys.stderr)
+        return 0
     effects = list(EFFECTS)
     if args.rows:
         try:

@@ -330,6 +330,15 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
                           f"range {min(sps):.3f}x-{max(sps):.3f}x over {len(sps)} rows.", ""]
         lines.append("lagom never slower than xla-default: "
                      + ("yes" if not worse else "NO (" + ", ".join(worse) + ")") + ".")
+        behind = [r["strategies"]["lagom"]["speedup_vs_autoccl"] for r in ok
+                  if r["strategies"]["lagom"].get("speedup_vs_autoccl", 1.0) < 1 - 1e-9]
+        if behind:
+            lines += ["", f"lagom behind autoccl on {len(behind)} of {len(ok)} rows, by at most "
+                      f"{100 * (1 - min(behind)):.1f}% ({', '.join(f'{b:.3f}x' for b in sorted(behind))}): the gain "
+                      "the floor holds back. autoccl takes every gain it predicts; lagom changes a collective's "
+                      "parameters only where the predicted gain exceeds the cost model's measured error on a "
+                      "collective of its size (`Space.min_gain`), so where autoccl is ahead its margin is inside "
+                      "that error (suite_min_gain compares the search with and without the floor)."]
     measured = report.get("measured", [])
     if measured:
         platform = measured[0]["platform"]
