@@ -231,10 +231,10 @@ def families_main(argv: list[str] | None = None) -> None:
 
     gpu_compile.prepare()
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    scale, scale_dump = ([], []) if args.skip_scale else _scale(args.jobs, say)
     t0 = time.perf_counter()
     pub, pub_dump = _published(args.jobs, say)
     pub_wall = time.perf_counter() - t0
-    scale, scale_dump = ([], []) if args.skip_scale else _scale(args.jobs, say)
     md = "\n".join([
         "## advise_families (memory from XLA, predicted steps: Llama, Mixtral, GPT)", "",
         f"Machine: {machine_line()}", "",

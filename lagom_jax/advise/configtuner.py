@@ -893,8 +893,8 @@ class TrainAdvice:
             lines.append(f"XLA had to rematerialize to fit in {len(remat)} of these rows (its "
                          "rematerialization pass ran against the same limit; 'XLA remat N': N "
                          "instructions recomputed).")
-        lines += [f"Searched: {self.screened} configurations screened by arithmetic, "
-                  f"{len(self.rejected)} ruled out before compiling, {self.compiles} compiled "
+        lines += [f"Searched: {self.screened} meshes screened by arithmetic, "
+                  f"{len(self.rejected)} ruled out before compiling, {self.compiles} configurations compiled "
                   f"({self.cached} from the cache), {self.wall_s:.0f} s.",
                   "Pruning: " + " ".join(self.pruning)]
         try:
@@ -1288,10 +1288,21 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             lb = local_batch(m)
             sizes = _divisors_upto(lb)
             hi = len(sizes) - 1
+            # At most one try and a bisection per policy: counted ahead for the time left.
+            budget = len(policies) * (1 + math.ceil(math.log2(len(sizes))))
+            used = [0]
+            with lock:
+                planned["n"] += budget
+            try:
+                walk(m, lb, sizes, hi, used)
+            finally:
+                with lock:
+                    planned["n"] -= budget - used[0]
+
+        def walk(m: dict[str, int], lb: int, sizes: list[int], hi: int, used: list[int]) -> None:
             for remat in policies:
                 def fits(i: int) -> bool:
-                    with lock:
-                        planned["n"] += 1
+                    used[0] += 1
                     c = evaluate(m, sizes[i], lb // sizes[i], remat, probe_attn)
                     return c is not None and c.fits
 
