@@ -34,8 +34,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from lagom_jax import job
-from lagom_jax.advise import megatron
+from lagom_jax import job, job as job_lib
+from lagom_jax.advise import megatron, memory, predict
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.costs import cost as cost_lib, kernels
 from lagom_jax.models import FAMILIES, ModelConfig
@@ -1104,8 +1104,6 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     import threading
     import time
 
-    from lagom_jax.advise import memory, predict
-
     say = progress or (lambda _m: None)
     start = time.monotonic()
     if family not in predict.FAMILY_MODELS:
@@ -1367,7 +1365,6 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                                         ffn=ffn, vocab=vocab, seq_len=seq_len, global_batch=b.per_device_batch * ways,
                                         mesh=b.mesh, remat=b.remat, experts=experts, top_k=top_k,
                                         attention=b.attention, compiler_options=options)
-        from lagom_jax import job as job_lib
         tuned = job_lib.run(src, hw, strategy="lagom", baselines=("xla-default",), verify=False, log=say)
     wall = time.monotonic() - start
     return TrainAdvice(family, {k: v for k, v in dims.items() if k != "seq_len"}, gpus, hw.name, hw.nodes,

@@ -40,7 +40,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from lagom_jax import job as job_lib, models
 from lagom_jax.cluster import hardware as hardware_lib
+from lagom_jax.files import atomic_write_text
+from lagom_jax.program import gpu_compile
+from lagom_jax.program.gpu_compile import DevicelessUnavailable
 
 __all__ = ["JAX_MEM_FRACTION", "StepMemory", "compile_step", "gpu_memory_bytes", "memory_fraction",
            "remat_count"]
@@ -68,8 +72,6 @@ def memory_fraction(explicit: float | None = None) -> float:
 
 @functools.cache
 def _target_text(name: str) -> str:
-    from lagom_jax.program import gpu_compile
-
     return gpu_compile._raw_target(name)  # noqa: SLF001 - the description file itself
 
 
@@ -147,9 +149,6 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
     (answer, whether it came from the cache). ``options``: XLA flags of the run (compile
     options; the slop factor of ``LIMIT_OPTIONS`` is added). Raises ValueError when
     ``models.build`` refuses the step and CompileFailed when XLA cannot compile it."""
-    from lagom_jax.files import atomic_write_text
-    from lagom_jax.program import gpu_compile
-
     spec = _spec(hw, model, config, mesh, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
                  remat=remat, attention=attention, limit_bytes=limit_bytes, scan=scan,
                  options=options or {})
@@ -181,8 +180,6 @@ def _devices(hw: hardware_lib.HardwareProfile, n: int, limit_bytes: int) -> list
     """``n`` abstract GPUs of ``hw`` whose description gives XLA the advisor's limit."""
     from jax.experimental import topologies
 
-    from lagom_jax.program import gpu_compile
-
     text, _ = gpu_compile.target_config(hw.xla_target)
     memory = math.ceil(limit_bytes / _XLA_BASE_SHARE)
     text = _DEVICE_MEMORY.sub(lambda m: f"{m.group(1)}{memory}", text, count=1)
@@ -192,9 +189,6 @@ def _devices(hw: hardware_lib.HardwareProfile, n: int, limit_bytes: int) -> list
 
 
 def _compile_and_predict(spec: Mapping[str, Any]) -> StepMemory:
-    from lagom_jax import job as job_lib, models
-    from lagom_jax.program import gpu_compile
-
     gpu_compile.prepare()
     hw = hardware_lib.HardwareProfile.from_dict(spec["hardware"])
     shape = {a: int(n) for a, n in spec["mesh"].items()}
@@ -219,8 +213,6 @@ def _compile_and_predict(spec: Mapping[str, Any]) -> StepMemory:
 
 def _child(spec_path: str) -> None:
     """compile_step's other side: compile and predict the spec, write the answer beside it."""
-    from lagom_jax.program.gpu_compile import DevicelessUnavailable
-
     with open(spec_path, encoding="utf-8") as fh:
         spec = json.load(fh)
     try:
