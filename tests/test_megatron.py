@@ -339,6 +339,32 @@ def test_the_host_adds_its_bookkeeping_per_micro_batch_and_step():
         assert with_host.optimizer_ms - without.optimizer_ms == pytest.approx(5.0, rel=1e-9)
 
 
+def test_each_stage_exchange_is_a_synchronised_host_call(monkeypatch):
+    """Megatron's ``_communicate`` synchronises the device after every ``batch_isend_irecv``:
+    each exchange's host calls (`megatron.P2P_HOST_CALLS`) add to the stage in series. They
+    ride on every tick of the slowest stage, forward and backward: ``2 (m + pp - 1)`` of them,
+    so their share per micro-batch shrinks as micro-batches grow, and a single stage has none."""
+    calls = megatron.P2P_HOST_CALLS
+    c = calls * megatron.DEFAULT_EAGER.host_us_per_kernel / 1e3
+    assert c > 0
+
+    def pipeline(run: megatron.GPTRun, calls: int) -> float:
+        monkeypatch.setattr(megatron, "P2P_HOST_CALLS", calls)
+        return megatron.predict(run, A100, gpu_memory_gb=80).pipeline_ms
+
+    shares = []
+    for pp, m in ((4, 1), (4, 2), (4, 4), (4, 8), (2, 2)):
+        r = megatron.GPTRun(**(SMALL_GPT | dict(tp=1, dp=8 // pp, pp=pp, global_batch=4 * m * (8 // pp))))
+        assert r.microbatches == m
+        added = pipeline(r, calls) - pipeline(r, 0)
+        assert added == pytest.approx(2 * (m + pp - 1) * c, rel=1e-6)
+        if pp == 4:
+            shares.append(added / m)
+    assert shares == sorted(shares, reverse=True) and shares[0] > 2 * shares[-1]
+    one = megatron.GPTRun(**SMALL_GPT, tp=1, dp=8, pp=1)
+    assert pipeline(one, calls) == pipeline(one, 0)
+
+
 def test_a_gpu_bound_run_does_not_see_the_host():
     r = megatron.GPTRun(hidden=12288, heads=96, layers=96, seq_len=2048, vocab=51200, gpus=384,
                         tp=8, dp=4, pp=12, micro_batch=1, global_batch=1536)

@@ -85,13 +85,22 @@ RESERVED_GB = 6.0
 # micro-batch, the rest of one micro-batch's bookkeeping on one stage, one iteration's work
 # beyond its micro-batches. Fitted to Megatron-LM's functional-test iteration times on one
 # DGX A100 node (Selene, 2023) and one DGX H100 node (2024) (`Eager`; benchmarks/data/
-# megatron_ci_runs.md): median abs error 4.9% / 6.6% on the fitted layouts.
+# megatron_ci_runs.md): median abs error 5.1% / 6.4% on the fitted layouts.
 LAYER_HOST_US = 3805.0
-STEP_HOST_US = 6819.0
+STEP_HOST_US = 6739.0
 MICROBATCH_HOST_US = 0.0
 HOPPER_LAYER_HOST_US = 2237.0
-HOPPER_MICROBATCH_HOST_US = 1631.0
-HOPPER_STEP_HOST_US = 8512.0
+HOPPER_MICROBATCH_HOST_US = 1534.0
+HOPPER_STEP_HOST_US = 8578.0
+# Host calls of one blocking stage exchange in Megatron-LM's pipeline (``megatron/core/
+# pipeline_parallel/p2p_communication.py::_communicate`` with the default ``batch_p2p_comm``
+# and ``batch_p2p_sync``): the ``torch.empty`` of the received tensor, the NCCL group of
+# ``batch_isend_irecv`` (group start, send, receive, group end), a ``wait`` on each of its two
+# requests and the ``torch.cuda.synchronize()`` Megatron issues after every exchange "to
+# protect against race condition when using batch_isend_irecv()". Counted from the code, not
+# fitted; each takes ``Eager.host_us_per_kernel``. The synchronisation drains the GPU, so the
+# host's time for the exchange adds to the stage's time instead of hiding behind its kernels.
+P2P_HOST_CALLS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -572,6 +581,8 @@ def predict(run: GPTRun, hw: HardwareProfile, *, gpu_memory_gb: float,
             send = cl.stage_send(act / run.tp) + cl.tp("all-gather", act)
         else:
             send = cl.stage_send(act / (run.tp if run.sequence_parallel else 1))
+        # Each exchange is a synchronised call on the host (`P2P_HOST_CALLS`), in series.
+        send += P2P_HOST_CALLS * eager.host_us_per_kernel
     v = run.virtual_stages
     pp_comm = 2 * v * send  # each model chunk sends forward and backward
     stages = []
