@@ -5,14 +5,12 @@ fresh one (``compile_builtin_isolated``, for callers that compile many steps).""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.program import gpu_compile
-from lagom_jax.program.gpu_compile import DevicelessUnavailable
 
 from .build import build
 from .sharding import parse_mesh
@@ -74,21 +72,11 @@ def compile_builtin_isolated(hw: hardware_lib.HardwareProfile, model: str, confi
         raise ValueError(out["error"])
     if out["crash"] is not None:
         raise CompileCrash(f"XLA failed to compile {what}: {out['crash'][:500]}")
-    return CompiledStep(**out["compiled"])
+    return CompiledStep(**out["result"])
 
 
 def _child(spec_path: str) -> None:
     """compile_builtin_isolated's other side: compile the spec, write the answer beside it."""
-    with open(spec_path, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    hw = hardware_lib.HardwareProfile.from_dict(spec["hardware"])
-    try:
-        step = compile_builtin(hw, spec["model"], spec["config"], spec["recipe"], spec["mesh"],
-                               **spec["build_kwargs"])
-        out = {"compiled": dataclasses.asdict(step), "error": None, "crash": None}
-    except (ValueError, DevicelessUnavailable) as e:  # the step or the setup is refused
-        out = {"compiled": None, "error": str(e), "crash": None}
-    except Exception as e:  # noqa: BLE001 - XLA refused a valid step: say how
-        out = {"compiled": None, "error": None, "crash": f"{type(e).__name__}: {e}"}
-    with open(spec_path + ".out", "w", encoding="utf-8") as fh:
-        json.dump(out, fh)
+    gpu_compile.answer_in_child(spec_path, lambda spec: compile_builtin(
+        hardware_lib.HardwareProfile.from_dict(spec["hardware"]), spec["model"], spec["config"],
+        spec["recipe"], spec["mesh"], **spec["build_kwargs"]))

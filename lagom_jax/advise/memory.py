@@ -44,7 +44,6 @@ from lagom_jax import job as job_lib, models
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.files import atomic_write_text
 from lagom_jax.program import gpu_compile
-from lagom_jax.program.gpu_compile import DevicelessUnavailable
 
 __all__ = ["JAX_MEM_FRACTION", "StepMemory", "compile_step", "gpu_memory_bytes", "memory_fraction",
            "remat_count"]
@@ -169,7 +168,7 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
         raise ValueError(out["error"])
     if out["crash"] is not None:
         raise CompileFailed(f"XLA failed to compile {what}: {out['crash'][:500]}")
-    answer = StepMemory(**out["step"])
+    answer = StepMemory(**out["result"])
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(dataclasses.asdict(answer)))
@@ -213,13 +212,4 @@ def _compile_and_predict(spec: Mapping[str, Any]) -> StepMemory:
 
 def _child(spec_path: str) -> None:
     """compile_step's other side: compile and predict the spec, write the answer beside it."""
-    with open(spec_path, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    try:
-        out = {"step": dataclasses.asdict(_compile_and_predict(spec)), "error": None, "crash": None}
-    except (ValueError, DevicelessUnavailable) as e:  # the step or the setup is refused
-        out = {"step": None, "error": str(e), "crash": None}
-    except Exception as e:  # noqa: BLE001 - XLA refused a valid step: say how
-        out = {"step": None, "error": None, "crash": f"{type(e).__name__}: {e}"}
-    with open(spec_path + ".out", "w", encoding="utf-8") as fh:
-        json.dump(out, fh)
+    gpu_compile.answer_in_child(spec_path, _compile_and_predict)

@@ -39,14 +39,14 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.program import environment, jax_internals
 
 __all__ = ["CPU_FALLBACK_LOSS", "ChildAborted", "DevicelessUnavailable",
-           "StepDevices", "compile_for_cluster",
+           "StepDevices", "answer_in_child", "compile_for_cluster",
            "compiler", "devices",
            "prepare", "run_isolated", "step_devices", "target_config", "topology_string", "unavailable_reason"]
 
@@ -375,3 +375,20 @@ def run_isolated(module: str, spec: Mapping[str, Any], *, timeout_s: float) -> d
             raise ChildAborted(proc.returncode, fatal or proc.stderr[-300:])
         with open(out_path, encoding="utf-8") as fh:
             return json.load(fh)
+
+
+def answer_in_child(spec_path: str, work: Callable[[dict[str, Any]], Any]) -> None:
+    """The child side of :func:`run_isolated` for a compile of a valid step: ``work(spec)``'s
+    result (a dataclass) written beside the spec as ``{"result", "error", "crash"}``. A
+    refused step or setup (ValueError, DevicelessUnavailable) is an ``error``; anything else
+    XLA raised is a ``crash``, the compiler failing on a valid step."""
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    try:
+        out = {"result": dataclasses.asdict(work(spec)), "error": None, "crash": None}
+    except (ValueError, DevicelessUnavailable) as e:
+        out = {"result": None, "error": str(e), "crash": None}
+    except Exception as e:  # noqa: BLE001 - XLA refused a valid step: say how
+        out = {"result": None, "error": None, "crash": f"{type(e).__name__}: {e}"}
+    with open(spec_path + ".out", "w", encoding="utf-8") as fh:
+        json.dump(out, fh)
