@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from lagom_jax.cluster import hardware
@@ -142,13 +144,22 @@ def test_a_matmul_is_split_for_one_pair_only():
     assert all(o == (1, 2) for t, o in zip(rw.graph.tasks, rw.origins) if t.kind == "collective-permute")
 
 
+def _steps(timeline):
+    return sorted(r.end - r.start for r in timeline.per_collective)
+
+
 def test_decomposed_all_gather_hides_behind_compute():
     g = ag_gemm()
     before, after = simulate(g, HW), simulate(decompose(g, 0), HW)
     assert after.comm_us <= after.compute_us  # the premise: communication fits behind compute
     assert before.exposed_comm_us > 0.05 * before.comm_us
-    assert after.exposed_comm_us <= 1e-6 * after.makespan_us
     assert after.makespan_us < before.makespan_us
+    # Launch order (costs/simulate.py rule b): a ring step made ready at a kernel boundary
+    # waits for the matmul chunk already queued, so at most the last step stays exposed ...
+    assert after.exposed_comm_us <= _steps(after)[-1] * (1 + 1e-9)
+    # ... and without that rule the ring hides completely (CommFuse's no-exposed-tail order).
+    blind = dataclasses.replace(HW, contention_order=False)
+    assert simulate(decompose(g, 0), blind).exposed_comm_us <= 1e-6 * after.makespan_us
 
 
 def test_per_kind_order_mapping():
@@ -161,8 +172,14 @@ def test_reduce_scatter_local_last_exposes_less_than_naive():
     g = gemm_rs()
     fused, naive = simulate(decompose(g, 0), HW), simulate(decompose(g, 0, order="naive"), HW)
     assert naive.exposed_comm_us > 0
-    assert fused.exposed_comm_us < 0.1 * naive.exposed_comm_us
+    # The local chunk last leaves one ring step exposed where the naive order leaves two (a
+    # step ready at a kernel boundary waits for the queued chunk: rule b) ...
+    assert fused.exposed_comm_us <= 0.6 * naive.exposed_comm_us
     assert fused.makespan_us < naive.makespan_us
+    # ... and none without the launch-order rule.
+    blind = dataclasses.replace(HW, contention_order=False)
+    fused_blind, naive_blind = (simulate(decompose(g, 0, order=o), blind) for o in ("commfuse", "naive"))
+    assert fused_blind.exposed_comm_us < 0.1 * naive_blind.exposed_comm_us
 
 
 def test_a_partial_matmul_is_timed_as_its_own_piece_not_the_whole_matmul():
