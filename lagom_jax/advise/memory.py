@@ -43,6 +43,7 @@ from typing import Any
 from lagom_jax import job as job_lib, models
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.files import atomic_write_text
+from lagom_jax.plan import planning
 from lagom_jax.program import gpu_compile
 
 __all__ = ["JAX_MEM_FRACTION", "StepMemory", "compile_step", "gpu_memory_bytes", "memory_fraction",
@@ -124,8 +125,10 @@ def _fingerprint(spec: Mapping[str, Any]) -> str:
     import jax
 
     hw = hardware_lib.HardwareProfile.from_dict(spec["hardware"])
+    # The plan version moves with the cost model and the built-in models (a cached step time
+    # from another model would be stale).
     blob = json.dumps({"spec": spec, "jax": jax.__version__, "target": _target_text(hw.xla_target),
-                       "v": CACHE_VERSION}, sort_keys=True, default=str)
+                       "v": CACHE_VERSION, "lagom": planning.VERSION}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

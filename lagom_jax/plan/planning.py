@@ -22,7 +22,7 @@ from lagom_jax.program.graph import StepGraph
 
 # Bumped whenever a Plan's content or meaning changes: cached plans of another version
 # are never read (PlanCache keys include it).
-VERSION = "0.3.3"
+VERSION = "0.4.0"
 BASELINES = ("xla-default", "recipe", "autoccl")
 
 
