@@ -8,7 +8,7 @@ import ast
 import pathlib
 import sys
 
-source = pathlib.Path(__file__).resolve().parents[1] / "lagom_jax" / "jax_internals.py"
+source = pathlib.Path(__file__).resolve().parents[1] / "lagom_jax" / "program" / "jax_internals.py"
 tree = ast.parse(source.read_text())
 checked = next(ast.literal_eval(node.value) for node in tree.body
                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "CHECKED_JAX")

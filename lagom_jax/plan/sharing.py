@@ -23,7 +23,7 @@ def one_plan_for_all_processes(key: str, search: Callable[[], Plan]) -> Plan:
     client, process_id, num_processes = jax_internals.distributed_state()
     if client is None or num_processes <= 1:
         return search()
-    store_key = f"lagom_jax/plan/schema/{key}"
+    store_key = f"lagom_jax/plan/{key}"
     if process_id != 0:
         text = client.blocking_key_value_get(store_key, _SHARE_TIMEOUT_MS)
         if text.startswith("error:"):
