@@ -219,9 +219,7 @@ def predict_modules(folder: Any, hardware: str = "h100-sxm-8") -> list[dict[str,
     import pathlib
     import warnings
 
-    from lagom_jax import job as job_lib
     from lagom_jax.advise import predict
-    from lagom_jax.cluster import hardware as hardware_lib
 
     rows = []
     for name in MODULES:
@@ -231,13 +229,9 @@ def predict_modules(folder: Any, hardware: str = "h100-sxm-8") -> list[dict[str,
             continue
         print(f"[flag_effects] {name}: compiling deviceless for {hardware} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        text = path.read_text()
-        # A module before optimization grows the one-node cluster to its device count (job.HloSource).
-        hw = hardware_lib.resolve_cluster(hardware).hardware
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the stood-in custom calls are named in the row
-            done = job_lib.run(job_lib.HloSource(text, str(path)), hw, strategy="xla-default", baselines=(),
-                               verify=False)
+            done = predict.hlo_step_job(path, hardware=hardware)
         base = done.predicted_ms("xla-default")
         for setting, env in MODULE_SETTINGS:
             new = predict.repredict_ms(done, nccl_env=env, strategy="xla-default")

@@ -29,7 +29,7 @@ from lagom_jax.cluster.nccl_env import NcclEnv
 from lagom_jax.models import attention as attention_lib
 from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile
 
-__all__ = ["COMPILE_PRICED_FLAGS", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
+__all__ = ["COMPILE_PRICED_FLAGS", "hlo_step_job", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
            "train_step_job", "train_step_source"]
 
 FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
@@ -266,6 +266,18 @@ def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardwar
     module that does not fit the cluster, or one XLA will not compile (one line with XLA's
     message), and ``HloParseError`` for text that is not HLO.
     """
+    done = hlo_step_job(path, hardware=hardware, nodes=nodes, xla_flags=xla_flags, strategy=strategy,
+                        nccl_env=nccl_env)
+    _warn_unpriced(done, os.fspath(path))
+    return done.predicted_ms(strategy)
+
+
+def hlo_step_job(path: str | os.PathLike[str], *, hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8",
+                 nodes: int | None = None, xla_flags: Mapping[str, Any] | None = None,
+                 strategy: str = "xla-default", nccl_env: Mapping[str, str] | None = None) -> Any:
+    """:func:`predict_hlo_step_ms`'s module through the pipeline: a ``job.Job`` whose Plan
+    holds the predicted step of ``strategy`` and of ``xla-default`` (``repredict_ms`` prices
+    it again under other NCCL settings without compiling)."""
     _check_strategy(strategy)
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
@@ -277,9 +289,7 @@ def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardwar
     # A module before optimization grows a one-node cluster to its device count (job.HloSource).
     hw = _with_nccl_settings(hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware, cap, nccl_env)
     source = job_lib.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))
-    done = job_lib.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False)
-    _warn_unpriced(done, os.fspath(path))
-    return done.predicted_ms(strategy)
+    return job_lib.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False)
 
 
 def _warn_unpriced(done: Any, where: str) -> None:
