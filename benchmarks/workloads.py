@@ -7,14 +7,18 @@ rebuild (MaxText Llama 2 7B, Paxml GPT-126M/5B/175B and Llama 2 7B; sources in `
 predicted with the prediction contract (``lagom_jax.predict_train_step_ms``) under the
 flags the run used, beside the measured step. Then per row the predicted gain of lagom
 over XLA's defaults (``strategy="lagom"`` against ``"xla-default"`` on the step compiled
-with no flags) and over the run's own flags.
+with no flags) and over the run's own flags. With ``--xla-modules DIR`` (a folder holding
+openxla/xla ``xla/tools/benchmarks/hlo/``), also the published steps that are XLA's own
+benchmark modules (``MODULE_ROWS``: MaxText's Llama 3.1 8B and Mixtral 8x7B on one H100
+node, measured in openxla/xla PR #31030), predicted from the module itself
+(``lagom_jax.advise.predict.hlo_step_job``, XLA's defaults): the MoE rows.
 
 ``scale`` (section ``workloads_scale``): compile deviceless and tune the largest jobs,
 each in a fresh process: llama3-70b on 256 H100 (FSDP), llama3.1-405b on 2048 H100
 (FSDP x data), mixtral-8x7b on 64 H100 (FSDP x expert); compile time, search time and the
 process's peak RSS.
 
-    python -m benchmarks.workloads [--part measured|scale|all] [--rows NAME,...] [--no-record]
+    python -m benchmarks.workloads [--part measured|scale|all] [--rows NAME,...] [--xla-modules DIR] [--no-record]
 
 Every step time here is *predicted* by the cost model except the "measured" column, which
 is the published measurement; nothing runs on a GPU.
@@ -135,6 +139,35 @@ ROWS: tuple[Row, ...] = (
 
 
 @dataclasses.dataclass(frozen=True)
+class ModuleRow:
+    """A published step that is one of XLA's benchmark modules: predicted from the module."""
+
+    name: str
+    module: str  # file stem in xla/tools/benchmarks/hlo/
+    hardware: str
+    measured_s: float
+    source: str
+    gpus: int = 8
+    moe: bool = False
+    note: str = ""
+    remat: str = "as exported"
+
+
+def _module_rows() -> tuple[ModuleRow, ...]:
+    from benchmarks.xla_modules import CALIBRATION
+
+    src = "openxla/xla PR #31030 (\"main\" column)"
+    note = "XLA's module as MaxText exported it, under XLA's defaults; Transformer Engine's attention priced"
+    return (ModuleRow("xla-hlo-llama3.1-8b/8xH100", "hlo_llama31_8b_bf16_1x8", "h100-sxm-8",
+                      CALIBRATION["hlo_llama31_8b_bf16_1x8"], src, note=note),
+            ModuleRow("xla-hlo-mixtral-8x7b/8xH100", "hlo_mixtral_8x7b_bf16_1x8", "h100-sxm-8",
+                      CALIBRATION["hlo_mixtral_8x7b_bf16_1x8"], src, moe=True, note=note))
+
+
+MODULE_ROWS = _module_rows()
+
+
+@dataclasses.dataclass(frozen=True)
 class Scale:
     name: str
     config: str
@@ -171,6 +204,22 @@ def predict_row(row: Row) -> dict[str, Any]:
             "seconds": time.perf_counter() - start}
 
 
+def predict_module_row(row: ModuleRow, folder: str) -> dict[str, Any]:
+    """A module row's prediction under XLA's defaults (against measured) and lagom's gain."""
+    import pathlib
+
+    from lagom_jax.advise import predict
+
+    start = time.perf_counter()
+    done = predict.hlo_step_job(pathlib.Path(folder) / f"{row.module}.hlo", hardware=row.hardware,
+                                strategy="lagom")
+    default_s, lagom_s = done.predicted_ms("xla-default") / 1e3, done.predicted_ms("lagom") / 1e3
+    return {"row": row.name, "predicted_s": default_s, "measured_s": row.measured_s,
+            "error": default_s / row.measured_s - 1, "default_s": default_s, "lagom_s": lagom_s,
+            "gain_over_default": default_s / lagom_s, "gain_over_run_flags": default_s / lagom_s,
+            "seconds": time.perf_counter() - start}
+
+
 def scale_one(case: Scale) -> dict[str, Any]:
     """Compile ``case`` deviceless for its cluster and tune it; times and peak RSS."""
     from lagom_jax import job
@@ -196,34 +245,43 @@ def scale_one(case: Scale) -> dict[str, Any]:
             "xla_default_s": predicted["xla-default"] / 1e6, "lagom_s": predicted["lagom"] / 1e6}
 
 
-def _in_child(kind: str, name: str, timeout_s: float = 900) -> dict[str, Any]:
+def _in_child(kind: str, name: str, *extra: str, timeout_s: float = 900) -> dict[str, Any]:
     from benchmarks.common import json_from_child
 
-    return json_from_child("benchmarks.workloads", "--child", kind, name, timeout_s=timeout_s)
+    return json_from_child("benchmarks.workloads", "--child", kind, name, *extra, timeout_s=timeout_s)
 
 
-def measured_section(rows: list[Row]) -> str:
+def measured_section(rows: list[Row], modules: list[ModuleRow] = (), folder: str | None = None) -> str:
     from benchmarks.common import machine_line
 
-    results = []
-    for row in rows:
+    results: list[tuple[Row | ModuleRow, dict[str, Any]]] = []
+    for row in [*rows, *modules]:
         print(f"[workloads] {row.name} ...", file=sys.stderr, flush=True)
-        r = _in_child("row", row.name)
+        if isinstance(row, ModuleRow):
+            r = _in_child("module", row.name, "--xla-modules", folder or "")
+        else:
+            r = _in_child("row", row.name)
         results.append((row, r))
         print(f"[workloads]   {json.dumps(r)}", file=sys.stderr, flush=True)
     ok = [r for _, r in results if "failed" not in r]
     errors = [abs(r["error"]) for r in ok]
+    moe = [abs(r["error"]) for row, r in results if "failed" not in r and getattr(row, "moe", False)]
     lines = [
         "## workloads (predicted against measured: published JAX GPU runs)",
         "",
         f"Machine: {machine_line()}. Each row is rebuilt with a built-in family and predicted by "
         "`lagom_jax.predict_train_step_ms` (deviceless XLA:GPU compile for the row's cluster, flash "
         "attention, layers scanned unless the run unrolled them, the run's remat policy and XLA flags), "
-        "then compared with the published step time. Gains are *predicted*: lagom against XLA's "
+        "then compared with the published step time. The `xla-hlo-*` rows are XLA's own benchmark modules "
+        "(MaxText exported them): predicted from the module under XLA's defaults, the flags of the "
+        "measurement not being published. Gains are *predicted*: lagom against XLA's "
         "defaults on the step compiled without flags, and against the run's own flags.",
         "",
         f"Median absolute error {statistics.median(errors):.1%} over {len(ok)} rows "
         f"(goal: at most 10%); worst {max(errors):.1%}." if errors else "No row predicted.",
+        "",
+        (f"MoE rows: median absolute error {statistics.median(moe):.1%} over {len(moe)} (goal: at most 10%)."
+         if moe else "MoE rows: none predicted (they are XLA's benchmark modules: give --xla-modules DIR)."),
         "",
         "| row | GPUs | system | remat | predicted s | measured s | error | lagom over defaults | "
         "lagom over the run's flags | source |",
@@ -269,12 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", default="all", choices=("measured", "scale", "all"))
     p.add_argument("--rows", default=None, help="comma-separated row or case names (default: all)")
     p.add_argument("--no-record", action="store_true", help="print the sections, do not write RESULTS.md")
+    p.add_argument("--xla-modules", metavar="DIR", default=None,
+                   help="folder of XLA's benchmark *.hlo modules (xla/tools/benchmarks/hlo): adds MODULE_ROWS")
     p.add_argument("--child", nargs=2, metavar=("KIND", "NAME"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         kind, name = args.child
         if kind == "row":
             print(json.dumps(predict_row(next(r for r in ROWS if r.name == name))))
+        elif kind == "module":
+            print(json.dumps(predict_module_row(next(r for r in MODULE_ROWS if r.name == name), args.xla_modules)))
         else:
             print(json.dumps(scale_one(next(c for c in SCALE if c.name == name))))
         return 0
@@ -282,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import write_section
 
     if args.part in ("measured", "all"):
-        section = measured_section([r for r in ROWS if wanted is None or r.name in wanted])
+        modules = [r for r in MODULE_ROWS if args.xla_modules and (wanted is None or r.name in wanted)]
+        section = measured_section([r for r in ROWS if wanted is None or r.name in wanted], modules,
+                                   args.xla_modules)
         print(section)
         if not args.no_record:
             write_section("workloads", section)

@@ -145,3 +145,36 @@ def test_errors_inside_an_inline_computation_keep_line_and_column():
     text = "HloModule m\nENTRY e {\n  p = f32[2] parameter(0)\n  c = call(p), to_apply={\n    a = f32[2] parameter(0)\n    ROOT n = f32[2] negate(q)\n  }\n}\n"
     with pytest.raises(hlo.HloParseError, match="line 6, col 28: operand 'q' is not defined"):
         hlo.parse(text)
+
+
+def test_ragged_all_to_all_is_an_all_to_all_of_its_input_buffer():
+    # A dropless MoE's token exchange: read as an all-to-all of the most it can send.
+    g = graph.from_module(fixture("ragged_all_to_all_canonicalizer__1.hlo"))
+    (a2a,) = [t for t in g.tasks if t.is_collective]
+    assert a2a.kind == "all-to-all" and a2a.bytes == 16 * 2
+    # Its async form (an async-start wrapping it, as XLA:GPU emits it) too.
+    text = """HloModule m, num_partitions=8
+
+ra2a_body {
+  input = bf16[1024,256] parameter(0)
+  output = bf16[4096,256] parameter(1)
+  io = s64[8] parameter(2)
+  ss = s64[8] parameter(3)
+  oo = s64[8] parameter(4)
+  rs = s64[8] parameter(5)
+  ROOT ra2a = bf16[4096,256] ragged-all-to-all(input, output, io, ss, oo, rs), replica_groups={{0,1,2,3,4,5,6,7}}
+}
+
+ENTRY main {
+  input = bf16[1024,256] parameter(0)
+  output = bf16[4096,256] parameter(1)
+  io = s64[8] parameter(2)
+  ss = s64[8] parameter(3)
+  oo = s64[8] parameter(4)
+  rs = s64[8] parameter(5)
+  start = ((bf16[1024,256], bf16[4096,256], s64[8], s64[8], s64[8], s64[8]), bf16[4096,256]) async-start(input, output, io, ss, oo, rs), calls=ra2a_body
+  ROOT done = bf16[4096,256] async-done(start)
+}
+"""
+    (a2a,) = [t for t in graph.from_hlo_text(text).tasks if t.is_collective]
+    assert a2a.kind == "all-to-all" and a2a.is_async and a2a.bytes == 1024 * 256 * 2 and len(a2a.groups[0]) == 8

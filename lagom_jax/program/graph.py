@@ -250,10 +250,11 @@ _COLLECTIVE_START = {
     # Newer XLA gives reduce-scatter and all-to-all their own async pair too.
     "reduce-scatter-start": "reduce-scatter",
     "all-to-all-start": "all-to-all",
+    "ragged-all-to-all-start": "all-to-all",
 }
 _COLLECTIVE_DONE = frozenset({
     "all-reduce-done", "all-gather-done", "collective-permute-done", "reduce-scatter-done",
-    "all-to-all-done", "async-done",
+    "all-to-all-done", "ragged-all-to-all-done", "async-done",
     # Async pairs of non-collectives (host offloading's transfers): the start is the task.
     "fusion-done", "copy-done",
 })  # fmt: skip
@@ -764,8 +765,9 @@ class _Builder:
         if kind == "all-gather":
             size = len(groups[0]) if groups else self.num_devices
             nbytes = sum(operand_bytes) * size
-        elif kind == "collective-permute" and "slice_sizes" in target.attributes:
-            # The in-place form (input, output, offsets...) moves only its input.
+        elif (kind == "collective-permute" and "slice_sizes" in target.attributes
+              or target.opcode.startswith(RAGGED_ALL_TO_ALL)):
+            # The in-place forms (input, output, offsets/sizes...) move at most their input.
             nbytes = operand_bytes[0] if operand_bytes else 0
         else:
             nbytes = sum(operand_bytes)
@@ -810,17 +812,27 @@ def _called_names(inst: hlo.Instruction, key: str) -> list[str]:
     return [c.strip().lstrip("%") for c in raw.strip("{}").split(",") if c.strip()]
 
 
+# A dropless MoE's token exchange (``jax.lax.ragged_all_to_all``): an all-to-all whose
+# per-peer sizes are operands known at run time. NCCL runs it as grouped send/recv, priced
+# here as an all-to-all of its input buffer (the most it can send).
+RAGGED_ALL_TO_ALL = "ragged-all-to-all"
+
+
 def _collective_kind(module: hlo.Module, inst: hlo.Instruction):
     """(kind, the instruction that carries the collective's attributes) or (None, None)."""
     op = inst.opcode
     if op in COLLECTIVE_KINDS:
         return op, inst
+    if op == RAGGED_ALL_TO_ALL:
+        return "all-to-all", inst
     if op in _COLLECTIVE_START:
         return _COLLECTIVE_START[op], inst
     if op == "async-start" and inst.called_computations:
         root = module.computation(inst.called_computations[0]).root
         if root.opcode in COLLECTIVE_KINDS:
             return root.opcode, root
+        if root.opcode == RAGGED_ALL_TO_ALL:
+            return "all-to-all", root
     return None, None
 
 
