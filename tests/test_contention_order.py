@@ -13,7 +13,7 @@ import pytest
 
 from lagom_jax.cluster import hardware
 from lagom_jax.cluster.nccl_env import NcclEnv
-from lagom_jax.costs import cost, simulate
+from lagom_jax.costs import cost, kernels, simulate
 from lagom_jax.program.graph import StepGraph, Task
 
 H100 = hardware.get("h100-sxm-8")
@@ -109,3 +109,23 @@ def test_a_zero_cta_collective_holds_no_sm_but_still_takes_hbm_bandwidth():
     # The same all-gather on SMs, resident first, costs the GEMM far more.
     sm_based = run([all_gather(0), gemm(1)], H100)
     assert took(sm_based[1]) > took(t[0])
+
+
+def test_a_gemm_of_many_waves_loses_a_wave_to_one_held_sm_and_a_one_wave_gemm_does_not():
+    # The H100 order probe: one held SM of 132 cost its 16-wave GEMM 6.4-7.1%, not 0.8%.
+    def slowdown(m, n, k, sms, cfg=cost.DEFAULT_COSTS):
+        shape = dict(gemm=(1, m, n, k), cfg=cfg)
+        alone = cost.compute_time_us(2 * m * n * k, 2 * (m * k + k * n + m * n), H100, **shape)
+        return cost.compute_time_us(2 * m * n * k, 2 * (m * k + k * n + m * n), H100, sms_taken=sms, **shape) / alone
+
+    waves = kernels.gemm_waves(N, N, N, H100)
+    assert waves == 16
+    assert slowdown(N, N, N, 1) == pytest.approx(1 + 1 / waves, rel=0.01)
+    off = dataclasses.replace(cost.DEFAULT_COSTS, held_sm_tail_waves=0.0)
+    assert slowdown(N, N, N, 1, off) < 1.01
+    # 128 tiles fit the 131 SMs left: nothing waits.
+    assert kernels.gemm_waves(2048, 2048, 8192, H100) == 1
+    assert slowdown(2048, 2048, 8192, 1) == pytest.approx(1.0, abs=0.01)
+    # An A100 GEMM shares its SM with a NCCL CTA (0.2 SM each): no whole SM, no tail.
+    alone = cost.compute_time_us(2 * N**3, 6 * N * N, A100, gemm=(1, N, N, N))
+    assert cost.compute_time_us(2 * N**3, 6 * N * N, A100, gemm=(1, N, N, N), sms_taken=0.2) / alone < 1.01

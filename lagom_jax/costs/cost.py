@@ -126,6 +126,15 @@ class CostConfig:
     hbm_pressure_exponent: float = 0.5
     # Compute keeps at least this share of HBM bandwidth however much comm wants.
     min_hbm_share: float = 0.1
+    # Waves a matmul of several waves that loses whole SMs (``HardwareProfile.resident_sm_share``
+    # 1: Hopper, Blackwell) runs at least, beyond its waves on every SM: the library sized its
+    # kernel for every SM, and the tiles of a missing SM finish a wave late. Measured, not
+    # fitted: the H100 order probe's 16-wave 8192^3 GEMM lost 6.4-7.1% to one held SM of 132
+    # (1/132 of the SMs predicts 0.8%; one more wave of 16, 6.25%), and 4 CTAs packed on one
+    # SM at a kernel boundary cost the same as one. A one-wave matmul has no tail to lose (its
+    # tiles either fit the SMs left or need a second wave, which the waves model counts).
+    # 0 turns it off.
+    held_sm_tail_waves: float = 1.0
     # Anchor a collective inside one node to the measured time of NCCL's own choice
     # (``collective_tables``: XLA's tables for H100/B200, nccl-tests for A100); False is
     # NCCL's model alone.
@@ -623,7 +632,8 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
     for the collective's whole duration); bandwidth is what the collectives leave, but
     never below ``min_hbm_share`` of the achieved rate. A library kernel with its own
     measured rate (``kernel``: cuDNN attention, fp8 matmuls; `kernels.kernel_tflops`) runs
-    at that rate instead of the BF16 matmul rate.
+    at that rate instead of the BF16 matmul rate. A matmul of several waves that loses whole
+    SMs runs at least ``cfg.held_sm_tail_waves`` waves more than on every SM.
     """
     if flops < 0 or nbytes < 0:
         raise ValueError(f"flops and bytes must be >= 0, got flops={flops}, bytes={nbytes}")
@@ -638,6 +648,12 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
         batch, m, n, k = gemm
         shape = dict(batch=batch, itemsize=itemsize, sm_fraction=sm_left, tflops=own_rate)
         own = kernels.gemm_time_us(m, n, k, hw, **shape, hbm_gbps=hbm)
+        if sms_taken > 0 and cfg.held_sm_tail_waves and hw.resident_sm_share(True) >= 1.0:
+            # At least ``held_sm_tail_waves`` more than on every SM, whatever the SMs left.
+            waves = kernels.gemm_waves(m, n, k, hw, batch=batch)
+            if waves > 1:
+                full = kernels.gemm_time_us(m, n, k, hw, **{**shape, "sm_fraction": 1.0}, hbm_gbps=hbm)
+                own = max(own, full * (1.0 + cfg.held_sm_tail_waves / waves))
         if pressure == 1.0:
             return max(own, memory)
         return max(kernels.gemm_time_us(m, n, k, hw, **shape) * pressure, own, memory)

@@ -84,6 +84,22 @@ def gemm_time_us(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1,
     return hw.launch_us + model.fixed_us + max(best, memory)
 
 
+def gemm_waves(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1,
+               model: GemmModel = DEFAULT_GEMM) -> int:
+    """Waves of output tiles the matmul runs on every SM, at the tile ``gemm_time_us`` picks
+    for the whole GPU (what the library sizes its kernel for)."""
+    if min(m, n, k, batch) <= 0:
+        return 0
+    per_sm = hw.achieved_tflops * 1e6 / hw.sm_count
+    best, waves_of_best = math.inf, 0
+    for tm, tn, rate in model.tiles:
+        waves = math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / hw.sm_count)
+        t = waves * 2.0 * tm * tn * (k + model.k_overhead) / (per_sm * rate)
+        if t < best:
+            best, waves_of_best = t, waves
+    return waves_of_best
+
+
 def gemm_tflops(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1, itemsize: int = 2,
                 model: GemmModel = DEFAULT_GEMM) -> float:
     """The achieved TFLOP/s the model predicts for one matmul (for reports and checks)."""
