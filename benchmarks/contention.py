@@ -268,6 +268,11 @@ READING = """How to read it:
   step the GEMMs after the first lose the collective's SMs; PyTorch's microbenchmark enqueues its
   all-gather first on an idle GPU (docs/contention_sources.md), so its GEMM starts beside the
   resident CTAs.
+- Any held SM costs a GEMM of many waves a wave: one held SM of 132 cost the probe's 16-wave GEMM
+  6.4-7.1%, where its share of the SMs predicts 0.8% (`CostConfig.held_sm_tail_waves`: at least one
+  wave more than on every SM, for Hopper/Blackwell matmuls of two waves or more). Without it (the
+  launch-order model of 2026-11-26 01:18) the median abs errors were: h100-copy-probe 6.5%,
+  h100-order-probe 6.4%, ispass25 9.3%; the other sources are unchanged.
 - Echo's A100 kernels are SIMT and Ampere GEMMs that run several CTAs per SM and share an SM with
   a NCCL CTA: the whole-SM rule there puts them about 27% slow where they measured 1.00x (the
   what-if), so they keep the 0.2 share. That split is by kernel and GPU, not by source, and no
