@@ -19,10 +19,9 @@ with ``capacity_factor: -1``, ``src/maxtext/layers/moe.py`` ``sparse_matmul``/``
 ``unpermute``): each device sorts its tokens' assignments by
 expert, runs the experts as grouped GEMMs (`jax.lax.ragged_dot`) and combines by the
 inverse permutation; no token is dropped. With an ``expert`` axis the sorted rows travel to
-the experts' devices and back by `jax.lax.all_to_all` with worst-case buffers (every
-assignment of a device could go to one expert shard): XLA:CPU has no ragged all-to-all
-(``UNIMPLEMENTED: ragged-all-to-all``), so the same program runs on the CPU test devices and
-compiles for GPUs. Shared experts (DeepSeek-MoE, arXiv 2401.06066) are one dense SwiGLU of
+the experts' devices and back by `jax.lax.ragged_all_to_all` (MaxText's expert-parallel
+exchange), which XLA:GPU compiles; XLA:CPU has none, so on the CPU test devices the same
+exchange runs as all-to-all of worst-case buffers (``ragged_all_to_all``). Shared experts (DeepSeek-MoE, arXiv 2401.06066) are one dense SwiGLU of
 ``shared_experts * expert_ffn`` beside the routed ones; ``dense_layers`` first layers have a
 dense MLP of ``d_ff`` (DeepSeek-V3: 3).
 
@@ -258,33 +257,63 @@ def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Arr
     return out.astype(x.dtype).reshape(b, t, d)
 
 
+def ragged_all_to_all(operand: jax.Array, output: jax.Array, input_offsets: jax.Array, send_sizes: jax.Array,
+                      output_offsets: jax.Array, recv_sizes: jax.Array, axis: str) -> jax.Array:
+    """`jax.lax.ragged_all_to_all` over ``axis`` where the backend has it (XLA:GPU compiles it,
+    deviceless too); on the CPU, where XLA has none (``UNIMPLEMENTED: ragged-all-to-all``),
+    the same exchange through `jax.lax.all_to_all` of worst-case buffers, so that the test
+    devices run the very index arithmetic the GPUs get. Row ``p`` of the block sent to peer
+    ``j`` (``operand[input_offsets[j] + p]``, ``p < send_sizes[j]``) lands in ``j``'s
+    ``output`` at ``output_offsets[j] + p``; ``recv_sizes[j]`` rows come from ``j``."""
+
+    def real(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+        return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                                         axis_name=axis)
+
+    def emulated(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+        ways, m = send_sizes.shape[0], operand.shape[0]
+        pos = jnp.arange(m)
+        rows = jnp.take(operand, jnp.clip(input_offsets[:, None] + pos[None, :], 0, m - 1), axis=0)
+        buf = jnp.where((pos[None, :] < send_sizes[:, None]).reshape(ways, m, *[1] * (operand.ndim - 1)), rows, 0)
+        got = jax.lax.all_to_all(buf, axis, 0, 0, tiled=True)  # [ways (source), m, ...]
+        at = jax.lax.all_to_all(output_offsets, axis, 0, 0, tiled=True)  # each source's offset here
+        dest = jnp.where(pos[None, :] < recv_sizes[:, None], at[:, None] + pos[None, :], output.shape[0])
+        return output.at[dest.reshape(-1)].set(got.reshape(ways * m, *operand.shape[1:]), mode="drop")
+
+    return jax.lax.platform_dependent(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                                      cpu=emulated, default=real)
+
+
 def _expert_exchange(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
                      axis: str, ways: int) -> jax.Array:
-    """Sorted rows to their experts' shards by all-to-all, the local experts, and back.
+    """Sorted rows to their experts' shards by ragged all-to-all, the local experts, and back.
 
-    Every destination gets a buffer of all ``m`` rows of this device (the worst case: all
-    could go to one shard), so nothing is dropped; rows past a block's count are padding."""
+    Every device learns every device's per-expert counts (one small all-gather), so each
+    computes where its blocks land without another exchange. A shard receives at most
+    ``ways * m`` rows (all of every device's rows), the buffer it provides; only the rows
+    routed to it travel."""
     m, d = rows.shape
     local = sizes.shape[0] // ways
-    send = sizes.reshape(ways, local).sum(axis=1)  # rows for each shard
-    start = jnp.cumsum(send) - send
-    pos = jnp.arange(m)
-    idx = start[:, None] + pos[None, :]  # [ways, m]
-    valid = pos[None, :] < send[:, None]
-    buf = jnp.where(valid[..., None], jnp.take(rows, jnp.clip(idx, 0, m - 1), axis=0), 0)
-    recv = jax.lax.all_to_all(buf, axis, 0, 0, tiled=True)  # [ways (source), m, d]
-    # Each source's block is sorted by its expert; regroup all blocks by local expert.
-    counts = jax.lax.all_gather(sizes, axis).reshape(ways, ways, local)  # [src, dst shard, local]
-    mine = counts[:, jax.lax.axis_index(axis)]  # [src, local]
-    ends = jnp.cumsum(mine, axis=1)
-    ids = jnp.sum(pos[None, :, None] >= ends[:, None, :], axis=2)  # [src, m]; ``local``: padding
-    order, _ = counting_sort(ids.reshape(-1).astype(jnp.int32), local + 1)
-    grouped = jnp.take(recv.reshape(ways * m, d), order, axis=0)
-    y = _grouped_swiglu(grouped, wi0, wi1, wo, mine.sum(axis=0).astype(jnp.int32))
-    y = jnp.zeros_like(y).at[order].set(y).reshape(ways, m, d)
-    back = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)  # [ways (shard), m, d]: my rows
-    shard = jnp.sum(pos[:, None] >= jnp.cumsum(send)[None, :], axis=1)  # each sorted row's shard
-    return back[jnp.clip(shard, 0, ways - 1), pos - start[jnp.clip(shard, 0, ways - 1)]]
+    me = jax.lax.axis_index(axis)
+    counts = jax.lax.all_gather(sizes, axis).reshape(ways, ways, local)  # [src, dst shard, local expert]
+    flow = counts.sum(axis=2)  # [src, dst] rows
+    send, mine = flow[me], counts[:, me]  # rows I send each shard; [src, local] rows I get
+    recv = mine.sum(axis=1)
+    start = jnp.cumsum(send) - send  # my block for shard j in my sorted rows
+    at = jnp.cumsum(recv) - recv  # source s's block in my buffer
+    lands = (jnp.cumsum(flow, axis=0) - flow)[me]  # my block's offset in shard j's buffer
+    cap = ways * m
+    got = ragged_all_to_all(rows, jnp.zeros((cap, d), rows.dtype), start, send, lands, recv, axis)
+    # The buffer is packed by source, each block sorted by local expert: regroup by expert.
+    r = jnp.arange(cap)
+    src = jnp.clip(jnp.sum(r[:, None] >= jnp.cumsum(recv)[None, :], axis=1), 0, ways - 1)
+    ids = jnp.sum((r - at[src])[:, None] >= jnp.cumsum(mine, axis=1)[src], axis=1)
+    ids = jnp.where(r < recv.sum(), ids, local)  # ``local``: buffer padding
+    order, _ = counting_sort(ids.astype(jnp.int32), local + 1)
+    y = _grouped_swiglu(jnp.take(got, order, axis=0), wi0, wi1, wo, mine.sum(axis=0).astype(jnp.int32))
+    y = jnp.zeros_like(y).at[order].set(y)  # packed by source again
+    home = (jnp.cumsum(flow, axis=1) - flow)[:, me]  # source s's block for me in its sorted rows
+    return ragged_all_to_all(y, jnp.zeros_like(rows), at, recv, home, send, axis)
 
 
 class DroplessMoE(nn.Module):

@@ -134,3 +134,28 @@ def test_llama_routing_helper_renormalises():
     weights, chosen = llama.top_k_routing(np.log(np.array([[0.5, 0.3, 0.2]])), 2)
     np.testing.assert_allclose(np.asarray(weights), [[0.625, 0.375]], rtol=1e-6)
     assert chosen.tolist() == [[0, 1]]
+
+
+def test_the_cpu_ragged_all_to_all_does_what_jax_documents():
+    # jax.lax.ragged_all_to_all's own example (axis of size 2), on the CPU stand-in.
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    rows = lambda *v: np.array(v, np.int32)  # noqa: E731
+    args = (rows(1, 2, 2, 3, 4, 0), np.zeros(8, np.int32), rows(0, 1, 0, 1), rows(1, 2, 1, 1),
+            rows(0, 0, 1, 2), rows(1, 1, 2, 1))
+    run = jax.jit(jax.shard_map(functools.partial(llama.ragged_all_to_all, axis="x"), mesh=mesh,
+                                in_specs=(P("x"),) * 6, out_specs=P("x")))
+    assert np.asarray(run(*args)).tolist() == [1, 3, 0, 0, 2, 2, 4, 0]
+
+
+def test_dropless_expert_exchange_compiles_for_gpus_as_a_ragged_all_to_all():
+    from lagom_jax.program import graph
+
+    job = predict.train_step_job("mixtral", layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256,
+                                 experts=4, top_k=2, moe="dropless", seq_len=64, global_batch=8,
+                                 mesh={"fsdp": 2, "expert": 4}, hardware="h100-sxm-8", strategy="xla-default")
+    text = job.compiled.text
+    assert "ragged-all-to-all" in text
+    a2a = [t for t in graph.from_hlo_text(text).tasks if t.kind == "all-to-all"]
+    assert a2a and all(t.bytes > 0 for t in a2a)
