@@ -74,14 +74,22 @@ def gemm_time_us(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1,
         return hw.launch_us
     sms = max(hw.sm_count * sm_fraction, 1.0)
     per_sm = (tflops or hw.achieved_tflops) * 1e6 / hw.sm_count  # flops per us of one SM at best shape
-    best = math.inf
-    for tm, tn, rate in model.tiles:
-        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-        waves = math.ceil(tiles / sms)
-        best = min(best, waves * 2.0 * tm * tn * (k + model.k_overhead) / (per_sm * rate))
+    best, _ = _best_tile(m, n, k, batch, sms, per_sm, model)
     hbm = hw.achieved_hbm_gbps if hbm_gbps is None else hbm_gbps
     memory = itemsize * batch * (m * k + k * n + m * n) / (hbm * 1e3)
     return hw.launch_us + model.fixed_us + max(best, memory)
+
+
+def _best_tile(m: int, n: int, k: int, batch: int, sms: float, per_sm: float,
+               model: GemmModel) -> tuple[float, int]:
+    """(compute time, waves) of the fastest of ``model.tiles`` on ``sms`` SMs."""
+    best, best_waves = math.inf, 0
+    for tm, tn, rate in model.tiles:
+        waves = math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / sms)
+        t = waves * 2.0 * tm * tn * (k + model.k_overhead) / (per_sm * rate)
+        if t < best:
+            best, best_waves = t, waves
+    return best, best_waves
 
 
 def gemm_waves(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1,
@@ -90,14 +98,7 @@ def gemm_waves(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1,
     for the whole GPU (what the library sizes its kernel for)."""
     if min(m, n, k, batch) <= 0:
         return 0
-    per_sm = hw.achieved_tflops * 1e6 / hw.sm_count
-    best, waves_of_best = math.inf, 0
-    for tm, tn, rate in model.tiles:
-        waves = math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / hw.sm_count)
-        t = waves * 2.0 * tm * tn * (k + model.k_overhead) / (per_sm * rate)
-        if t < best:
-            best, waves_of_best = t, waves
-    return waves_of_best
+    return _best_tile(m, n, k, batch, hw.sm_count, hw.achieved_tflops * 1e6 / hw.sm_count, model)[1]
 
 
 def gemm_tflops(m: int, n: int, k: int, hw: HardwareProfile, *, batch: int = 1, itemsize: int = 2,
