@@ -112,7 +112,8 @@ _PAX_NOTE = "flags: Paxml's defaults stand in as XLA's (not listed in the source
 # Remat of the Pax GPT configs (google/paxml paxml/contrib/gpu/scripts_gpu/configs.py): GPT5B sets
 # SAVE_DOT_WITH_NO_BATCH_DIM; GPT126M and GPT175B inherit SAVE_NOTHING from
 # paxml/tasks/lm/model_params.py TransformerLmSpmdAdafactor, which Pax applies to repeated layers only.
-_PAX_126M_REMAT = "remat none: GPT126M does not repeat its layers, and Pax remats repeated layers only"
+_PAX_126M_REMAT = ("remat none, layers unrolled: GPT126M does not repeat its layers (USE_REPEATED_LAYER False), "
+                   "and Pax remats repeated layers only")
 _PAX_175B_REMAT = "remat full: GPT175B keeps Pax's default CHECKPOINT_POLICY, SAVE_NOTHING"
 
 ROWS: tuple[Row, ...] = (
@@ -129,14 +130,14 @@ ROWS: tuple[Row, ...] = (
       for n, s in ((16, 0.634), (32, 0.639), (64, 0.643), (128, 0.651))),
     Row("paxml-gpt126m/64xA100", PAX_126M, 2048, 256, {"data": 64}, "a100-sxm-8", "none", {}, 0.122, _PAX,
         note=_PAX_NOTE + "; " + _PAX_126M_REMAT + "; no flash attention (scores materialised, as measured)",
-        attention="xla"),
+        attention="xla", scan=False),
     Row("paxml-gpt5b/256xA100", PAX_5B, 2048, 2048, {"fsdp": 256}, "a100-sxm-8", "minimal", {}, 3.447, _PAX,
         note=_PAX_NOTE),
     Row("paxml-gpt175b/256xA100-te", PAX_175B, 2048, 1536, {"fsdp": 256}, "a100-sxm-8", "full", {}, 75.15,
         _PAX, note=_PAX_NOTE + "; " + _PAX_175B_REMAT + "; measured with Transformer Engine"),
     Row("paxml-gpt126m/64xH100-te", PAX_126M, 2048, 256, {"data": 64}, "h100-sxm-8", "none", {},
         256 / 4709, _PAX, note=_PAX_NOTE + "; " + _PAX_126M_REMAT + "; measured with Transformer Engine; "
-        "no flash attention (the source: flash attention except 126M)", attention="xla"),
+        "no flash attention (the source: flash attention except 126M)", attention="xla", scan=False),
     Row("paxml-gpt5b/256xH100-te", PAX_5B, 2048, 2048, {"fsdp": 256}, "h100-sxm-8", "minimal", {},
         2048 / 1657, _PAX, note=_PAX_NOTE + "; measured with Transformer Engine"),
     Row("paxml-llama2-7b/16xH100", LLAMA2_7B, 4096, 32, {"fsdp": 16}, "h100-sxm-8", "minimal", {}, 0.740,
