@@ -36,6 +36,8 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.xla_modules import CALIBRATION
+
 GiB, MiB = 1 << 30, 1 << 20
 
 # Flags of the published runs, by name (openxla/xla DebugOptions fields).
@@ -160,18 +162,14 @@ class ModuleRow:
     remat: str = "as exported"
 
 
-def _module_rows() -> tuple[ModuleRow, ...]:
-    from benchmarks.xla_modules import CALIBRATION
-
-    src = "openxla/xla PR #31030 (\"main\" column)"
-    note = "XLA's module as MaxText exported it, under XLA's defaults; Transformer Engine's attention priced"
-    return (ModuleRow("xla-hlo-llama3.1-8b/8xH100", "hlo_llama31_8b_bf16_1x8", "h100-sxm-8",
-                      CALIBRATION["hlo_llama31_8b_bf16_1x8"], src, note=note),
-            ModuleRow("xla-hlo-mixtral-8x7b/8xH100", "hlo_mixtral_8x7b_bf16_1x8", "h100-sxm-8",
-                      CALIBRATION["hlo_mixtral_8x7b_bf16_1x8"], src, moe=True, note=note))
-
-
-MODULE_ROWS = _module_rows()
+_XLA_PR = "openxla/xla PR #31030 (\"main\" column)"
+_XLA_NOTE = "XLA's module as MaxText exported it, under XLA's defaults; Transformer Engine's attention priced"
+MODULE_ROWS: tuple[ModuleRow, ...] = (
+    ModuleRow("xla-hlo-llama3.1-8b/8xH100", "hlo_llama31_8b_bf16_1x8", "h100-sxm-8",
+              CALIBRATION["hlo_llama31_8b_bf16_1x8"], _XLA_PR, note=_XLA_NOTE),
+    ModuleRow("xla-hlo-mixtral-8x7b/8xH100", "hlo_mixtral_8x7b_bf16_1x8", "h100-sxm-8",
+              CALIBRATION["hlo_mixtral_8x7b_bf16_1x8"], _XLA_PR, moe=True, note=_XLA_NOTE),
+)
 
 
 @dataclasses.dataclass(frozen=True)

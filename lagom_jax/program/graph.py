@@ -816,23 +816,21 @@ def _called_names(inst: hlo.Instruction, key: str) -> list[str]:
 # per-peer sizes are operands known at run time. NCCL runs it as grouped send/recv, priced
 # here as an all-to-all of its input buffer (the most it can send).
 RAGGED_ALL_TO_ALL = "ragged-all-to-all"
+# The synchronous opcodes (and roots of an async-start) that are collectives, and their kind.
+_KIND_OF = {**{k: k for k in COLLECTIVE_KINDS}, RAGGED_ALL_TO_ALL: "all-to-all"}
 
 
 def _collective_kind(module: hlo.Module, inst: hlo.Instruction):
     """(kind, the instruction that carries the collective's attributes) or (None, None)."""
     op = inst.opcode
-    if op in COLLECTIVE_KINDS:
-        return op, inst
-    if op == RAGGED_ALL_TO_ALL:
-        return "all-to-all", inst
+    if op in _KIND_OF:
+        return _KIND_OF[op], inst
     if op in _COLLECTIVE_START:
         return _COLLECTIVE_START[op], inst
     if op == "async-start" and inst.called_computations:
         root = module.computation(inst.called_computations[0]).root
-        if root.opcode in COLLECTIVE_KINDS:
-            return root.opcode, root
-        if root.opcode == RAGGED_ALL_TO_ALL:
-            return "all-to-all", root
+        if root.opcode in _KIND_OF:
+            return _KIND_OF[root.opcode], root
     return None, None
 
 
