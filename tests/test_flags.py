@@ -36,9 +36,41 @@ def test_unknown_or_mistyped_flags_are_refused(name, value):
         flags.XlaFlag(name, value)
 
 
-def test_every_known_flag_is_accepted_by_installed_xla_at_its_default():
-    fl = [flags.XlaFlag(s.name, s.default) for s in flags.KNOWN_FLAGS.values()]
+def test_every_known_flag_is_in_the_installed_table_or_renamed_to_one_that_is():
+    table = flags.installed_table()
+    assert set(table) == set(flags.KNOWN_FLAGS)
+    for spec in flags.KNOWN_FLAGS.values():
+        if table[spec.name] is not None:  # renamed: the other spelling is the installed one
+            assert "No such compile option" in table[spec.name], (spec.name, table[spec.name])
+            assert flags.for_installed(flags.XlaFlag(spec.name, spec.default)) is not None, spec.name
+    fl = [flags.XlaFlag(s.name, s.default) for s in flags.KNOWN_FLAGS.values() if table[s.name] is None]
     flags.validate(flags.render_xla_flags(fl), flags.compiler_options(fl))
+
+
+def test_a_pipelining_mode_renders_as_each_edge_reads_it():
+    on = flags.XlaFlag("xla_gpu_pipeline_reduce_scatter", "on")
+    assert on.render() == "--xla_gpu_pipeline_reduce_scatter=on"  # XLA's flag parser takes the word
+    assert flags.compiler_options([on]) == {"xla_gpu_pipeline_reduce_scatter": "COLLECTIVE_PIPELINING_MODE_ON"}
+    with pytest.raises(flags.FlagError, match="one of default, off, on, explicit"):
+        flags.XlaFlag("xla_gpu_pipeline_reduce_scatter", "true")
+
+
+@pytest.mark.parametrize("installed", ["old", "new"])
+def test_renamed_flags_are_spelled_for_the_installed_xla(monkeypatch, installed):
+    old, new = "xla_gpu_enable_pipelined_reduce_scatter", "xla_gpu_pipeline_reduce_scatter"
+    gone = new if installed == "old" else old
+    table = {name: None for name in flags.KNOWN_FLAGS}
+    table[gone] = f"INVALID_ARGUMENT: No such compile option: '{gone}'"
+    monkeypatch.setattr(flags, "installed_table", lambda: table)
+    if installed == "new":  # jaxlib 0.12: the booleans map onto the modes
+        assert flags.for_installed(flags.XlaFlag(old, False)) == flags.XlaFlag(new, "off")
+        assert flags.installed_options({old: True}) == {new: "COLLECTIVE_PIPELINING_MODE_ON"}
+    else:  # before 0.12: the modes map back; "explicit" has no boolean
+        assert flags.for_installed(flags.XlaFlag(new, "on")) == flags.XlaFlag(old, True)
+        assert flags.for_installed(flags.XlaFlag(new, "default")) == flags.XlaFlag(old, True)
+        assert flags.for_installed(flags.XlaFlag(new, "explicit")) is None
+        with pytest.raises(flags.FlagError, match=f"has no flag {new}"):
+            flags.installed_options({new: "explicit"})
 
 
 @pytest.mark.parametrize(

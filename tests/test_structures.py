@@ -7,7 +7,7 @@ import pytest
 from lagom_jax import job
 from lagom_jax.cluster import hardware
 from lagom_jax.plan import planning, structures
-from lagom_jax.program import gpu_compile, graph
+from lagom_jax.program import flags, gpu_compile, graph
 
 _REASON = gpu_compile.unavailable_reason()
 needs_gpu_compile = pytest.mark.skipif(_REASON is not None, reason=f"no deviceless GPU compile here: {_REASON}")
@@ -21,6 +21,10 @@ def _compiled(layers=4, **kw):
     return job.compile_source(src, HW)
 
 
+def _candidate(name, value):
+    return next(c for c in structures.CANDIDATES if (c.flag.name, c.flag.value) == (name, value))
+
+
 def _planned(text):
     return planning.plan(graph.from_hlo_text(text), HW, strategy="lagom", baselines=("xla-default",))
 
@@ -32,7 +36,8 @@ def test_a_candidate_that_changes_nothing_is_left():
     planned = planning.plan(graph.from_hlo_text(base.text), one_node, strategy="lagom", baselines=("xla-default",))
     # A "recompile" that returns the same module: nothing to take, and said so.
     everything = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")
-    cand = structures.Candidate(structures.CANDIDATES[4].flag, everything, needs_loop=False)
+    cand = structures.Candidate(_candidate("xla_gpu_enable_all_gather_combine_by_dim", True).flag, everything,
+                                needs_loop=False)
     same = structures.search(base.text, planned, one_node, lambda options: base.text, strategy="lagom",
                              baselines=("xla-default",), candidates=(cand,))
     assert same.flags == () and "same module" in same.decisions[0][1]
@@ -52,10 +57,11 @@ def test_taken_flags_reach_the_plan_and_its_verification():
     def recompile(options):
         return fast.text if options else compiled.text
 
-    cand = structures.Candidate(structures.CANDIDATES[0].flag, ("all-gather", "reduce-scatter", "all-reduce"))
+    cand = structures.Candidate(_candidate("xla_gpu_pipeline_all_gather", "on").flag,
+                                ("all-gather", "reduce-scatter", "all-reduce"))
     out = structures.search(compiled.text, _planned(compiled.text), HW, recompile, strategy="lagom",
                             baselines=("xla-default",), candidates=(cand,))
-    assert out.flags == (cand.flag,) and out.decisions[0][1].startswith("taken: predicted step")
+    assert out.flags == (flags.for_installed(cand.flag),) and out.decisions[0][1].startswith("taken: predicted step")
     assert out.planned.plan.makespan_us < _planned(compiled.text).plan.makespan_us
 
 
@@ -69,12 +75,13 @@ def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
     # the same collectives, in the same places (the pipeliner's peeled ones included).
     checks = dict(tuned.plan.verification)
     assert checks["collectives"].startswith("as predicted") and checks["placement"].startswith("as predicted")
-    pipelined = [f for f in tuned.plan.flags if "pipelined" in f.name]
+    pipelined = [f for f in tuned.plan.flags if "pipeline" in f.name]
     assert pipelined and not any(f.name.endswith("_combine_threshold_bytes") and k in f.name
                                  for f in tuned.plan.flags for k in ("all_gather",))
-    for cand in structures.CANDIDATES:  # every candidate has a decision with its reason
-        subject = f"{cand.flag.name}={str(cand.flag.value).lower()}"
-        assert decisions[subject].startswith(("taken: ", "left: ")), decisions
+    for cand in structures.CANDIDATES:  # every candidate that is not XLA's default has a decision with its reason
+        flag = flags.for_installed(cand.flag)
+        if not flag.is_default:
+            assert decisions[f"{flag.name}={str(flag.value).lower()}"].startswith(("taken: ", "left: ")), decisions
     priced = [d for d in decisions.values() if "predicted step" in d]
     assert priced and all("; exposed " in d and "the rest (compute" in d for d in priced)  # the why
     compiles = int(decisions["structure search"].split()[0])
@@ -92,8 +99,8 @@ def test_verification_says_where_the_structure_put_the_collectives():
     from lagom_jax.plan import verify
 
     compiled = _compiled()
-    flag = structures.CANDIDATES[0].flag  # the collective pipeliner for all-gathers
-    pipelined = compiled.recompile({flag.name: flag.value})
+    flag = flags.for_installed(_candidate("xla_gpu_pipeline_all_gather", "on").flag)  # the collective pipeliner
+    pipelined = compiled.recompile(flags.compiler_options([flag]))
     plain, moved = graph.from_hlo_text(compiled.text), graph.from_hlo_text(pipelined)
     # The pipeliner peels one layer's all-gathers out of the scanned loop: more run outside
     # it, and the loop runs one iteration fewer.
@@ -150,3 +157,46 @@ def test_kinds_left_at_the_default_threshold_are_never_combined_further():
     # No threshold flag for a fixed kind, whichever seed won, and the collectives stay as compiled.
     assert not [f for f in planned.plan.flags if f.name.endswith("_combine_threshold_bytes")]
     assert len(planned.chosen.graph.collectives) == len(step.collectives)
+
+
+@needs_gpu_compile
+def test_a_flag_the_installed_xla_lacks_is_left_out_and_the_run_ends_with_a_plan(monkeypatch):
+    # As jaxlib 0.12 did to xla_gpu_enable_pipelined_*: an XLA whose table lacks a structure
+    # flag (and its successor) never sees it; the search says so and goes on.
+    table = dict(flags.installed_table())
+    lacking = ("xla_gpu_enable_while_loop_double_buffering", "xla_gpu_pipeline_all_gather",
+               "xla_gpu_enable_pipelined_all_gather")
+    table.update({name: f"No such compile option: '{name}'" for name in lacking})
+    monkeypatch.setattr(flags, "installed_table", lambda: table)
+    compiled = _compiled(layers=2)
+    asked: list[dict] = []
+
+    def recompile(options):
+        asked.append(dict(options))
+        if set(options) & set(lacking):
+            raise AssertionError(f"compiled with a flag the installed XLA lacks: {options}")
+        return compiled.recompile(options)
+
+    out = structures.search(compiled.text, _planned(compiled.text), HW, recompile, strategy="lagom",
+                            baselines=("xla-default",))
+    decisions = dict(out.decisions)
+    assert decisions["xla_gpu_enable_while_loop_double_buffering=true"].startswith("left: the installed XLA")
+    assert decisions["xla_gpu_pipeline_all_gather=on"].startswith("left: the installed XLA")
+    assert out.planned.plan.makespan_us > 0 and asked  # the others were compiled and priced
+
+
+def test_a_compile_that_fails_leaves_its_candidate_with_the_reason():
+    step = open(_fixture().parent.parent / "gpu_collectives.hlo").read()
+    planned = _planned(step)
+    cand = structures.Candidate(_candidate("xla_gpu_enable_all_gather_combine_by_dim", True).flag,
+                                ("all-gather", "reduce-scatter", "all-reduce", "all-to-all"), needs_loop=False)
+
+    def refuse(options):
+        raise RuntimeError("INVALID_ARGUMENT: No such compile option: 'xla_gpu_enable_all_gather_combine_by_dim'")
+
+    out = structures.search(step, planned, HW, refuse, strategy="lagom", baselines=("xla-default",),
+                            candidates=(cand,))
+    assert out.flags == () and out.text == step
+    assert dict(out.decisions)["xla_gpu_enable_all_gather_combine_by_dim=true"] == (
+        "left: XLA could not compile with it: INVALID_ARGUMENT: No such compile option: "
+        "'xla_gpu_enable_all_gather_combine_by_dim'")

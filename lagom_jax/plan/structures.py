@@ -1,8 +1,9 @@
 """Compile-in-the-loop: the structure of a scanned program, chosen by compiling it.
 
 Some XLA flags rewrite the program in ways no pass here mimics: the collective pipeliner
-(``xla_gpu_enable_pipelined_{all_gather,reduce_scatter,all_reduce}``: move a layer's
-collective into the previous or next loop iteration), while-loop double buffering (unroll
+(``xla_gpu_pipeline_{all_gather,reduce_scatter,all_reduce}`` on or off, before jaxlib 0.12
+``xla_gpu_enable_pipelined_*``: move a layer's collective into the previous or next loop
+iteration), while-loop double buffering (unroll
 the layer loop by two so one iteration's collectives overlap the other's compute) and
 combining all-gathers or reduce-scatters only along one dimension. Each is a candidate the
 search takes or leaves, priced by what it does: the step is compiled deviceless with the
@@ -14,6 +15,11 @@ the step and is not compiled); a candidate is taken when it shortens the predict
 by more than ``MIN_GAIN``. Each distinct set of flags is compiled at most once (cached by
 the source module's fingerprint and the flags), and the result says how many compiles ran
 and how long they took.
+
+Candidates are spelled for the installed XLA (``flags.for_installed``): one it renamed is
+compiled under its new name, one that is already the installed XLA's default is not
+compiled, and one it lacks is left with a line saying so. A compile that fails leaves its
+candidate with XLA's reason; it never ends the search.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from lagom_jax import search as search_lib
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.plan import planning
 from lagom_jax.program import graph as graph_lib
+from lagom_jax.program import flags as flags_lib
 from lagom_jax.program.flags import KNOWN_FLAGS, XlaFlag
 
 __all__ = ["CANDIDATES", "MIN_GAIN", "Candidate", "Outcome", "search"]
@@ -54,10 +61,25 @@ def _toggle(name: str) -> XlaFlag:
     return XlaFlag(name, not KNOWN_FLAGS[name].default)
 
 
+def _spelled(flag: XlaFlag) -> tuple[XlaFlag | None, str]:
+    """(the flag as the installed XLA takes it, or None, and why not)."""
+    try:
+        installed = flags_lib.for_installed(flag)
+    except flags_lib.FlagError as err:
+        return None, f"left: {err}"
+    if installed is None:
+        return None, f"left: the installed XLA ({flags_lib.installed_version()}) has no such flag"
+    if installed.is_default:
+        return None, ""
+    return installed, ""
+
+
 CANDIDATES: tuple[Candidate, ...] = (
-    Candidate(_toggle("xla_gpu_enable_pipelined_all_gather"), ("all-gather",), combines_apart=True),
-    Candidate(_toggle("xla_gpu_enable_pipelined_reduce_scatter"), ("reduce-scatter",), combines_apart=True),
-    Candidate(_toggle("xla_gpu_enable_pipelined_all_reduce"), ("all-reduce",), combines_apart=True),
+    # The pipeliner each way: which of the two is the installed XLA's default differs by
+    # kind and release (0.10 pipelines reduce-scatters only; 0.12's "default" follows the
+    # optimization level), and the default one is never compiled.
+    *(Candidate(XlaFlag(f"xla_gpu_pipeline_{kind.replace('-', '_')}", mode), (kind,), combines_apart=True)
+      for kind in ("all-gather", "reduce-scatter", "all-reduce") for mode in ("on", "off")),
     Candidate(_toggle("xla_gpu_enable_while_loop_double_buffering"),
               ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")),
     # Combining by dimension keys the combiner by each collective's dimension too: the module
@@ -113,7 +135,7 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
            candidates: tuple[Candidate, ...] = CANDIDATES) -> Outcome:
     """Greedy structure search from the module ``text`` (compiled with no structure flags)
     and its ``planned`` search; ``recompile(options)`` compiles the same step with options."""
-    cache: dict[tuple[str, tuple[XlaFlag, ...]], str] = {}
+    cache: dict[tuple[str, tuple[XlaFlag, ...]], str | Exception] = {}
     source = hashlib.sha256(text.encode()).hexdigest()
     compiles, seconds = 0, 0.0
     has_loop = any(t.trip_count > 1 for t in planned.chosen.graph.tasks)
@@ -123,7 +145,12 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
     exposed = _exposed_by_kind(planned)
     order = sorted(candidates, key=lambda c: -sum(exposed.get(k, 0.0) for k in c.kinds))
     for cand in order:
-        subject = f"{cand.flag.name}={str(cand.flag.value).lower()}"
+        flag, why_not = _spelled(cand.flag)
+        subject = f"{(flag or cand.flag).name}={str((flag or cand.flag).value).lower()}"
+        if flag is None:
+            if why_not:
+                decisions.append((subject, why_not))
+            continue
         hidden = sum(_exposed_by_kind(best).get(k, 0.0) for k in cand.kinds)
         if cand.needs_loop and not has_loop:
             decisions.append((subject, "left: the step has no loop to pipeline"))
@@ -131,19 +158,29 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
         if hidden <= 0.0:
             decisions.append((subject, f"left: no {'/'.join(cand.kinds)} time is exposed to hide"))
             continue
-        trial = tuple(sorted((*chosen, cand.flag)))
+        if any(f.name == flag.name for f in chosen):
+            decisions.append((subject, "left: the search took this flag's other value"))
+            continue
+        trial = tuple(sorted((*chosen, flag)))
         key = (source, trial)
         if key not in cache:
             log(f"structure: compiling with {subject} ...")
             start = time.perf_counter()
-            cache[key] = recompile({f.name: f.value for f in trial})
+            try:
+                cache[key] = recompile(flags_lib.compiler_options(trial))
+            except Exception as err:  # XLA's own refusal: this candidate is out, the search goes on
+                cache[key] = err
             seconds += time.perf_counter() - start
             compiles += 1
         trial_text = cache[key]
+        if isinstance(trial_text, Exception):
+            reason = str(trial_text).strip().splitlines()[0] if str(trial_text).strip() else type(trial_text).__name__
+            decisions.append((subject, f"left: XLA could not compile with it: {reason[:200]}"))
+            continue
         if trial_text == best_text:
             decisions.append((subject, "left: XLA compiled the same module with it"))
             continue
-        apart = {k for c in candidates if c.combines_apart and c.flag in trial for k in c.kinds}
+        apart = {k for c in candidates if c.combines_apart and _spelled(c.flag)[0] in trial for k in c.kinds}
         trial_planned = planning.plan(graph_lib.from_hlo_text(trial_text), hw, strategy=strategy,
                                       baselines=baselines,
                                       fingerprint=hashlib.sha256(trial_text.encode()).hexdigest(),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -28,7 +29,7 @@ FlagValue = bool | int | str
 
 @dataclasses.dataclass(frozen=True)
 class FlagSpec:
-    """What lagom-jax knows about one DebugOptions field it may emit (jaxlib 0.10.2)."""
+    """What lagom-jax knows about one DebugOptions field it may emit."""
 
     name: str
     type: type
@@ -38,12 +39,22 @@ class FlagSpec:
     # from GetDebugOptionsFromFlags(), e.g. xla_gpu_enable_nccl_comm_splitting in the GPU
     # clique code): they go into XLA_FLAGS only, never into compiler_options.
     per_compile: bool = True
+    # An enum field: the words XLA_FLAGS takes, and the prefix that makes each the name of
+    # the proto enum value ``compiler_options`` takes ("on" -> COLLECTIVE_PIPELINING_MODE_ON;
+    # XLA's option parser refuses the short word and its flag parser the enum name).
+    choices: tuple[str, ...] = ()
+    enum_prefix: str = ""
+
+    def option_value(self, value: FlagValue) -> FlagValue:
+        """``value`` as ``compiler_options`` takes it."""
+        return f"{self.enum_prefix}{str(value).upper()}" if self.choices else value
 
 
 # Types and defaults: openxla/xla xla/xla.proto (DebugOptions) and xla/debug_options_flags.cc,
 # checked by our own measurement against the jaxlib 0.10.2 binary's DebugOptions descriptor
 # and default CompileOptions.
 _COMBINE_DEFAULT = 31457287  # 30 MiB + 7, xla/service/collective_utils.h
+_PIPELINING_MODES = ("default", "off", "on", "explicit")
 KNOWN_FLAGS: dict[str, FlagSpec] = {
     s.name: s
     for s in (
@@ -71,6 +82,17 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
                  "prefetch all-gather one loop iteration ahead"),
         FlagSpec("xla_gpu_enable_pipelined_reduce_scatter", bool, True,
                  "defer reduce-scatter one loop iteration"),
+        # jaxlib 0.12 replaced the three booleans above by these enums (openxla/xla PR
+        # #45836, "Fine grained control of collectives pipelining"); see RENAMED.
+        # Their default is "default", pipelining as the optimization level says; JAX compiles
+        # at XLA's default level, where it pipelines nothing: the main job and a small llama
+        # compile to the same module with "off" as with "default" for all three kinds
+        # (jaxlib 0.12.0.1), so "off" is the value the search never needs to compile.
+        *(FlagSpec(f"xla_gpu_pipeline_{kind}", str, "off",
+                   f"{kind.replace('_', '-')} pipelining: default (what the optimization level "
+                   f"does), off, on (every eligible one), explicit (those marked is_pipelineable)",
+                   choices=_PIPELINING_MODES, enum_prefix="COLLECTIVE_PIPELINING_MODE_")
+          for kind in ("all_gather", "reduce_scatter", "all_reduce")),
         FlagSpec("xla_gpu_enable_pipelined_p2p", bool, False, "pipeline send/recv"),
         FlagSpec("xla_gpu_enable_while_loop_double_buffering", bool, False,
                  "double-buffer while loops"),
@@ -90,6 +112,18 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
         FlagSpec("xla_gpu_enable_nccl_comm_splitting", bool, True,
                  "share NCCL resources between cliques", per_compile=False),
     )
+}
+
+
+# Flags XLA renamed: old name -> (new name, old value -> new value). jaxlib 0.12 dropped the
+# ``xla_gpu_enable_pipelined_*`` DebugOptions fields (as compile options they are "No such
+# compile option"; XLA_FLAGS still parses them, mapping false to "default"). A plan or a
+# user that says "pipelined = false" means off, which is what 0.10's false did, so false
+# maps to "off" here.
+_PIPELINED_TO_MODE = {True: "on", False: "off"}
+RENAMED: dict[str, tuple[str, dict[FlagValue, FlagValue]]] = {
+    f"xla_gpu_enable_pipelined_{kind}": (f"xla_gpu_pipeline_{kind}", _PIPELINED_TO_MODE)
+    for kind in ("all_gather", "reduce_scatter", "all_reduce")
 }
 
 
@@ -116,6 +150,8 @@ class XlaFlag:
             raise FlagError(
                 f"flag {self.name} takes a {spec.type.__name__}, got {self.value!r}"
             )
+        if spec.choices and self.value not in spec.choices:
+            raise FlagError(f"flag {self.name} takes one of {', '.join(spec.choices)}, got {self.value!r}")
 
     @property
     def is_default(self) -> bool:
@@ -136,7 +172,8 @@ def render_xla_flags(flags: Iterable[XlaFlag]) -> str:
 
 def compiler_options(flags: Iterable[XlaFlag]) -> dict[str, FlagValue]:
     """The per-compile subset, as ``lowered.compile(compiler_options=...)`` takes it."""
-    return {f.name: f.value for f in sorted(flags) if KNOWN_FLAGS[f.name].per_compile}
+    return {f.name: KNOWN_FLAGS[f.name].option_value(f.value) for f in sorted(flags)
+            if KNOWN_FLAGS[f.name].per_compile}
 
 
 def bool_setting(name: str, options: Mapping[str, FlagValue] | None = None,
@@ -152,6 +189,100 @@ def bool_setting(name: str, options: Mapping[str, FlagValue] | None = None,
         if key == name:
             found = not eq or value.strip().lower() in ("true", "1")
     return found
+
+
+# The installed XLA's flag table, as far as lagom-jax's flags go: which of KNOWN_FLAGS it
+# takes. A child process compiles a tiny function once per per-compile flag at its default
+# (an unknown name raises "No such compile option", a changed type "not a valid enum
+# value") and parses the per-process flags from XLA_FLAGS (an unknown one is fatal there, so
+# the child is started again without it).
+_TABLE_CHILD = r"""
+import json, sys
+import jax
+out = {}
+for name, value in json.loads(sys.stdin.read()):
+    try:
+        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options={name: value})
+        out[name] = None
+    except Exception as err:
+        out[name] = str(err).strip().splitlines()[0][:300]
+print("LAGOM_TABLE " + json.dumps(out))
+"""
+
+
+def _probe_table() -> dict[str, str | None]:
+    per_compile = [(s.name, s.option_value(s.default)) for s in KNOWN_FLAGS.values() if s.per_compile]
+    per_process = [s for s in KNOWN_FLAGS.values() if not s.per_compile]
+    refused: dict[str, str | None] = {}
+    while True:
+        env = dict(os.environ)
+        env["XLA_FLAGS"] = render_xla_flags(XlaFlag(s.name, s.default) for s in per_process)
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        proc = subprocess.run([sys.executable, "-c", _TABLE_CHILD], input=json.dumps(per_compile), env=env,
+                              capture_output=True, text=True, timeout=300)
+        found = re.search(r"^LAGOM_TABLE (.*)$", proc.stdout, re.M)
+        if found:
+            return {**json.loads(found.group(1)), **{s.name: None for s in per_process}, **refused}
+        unknown = _UNKNOWN_FLAG.search(proc.stderr)
+        if unknown is None or unknown.group(1) not in {s.name for s in per_process}:
+            raise FlagError(f"could not read the installed XLA's flags: {_explain_failure(proc.stderr + proc.stdout)}")
+        refused[unknown.group(1)] = f"Unknown flag in XLA_FLAGS: --{unknown.group(1)}"
+        per_process = [s for s in per_process if s.name != unknown.group(1)]
+
+
+@functools.lru_cache(maxsize=1)
+def installed_table() -> Mapping[str, str | None]:
+    """For each flag in KNOWN_FLAGS, None where the installed XLA takes it at its default,
+    else XLA's reason it does not. Read once per process (a few seconds, in a child)."""
+    return _probe_table()
+
+
+def installed_version() -> str:
+    """The jaxlib whose XLA the flag table is of, for messages."""
+    try:
+        return f"jaxlib {importlib.metadata.version('jaxlib')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "the installed jaxlib"
+
+
+def for_installed(flag: XlaFlag) -> XlaFlag | None:
+    """``flag`` as the installed XLA spells it: itself where XLA takes it, else the flag XLA
+    renamed it to (or from) with its value mapped (RENAMED); None where XLA has neither, or
+    where the value has no counterpart (the "explicit" pipelining mode before 0.12)."""
+    table = installed_table()
+    if table.get(flag.name, "absent") is None:
+        return flag
+    if flag.name in RENAMED:
+        new, values = RENAMED[flag.name]
+        if table.get(new, "absent") is None and flag.value in values:
+            return XlaFlag(new, values[flag.value])
+    for old, (new, values) in RENAMED.items():
+        if new == flag.name and table.get(old, "absent") is None:
+            if flag.value == "default":
+                return XlaFlag(old, KNOWN_FLAGS[old].default)
+            back = [v for v, mode in values.items() if mode == flag.value]
+            return XlaFlag(old, back[0]) if back else None
+    return None
+
+
+def installed_options(options: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
+    """Compile options as the installed XLA spells them (``for_installed``), in the form
+    ``compiler_options`` takes; raises FlagError naming a flag the installed XLA lacks.
+    Options lagom-jax does not know pass through unchanged (XLA judges them)."""
+    out: dict[str, FlagValue] = {}
+    for name, value in options.items():
+        spec = KNOWN_FLAGS.get(name)
+        if spec is None:
+            out[name] = value
+            continue
+        if spec.choices and isinstance(value, str) and value.startswith(spec.enum_prefix):
+            value = value.removeprefix(spec.enum_prefix).lower()
+        mapped = for_installed(XlaFlag(name, value))
+        if mapped is None:
+            raise FlagError(f"the installed XLA ({installed_version()}) has no flag {name} "
+                            f"(nor a successor that takes {value!r})")
+        out[mapped.name] = KNOWN_FLAGS[mapped.name].option_value(mapped.value)
+    return out
 
 
 _UNKNOWN_FLAG = re.compile(r"Unknown flag in XLA_FLAGS: --([A-Za-z0-9_]+)")
