@@ -55,7 +55,8 @@ MODEL_PRICED_FLAGS = frozenset({"xla_gpu_nccl_collective_max_nchannels"})
 
 def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], int | None]:
     """(compile options, NCCL channel cap) of ``xla_flags``; ValueError on a flag the cost
-    model cannot price (it would be silently ignored otherwise)."""
+    model cannot price (it would be silently ignored otherwise), FlagError (a ValueError) on
+    one the installed XLA lacks."""
     options: dict[str, Any] = {}
     cap = None
     for name, value in (xla_flags or {}).items():
@@ -69,7 +70,9 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
                 f"xla flag {name!r} cannot be priced: the cost model sees a flag only through the "
                 f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}) or as "
                 f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))})")
-    return options, cap
+    # Spelled for the installed XLA: a user's xla_gpu_enable_pipelined_* compiles as jaxlib
+    # 0.12's xla_gpu_pipeline_* there, and a flag it has neither way is refused by name.
+    return (flags_lib.installed_options(options) if options else options), cap
 
 
 def _check_strategy(strategy: str) -> None:

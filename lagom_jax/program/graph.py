@@ -67,8 +67,9 @@ class Task:
     reduction: str = ""
     # collective-permute: (source, target) pairs.
     pairs: tuple[tuple[int, int], ...] = ()
-    # Where the compiled schedule waited for this collective: the id of the first task
-    # after its ``-done`` (async pairs), or None when the HLO gives no such point.
+    # Where the compiled schedule waited for this collective: the id of the first compute
+    # task after its ``-done`` (async pairs) or after the collective itself (synchronous
+    # ones), or None when the HLO gives no such point.
     done_before: int | None = None
     # Whether XLA emitted it as an async pair (``*-start``/``*-done`` or ``async-start``).
     is_async: bool = False
@@ -83,6 +84,8 @@ class Task:
     # custom call no model knows, timed by its bytes only and named in the Plan
     # (``custom_calls``), or "host-transfer": an async copy between HBM and host memory
     # (``host_transfers``), timed by its HBM side. "": the cost model's own rules.
+    # Collectives: ``TRITON_COLLECTIVE`` for one XLA runs as its own Triton kernel inside a
+    # collective fusion rather than through NCCL; "" for NCCL's.
     kernel: str = ""
     # Compute only: the custom call's target ("" for any other instruction).
     custom_call: str = ""
@@ -433,7 +436,8 @@ class _Builder:
         self.max_tasks = max_tasks
         self.num_devices = module.num_devices
         self.tasks: list[dict] = []
-        # Collectives whose -done was seen; their done_before is the next task emitted.
+        # Collectives whose -done (or synchronous collective) was seen; their done_before is
+        # the next compute task emitted.
         self.waiting: list[int] = []
         self.flops_cache: dict[str, float] = {}
         # Names of the computations being walked, outermost (the entry) first.
@@ -457,9 +461,14 @@ class _Builder:
                 f"module {self.module.name!r} unrolls to more than max_tasks={self.max_tasks} "
                 "tasks; pass unroll_loops=False or a larger max_tasks"
             )
-        for c in self.waiting:
-            self.tasks[c]["done_before"] = tid
-        self.waiting = []
+        if fields["kind"] == "compute":
+            # The wait is on the compute stream: a collective that follows a ``-done`` (or a
+            # synchronous collective) does not end the wait, the next kernel does. jax 0.11+
+            # schedules such runs (``all-reduce-done`` then ``all-to-all-start``; a
+            # synchronous collective-permute then all-gather).
+            for c in self.waiting:
+                self.tasks[c]["done_before"] = tid
+            self.waiting = []
         fields["id"] = tid
         self.tasks.append(fields)
         return tid
@@ -773,7 +782,9 @@ class _Builder:
             nbytes = sum(operand_bytes)
         if kind != "collective-permute" and not groups:
             groups = (tuple(range(self.num_devices)),)
-        is_async = op != target.opcode or op.endswith("-start")
+        # An async-start wrapper or a ``*-start`` (``fusion-start`` included) is an async
+        # pair; a plain ``fusion`` that runs a collective is as synchronous as the collective.
+        is_async = op == "async-start" or op.endswith("-start")
         reduction = ""
         reducer = self.module.by_name.get(target.attributes.get("to_apply", "").strip().lstrip("%"))
         if kind in ("all-reduce", "reduce-scatter") and reducer is not None:
@@ -784,9 +795,10 @@ class _Builder:
             computation="/".join(self.scope), post_order=self.post_order(comp)[inst.name],
             groups=groups if kind != "collective-permute" else (), pairs=pairs, is_async=is_async,
             reduction=reduction,
+            kernel=TRITON_COLLECTIVE if _is_triton_collective(inst) else "",
         )
         if not is_async:
-            # A synchronous collective blocks the stream: the next task waits for it.
+            # A synchronous collective blocks the stream: the next compute task waits for it.
             self.waiting.append(tid)
         return tid
 
@@ -820,6 +832,31 @@ RAGGED_ALL_TO_ALL = "ragged-all-to-all"
 _KIND_OF = {**{k: k for k in COLLECTIVE_KINDS}, RAGGED_ALL_TO_ALL: "all-to-all"}
 
 
+# XLA:GPU's Triton collective fusion (jax 0.11 on; openxla/xla
+# ``xla/backends/gpu/transforms/collectives/collective_fusion.cc``): a collective whose
+# ``collective_backend_config.kernel_strategy`` XLA set to a Triton one
+# (``KERNEL_STRATEGY_TRITON_ONE_SHOT`` for inputs up to 256 KB, ``..._TWO_SHOT`` above) becomes
+# a ``kCustom`` fusion of kind ``"__triton_collective"`` (``fusion-start``/``fusion-done``
+# when XLA made it async) whose called computation is the collective on its parameters
+# (between bitcasts where a two-shot all-reduce or a reduce-scatter is flattened to 1-D).
+# ``xla/backends/gpu/codegen/triton/collective_emitter.cc`` compiles it into one kernel that
+# reads the peers' buffers directly over NVLink: one-shot, every rank reads every peer's
+# whole input and reduces it; two-shot, a reduce-scatter then an all-gather inside the
+# kernel. No NCCL call, channel, algorithm or protocol, within one node only. The task
+# keeps the collective's kind, groups and bytes and is marked with ``kernel``: the cost
+# model (``lagom_jax.costs``) has no model of this kernel and prices it as NCCL's
+# collective of the same shape, and no NCCL setting of a Plan reaches it.
+TRITON_COLLECTIVE = "triton-collective"
+
+
+def _is_triton_collective(inst: hlo.Instruction) -> bool:
+    """Whether ``inst`` is a Triton collective fusion (its ``fusion_backend_config.kind``)."""
+    if not inst.opcode.startswith("fusion"):
+        return False
+    config = inst.backend_config().get("fusion_backend_config")
+    return isinstance(config, dict) and config.get("kind") == "__triton_collective"
+
+
 def _collective_kind(module: hlo.Module, inst: hlo.Instruction):
     """(kind, the instruction that carries the collective's attributes) or (None, None)."""
     op = inst.opcode
@@ -831,7 +868,17 @@ def _collective_kind(module: hlo.Module, inst: hlo.Instruction):
         root = module.computation(inst.called_computations[0]).root
         if root.opcode in _KIND_OF:
             return _KIND_OF[root.opcode], root
+    if op in ("fusion", "fusion-start") and inst.called_computations:
+        inner = _fused_collective(module.computation(inst.called_computations[0]))
+        if inner is not None:
+            return _KIND_OF[inner.opcode], inner
     return None, None
+
+
+def _fused_collective(comp: hlo.Computation) -> hlo.Instruction | None:
+    """The collective a fusion's computation runs (a Triton collective fusion's, above), or
+    None. XLA fuses one collective per fusion; the first one stands for the fusion."""
+    return next((i for i in comp.instructions if i.opcode in _KIND_OF), None)
 
 
 # Ops that only change dtype or layout: in-place updates and windowed reads are looked for
