@@ -101,6 +101,12 @@ def test_range_warning_outside_the_tested_range(version, warns):
         assert env_lib.OLDEST_JAX in message and version in message and "pip install" in message
 
 
+@pytest.mark.parametrize("python, newest", [((3, 11), "0.10.2"), ((3, 12), "0.12.0.1"), ((3, 13), "0.12.0.1")])
+def test_the_warning_names_a_jax_this_python_can_install(python, newest):
+    # pip serves jax 0.11 and newer only to Python 3.12+: a 3.11 user is pointed at 0.10.2.
+    assert env_lib.newest_tested_for_python(python) == newest
+
+
 def test_the_tested_versions_lie_in_the_declared_range():
     oldest = env_lib.parse_version(env_lib.OLDEST_JAX)
     assert env_lib.OLDEST_JAX in env_lib.TESTED_JAX and env_lib.NEWEST_TESTED_JAX in env_lib.TESTED_JAX

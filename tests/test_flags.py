@@ -62,10 +62,10 @@ def test_renamed_flags_are_spelled_for_the_installed_xla(monkeypatch, installed)
     table = {name: None for name in flags.KNOWN_FLAGS}
     table[gone] = f"INVALID_ARGUMENT: No such compile option: '{gone}'"
     monkeypatch.setattr(flags, "installed_table", lambda: table)
-    if installed == "new":  # jaxlib 0.12: the booleans map onto the modes
+    if installed == "new":  # jaxlib 0.11 on: the booleans map onto the modes
         assert flags.for_installed(flags.XlaFlag(old, False)) == flags.XlaFlag(new, "off")
         assert flags.installed_options({old: True}) == {new: "COLLECTIVE_PIPELINING_MODE_ON"}
-    else:  # before 0.12: the modes map back; "explicit" has no boolean
+    else:  # before 0.11: the modes map back; "explicit" has no boolean
         assert flags.for_installed(flags.XlaFlag(new, "on")) == flags.XlaFlag(old, True)
         assert flags.for_installed(flags.XlaFlag(new, "default")) == flags.XlaFlag(old, True)
         assert flags.for_installed(flags.XlaFlag(new, "explicit")) is None

@@ -71,7 +71,7 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
                 f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}) or as "
                 f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))})")
     # Spelled for the installed XLA: a user's xla_gpu_enable_pipelined_* compiles as jaxlib
-    # 0.12's xla_gpu_pipeline_* there, and a flag it has neither way is refused by name.
+    # 0.11's xla_gpu_pipeline_* there, and a flag it has neither way is refused by name.
     return (flags_lib.installed_options(options) if options else options), cap
 
 

@@ -1,7 +1,7 @@
 """Compile-in-the-loop: the structure of a scanned program, chosen by compiling it.
 
 Some XLA flags rewrite the program in ways no pass here mimics: the collective pipeliner
-(``xla_gpu_pipeline_{all_gather,reduce_scatter,all_reduce}`` on or off, before jaxlib 0.12
+(``xla_gpu_pipeline_{all_gather,reduce_scatter,all_reduce}`` on or off, before jaxlib 0.11
 ``xla_gpu_enable_pipelined_*``: move a layer's collective into the previous or next loop
 iteration), while-loop double buffering (unroll
 the layer loop by two so one iteration's collectives overlap the other's compute) and
@@ -76,7 +76,7 @@ def _spelled(flag: XlaFlag) -> tuple[XlaFlag | None, str]:
 
 CANDIDATES: tuple[Candidate, ...] = (
     # The pipeliner each way: which of the two is the installed XLA's default differs by
-    # kind and release (0.10 pipelines reduce-scatters only; 0.12's "default" follows the
+    # kind and release (0.10 pipelines reduce-scatters only; 0.11+ "default" follows the
     # optimization level), and the default one is never compiled.
     *(Candidate(XlaFlag(f"xla_gpu_pipeline_{kind.replace('-', '_')}", mode), (kind,), combines_apart=True)
       for kind in ("all-gather", "reduce-scatter", "all-reduce") for mode in ("on", "off")),

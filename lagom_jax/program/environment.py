@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from lagom_jax.program import jax_internals
 
 __all__ = ["CUDA_MAJORS", "Environment", "JaxVersionWarning", "NEWEST_TESTED_JAX", "OLDEST_JAX", "Plugin", "TESTED_JAX",
-           "bad_environment", "describe", "driver_cuda_version", "installed", "parse_version",
+           "bad_environment", "describe", "driver_cuda_version", "installed", "newest_tested_for_python", "parse_version",
            "problems", "range_warning"]
 
 # Every release the smoke subset and jax_internals' checks passed on (docs/install.md).
@@ -140,7 +140,23 @@ def range_warning(jax_version: str) -> str | None:
     return (f"lagom-jax is tested with jax {OLDEST_JAX} to {newest}.x, not {jax_version}: JAX internals it "
             f"uses may have moved (tuning then falls back with a TuningWarning) and XLA may emit collectives "
             f"its HLO reader does not price (docs/install.md). A tested JAX: pip install "
-            f"'jax[cuda12]=={NEWEST_TESTED_JAX}'")
+            f"'jax[cuda12]=={newest_tested_for_python()}'")
+
+
+# JAX's wheels from 0.11 on need Python 3.12 (pip serves 0.10.2 at most to Python 3.11).
+_PYTHON_FOR_JAX = (((0, 11), (3, 12)),)
+
+
+def newest_tested_for_python(python: tuple[int, int] | None = None) -> str:
+    """The newest release in TESTED_JAX that pip installs on ``python`` (default: this one)."""
+    import sys
+
+    python = python or sys.version_info[:2]
+
+    def installable(version: str) -> bool:
+        return all(python >= needs for since, needs in _PYTHON_FOR_JAX if parse_version(version)[:2] >= since)
+
+    return max((v for v in TESTED_JAX if installable(v)), key=parse_version, default=OLDEST_JAX)
 
 
 def _plugin_problems(env: Environment) -> list[str]:

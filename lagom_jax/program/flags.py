@@ -82,12 +82,13 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
                  "prefetch all-gather one loop iteration ahead"),
         FlagSpec("xla_gpu_enable_pipelined_reduce_scatter", bool, True,
                  "defer reduce-scatter one loop iteration"),
-        # jaxlib 0.12 replaced the three booleans above by these enums (openxla/xla PR
+        # jaxlib 0.11 replaced the three booleans above by these enums (openxla/xla PR
         # #45836, "Fine grained control of collectives pipelining"); see RENAMED.
         # Their default is "default", pipelining as the optimization level says; JAX compiles
-        # at XLA's default level, where it pipelines nothing: the main job and a small llama
-        # compile to the same module with "off" as with "default" for all three kinds
-        # (jaxlib 0.12.0.1), so "off" is the value the search never needs to compile.
+        # at XLA's default level, where it pipelines nothing: a small scanned llama compiles to
+        # the same module with "off" as with "default" for all three kinds (jaxlib 0.11.2 and
+        # 0.12.0.1), and so does the main job (0.12.0.1), so "off" is the value the search
+        # never needs to compile.
         *(FlagSpec(f"xla_gpu_pipeline_{kind}", str, "off",
                    f"{kind.replace('_', '-')} pipelining: default (what the optimization level "
                    f"does), off, on (every eligible one), explicit (those marked is_pipelineable)",
@@ -115,7 +116,7 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
 }
 
 
-# Flags XLA renamed: old name -> (new name, old value -> new value). jaxlib 0.12 dropped the
+# Flags XLA renamed: old name -> (new name, old value -> new value). jaxlib 0.11 dropped the
 # ``xla_gpu_enable_pipelined_*`` DebugOptions fields (as compile options they are "No such
 # compile option"; XLA_FLAGS still parses them, mapping false to "default"). A plan or a
 # user that says "pipelined = false" means off, which is what 0.10's false did, so false
@@ -248,7 +249,7 @@ def installed_version() -> str:
 def for_installed(flag: XlaFlag) -> XlaFlag | None:
     """``flag`` as the installed XLA spells it: itself where XLA takes it, else the flag XLA
     renamed it to (or from) with its value mapped (RENAMED); None where XLA has neither, or
-    where the value has no counterpart (the "explicit" pipelining mode before 0.12)."""
+    where the value has no counterpart (the "explicit" pipelining mode before 0.11)."""
     table = installed_table()
     if table.get(flag.name, "absent") is None:
         return flag

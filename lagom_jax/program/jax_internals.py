@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 # The releases every function below was checked on (lagom_jax.program.environment.TESTED_JAX).
-CHECKED_JAX = ("0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2")
+CHECKED_JAX = ("0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2", "0.11.2", "0.12.0.1")
 _CHECKED = f"{CHECKED_JAX[0]} to {CHECKED_JAX[-1]}"
 
 
