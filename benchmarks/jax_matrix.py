@@ -1,6 +1,7 @@
-"""Which JAX releases the smoke subset passes on: one row per environment.
+"""Which JAX releases the smoke subset passes on, and what each predicts for the same steps.
 
     python -m benchmarks.jax_matrix ENV_PYTHON... [--write]
+    python -m benchmarks.jax_matrix --predict ENV_PYTHON... [--write]
 
 Each ENV_PYTHON is the interpreter of an environment that holds one JAX (and a CUDA
 plugin), made beforehand, e.g. ``python -m venv v && v/bin/pip install 'jax==0.9.2'
@@ -8,11 +9,21 @@ plugin), made beforehand, e.g. ``python -m venv v && v/bin/pip install 'jax==0.9
 runs in each with ``LAGOM_REQUIRE_DEVICELESS=1``, so a missing deviceless compile fails.
 ``--write`` records the table as the ``jax_matrix`` section of RESULTS.md. This is a
 record of compatibility, not a timing: the seconds are only there to size CI.
+
+``--predict`` runs the same steps in each environment instead: the main job (Llama 3 8B
+under FSDP over 2 nodes of 8 H100, structure search included) and two suite cells, each
+compiled deviceless by that environment's XLA and tuned. Per step it records the predicted
+step (lagom and XLA's defaults), the compiled program's collectives by kind (count, how
+many XLA left synchronous, how many run in a Triton collective fusion, bytes), its compute
+(tasks and time alone) and the structure flags taken, so that every difference between two
+JAX releases can be traced to the programs they compiled. ``--write`` records it as the
+``jax_matrix_predict`` section.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -47,6 +58,89 @@ def run_one(python: str) -> dict[str, str]:
             "ok": "yes" if proc.returncode == 0 else "no", "seconds": f"{seconds:.0f}"}
 
 
+# The steps --predict compares: (name, built-in model source arguments, preset, nodes, structures).
+PREDICT_CASES = (
+    ("main job: llama3-8b fsdp=16, 32 x 4096, flash, full remat", "llama", "llama3-8b", {"fsdp": 16}, 32, 4096,
+     {"attention": "flash", "remat": "full"}, 2, True),
+    ("suite gpt2/dp+tp (124M, data=2 x model=4)", "gpt2", "124M", {"data": 2, "model": 4}, 16, 1024, {}, 1, False),
+    ("suite bert/fsdp (base, fsdp=8)", "bert", "base", {"fsdp": 8}, 32, 512, {}, 1, False),
+)
+
+
+def predict_here() -> list[dict]:
+    """Every PREDICT_CASES step compiled and tuned by this process's JAX (the child side)."""
+    from lagom_jax import job
+    from lagom_jax.cluster import hardware
+    from lagom_jax.program import graph as graph_lib
+
+    out = []
+    for name, model, config, mesh, batch, seq, extra, nodes, structures in PREDICT_CASES:
+        hw = hardware.get("h100-sxm-8", nodes)
+        start = time.perf_counter()
+        tuned = job.run(job.ModelSource(model, config, mesh, None, batch, seq, **extra), hw,
+                        structures=structures, verify=False)
+        step = graph_lib.from_hlo_text(tuned.compiled.text, unroll_loops=False)
+        kinds: dict[str, dict[str, float]] = {}
+        for c in step.collectives:
+            k = kinds.setdefault(c.kind, {"count": 0, "sync": 0, "triton": 0, "mib": 0.0})
+            k["count"] += c.trip_count
+            k["sync"] += 0 if c.is_async else c.trip_count
+            k["triton"] += c.trip_count if c.kernel == graph_lib.TRITON_COLLECTIVE else 0
+            k["mib"] += c.bytes * c.trip_count / 2**20
+        timeline = tuned.planned.results["xla-default"].timeline
+        out.append({
+            "case": name, "lagom_ms": tuned.predicted_ms("lagom"), "default_ms": tuned.predicted_ms("xla-default"),
+            "compute_ms": timeline.compute_us / 1e3, "exposed_ms": timeline.exposed_comm_us / 1e3,
+            "compute_tasks": sum(t.trip_count for t in step.tasks if t.kind == "compute"),
+            "kinds": kinds, "flags": [f"{f.name}={f.value}" for f in tuned.plan.flags],
+            "seconds": time.perf_counter() - start})
+    return out
+
+
+def predict_in(python: str) -> dict:
+    """``predict_here`` in the environment of ``python``."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    described = subprocess.run([python, "-W", "ignore", "-c", _DESCRIBE], capture_output=True, text=True,
+                               cwd=ROOT, env=env, timeout=600)
+    installed = described.stdout.strip().splitlines()[-1].split("|", 1)[1].strip() if described.returncode == 0 else python
+    proc = subprocess.run([python, "-W", "ignore", "-m", "benchmarks.jax_matrix", "--child-predict"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
+    found = re.search(r"^LAGOM_PREDICT (.*)$", proc.stdout, re.M)
+    if not found:
+        raise RuntimeError(f"predicting in {installed} failed:\n{proc.stderr[-3000:]}")
+    return {"installed": installed, "cases": json.loads(found.group(1))}
+
+
+def _kinds_line(kinds: dict) -> str:
+    def one(kind: str, k: dict) -> str:
+        extra = [f"{k['sync']} sync" if k["sync"] else "", f"{k['triton']} triton" if k["triton"] else ""]
+        extra = [e for e in extra if e]
+        return f"{kind} {k['count']}{' (' + ', '.join(extra) + ')' if extra else ''} {k['mib']:.1f} MiB"
+    return "; ".join(one(kind, kinds[kind]) for kind in sorted(kinds))
+
+
+def predict_section(envs: list[dict], machine: str) -> str:
+    lines = ["## jax_matrix_predict (predicted: the same steps compiled by each JAX)", "",
+             f"Machine: {machine}. No GPU: each step is compiled deviceless for H100 SXM5 by the environment's "
+             "own XLA and tuned by the same lagom-jax. Collectives are per step (loop bodies times their trips); "
+             "sync: left synchronous by XLA; triton: in a Triton collective fusion.", ""]
+    for i, (name, *_rest) in enumerate(PREDICT_CASES):
+        lines += [f"### {name}", "", "| jax | lagom ms | xla-default ms | compute alone ms | exposed comm ms "
+                  "(default) | compute tasks | collectives | flags taken |", "|---|---:|---:|---:|---:|---:|---|---|"]
+        for env in envs:
+            c = env["cases"][i]
+            lines.append(f"| {env['installed'].split(',')[0]} | {c['lagom_ms']:.3f} | {c['default_ms']:.3f} | "
+                         f"{c['compute_ms']:.3f} | {c['exposed_ms']:.3f} | {c['compute_tasks']} | "
+                         f"{_kinds_line(c['kinds'])} | {', '.join(c['flags']) or 'none'} |")
+        if len(envs) > 1:
+            a, b = envs[0]["cases"][i], envs[-1]["cases"][i]
+            lines += ["", f"lagom {b['lagom_ms'] / a['lagom_ms'] - 1:+.1%}, xla-default "
+                          f"{b['default_ms'] / a['default_ms'] - 1:+.1%}, compute alone "
+                          f"{b['compute_ms'] / a['compute_ms'] - 1:+.1%} from the first row to the last."]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 def section(rows: list[dict[str, str]], machine: str) -> str:
     from lagom_jax.program import environment
 
@@ -75,10 +169,31 @@ def section(rows: list[dict[str, str]], machine: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("pythons", nargs="+", help="the interpreter of each environment")
+    parser.add_argument("pythons", nargs="*", help="the interpreter of each environment")
     parser.add_argument("--write", action="store_true", help="record the section in RESULTS.md")
+    parser.add_argument("--predict", action="store_true", help="predict the same steps in each environment")
+    parser.add_argument("--child-predict", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child_predict:
+        print("LAGOM_PREDICT " + json.dumps(predict_here()))
+        return 0
+    if not args.pythons:
+        parser.error("name at least one environment's interpreter")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the machine line needs no plugin started
+    if args.predict:
+        from benchmarks.common import machine_info, machine_line, write_section
+
+        envs = []
+        for python in args.pythons:
+            envs.append(predict_in(python))
+            print(f"{envs[-1]['installed']}: " + "; ".join(
+                f"{c['lagom_ms']:.1f} ms ({c['seconds']:.0f} s)" for c in envs[-1]["cases"]), flush=True)
+        info = {k: v for k, v in machine_info().items() if k not in ("jax", "jaxlib", "backend")}
+        text = predict_section(envs, machine_line(info))
+        print(text)
+        if args.write:
+            print(f"wrote {write_section('jax_matrix_predict', text)}")
+        return 0
     rows = []
     for python in args.pythons:
         row = run_one(python)
