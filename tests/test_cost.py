@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lagom_jax.cluster import hardware
@@ -202,9 +202,22 @@ def collective_st(draw):
 # candidate of a collective by one factor per size, which a table's steps may bend.
 MODEL = cost.CostConfig(measured_tables=False)
 
+# Laws are checked on the same examples in every run: a law broken only by examples that a
+# random draw sometimes finds fails the suite at random (issue 48).
+LAWS = settings(derandomize=True, database=None, max_examples=300, deadline=None)
 
-@settings(max_examples=300, deadline=None)
+A100 = hardware.get("a100-sxm-8")
+# Tree/LL on 64 threads over 2 A100: NCCL's rule (a channel every 512 B) put 1024 B on two
+# channels, 14.60 us, and 500 B and 700 B on one, 14.61 and 16.26 us (issue 48).
+TREE_LL_64 = ("all-reduce", 2, 1, CollectiveParams("tree", "LL", 2, 32 << 10, 64), A100)
+
+
+@LAWS
 @given(collective_st(), st.floats(0, 4 * GiB), st.floats(0, 4 * GiB))
+@example(TREE_LL_64, 500.0, 1024.0)
+@example(TREE_LL_64, 700.0, 1024.0)
+@example(TREE_LL_64, 0.0, 256.0)
+@example(("all-reduce", 2, 1, CollectiveParams("ring", "LL", 1, 32 << 10, 64), A100), 0.0, 256.0)
 def test_law_time_never_decreases_with_bytes(c, b1, b2):
     kind, n, nodes, p, hw = c
     lo, hi = sorted((b1, b2))
@@ -212,13 +225,63 @@ def test_law_time_never_decreases_with_bytes(c, b1, b2):
             <= cost.collective_time_us(kind, hi, n, nodes, p, hw, MODEL))
 
 
-@settings(max_examples=300, deadline=None)
+def _byte_grid() -> tuple[int, ...]:
+    """0, every power of two to 4 GiB and its neighbours, and the sizes of issue 48."""
+    grid = {0, 500, 700}
+    for k in range(33):
+        grid |= {(1 << k) - 1, 1 << k, (1 << k) + 1}
+    return tuple(sorted(grid))
+
+
+def _sweep_params(kind: str, hw: hardware.HardwareProfile, nodes: int) -> list[CollectiveParams]:
+    algorithms = ("ring", "tree", "nvls") if kind == "all-reduce" else ("ring",)
+    out = []
+    for algo in algorithms:
+        if algo == "nvls" and (nodes > 1 or not hw.has_nvls):
+            continue
+        for proto in ("Simple",) if algo == "nvls" else ("LL", "LL128", "Simple"):
+            for nc in (1, 3, 64):
+                for nt in (64, 640):
+                    out.append(CollectiveParams(algo, proto, nc, 8 << 10, nt))
+    return out
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_time_never_decreases_with_bytes_on_a_grid(name):
+    # Every kind, algorithm and protocol on one and two nodes of the preset: the law above
+    # on a fixed grid, so a step of the formula at a power of two cannot hide from the draw.
+    grid = _byte_grid()
+    for nodes in (1, 2):
+        hw = hardware.get(name, nodes=nodes)
+        for n in sorted({max(2, nodes), 3, hw.gpus_per_node * nodes}):
+            for kind in COLLECTIVE_KINDS:
+                for p in _sweep_params(kind, hw, nodes):
+                    times = [cost.collective_time_us(kind, b, n, nodes, p, hw, MODEL) for b in grid]
+                    drops = [(grid[i], grid[i + 1], times[i], times[i + 1])
+                             for i in range(len(grid) - 1) if times[i + 1] < times[i]]
+                    assert not drops, (name, nodes, n, kind, p, drops[:3])
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_zero_bytes_cost_no_more_than_one_byte(name):
+    # With the measured anchor too: 0 B took the model's time and 1 B the smallest measured
+    # size's, so 0 B of all-reduce over 2 A100 took 10.1 us and 256 B 8.85 us (issue 48).
+    # Anchored on the measured group sizes, all three are that time, up to rounding.
+    hw = hardware.get(name)
+    for kind in COLLECTIVE_KINDS:
+        for n, cfg in ((2, MODEL), (hw.gpus_per_node, MODEL), (2, cost.DEFAULT_COSTS), (8, cost.DEFAULT_COSTS)):
+            at = [cost.default_time_us(kind, b, n, 1, hw, cfg) for b in (0, 1, 256)]
+            assert all(a <= b * (1 + 1e-12) for a, b in zip(at, at[1:])), (kind, n, cfg.measured_tables, at)
+
+
+@LAWS
 @given(collective_st(), st.floats(0, 4 * GiB), st.integers(1, 64))
 def test_law_more_channels_never_slow_a_collective_while_each_gets_data(c, nbytes, extra):
     kind, n, nodes, p, hw = c
     more = dataclasses.replace(p, nchannels=min(64, p.nchannels + extra))
-    if cost.working_channels(nbytes, n, more) < more.nchannels:
-        more = dataclasses.replace(p, nchannels=max(p.nchannels, cost.working_channels(nbytes, n, more)))
+    working = cost.working_channels(kind, nbytes, n, nodes, more, hw, MODEL)
+    if working < more.nchannels:
+        more = dataclasses.replace(p, nchannels=max(p.nchannels, working))
     assert (cost.collective_time_us(kind, nbytes, n, nodes, more, hw, MODEL)
             <= cost.collective_time_us(kind, nbytes, n, nodes, p, hw, MODEL))
 
@@ -228,7 +291,7 @@ def test_channels_without_data_make_a_small_collective_slower():
     # 8 B x 4 ranks = 16 KiB, so one channel works and 63 more only launch CTAs.
     hw = hardware.get("h100-sxm-8")
     one, many = (CollectiveParams("ring", "LL", nc, 32 << 10, 512) for nc in (1, 64))
-    assert cost.working_channels(6 << 10, 4, many) == 1
+    assert cost.working_channels("all-reduce", 6 << 10, 4, 1, many, hw) == 1
     t1 = cost.collective_time_us("all-reduce", 6 << 10, 4, 1, one, hw)
     t64 = cost.collective_time_us("all-reduce", 6 << 10, 4, 1, many, hw)
     assert t64 > t1 * 1.1
@@ -260,7 +323,7 @@ def test_measured_anchor_reproduces_the_tables_and_stays_inside_one_node():
     assert len(ratios) == 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(LAWS, max_examples=200)
 @given(st.sampled_from(PRESET_NAMES), st.floats(0, 1e13), st.floats(0, 1e10),
        st.floats(0, 64), st.floats(0, 64), st.floats(0, 3000), st.floats(0, 3000))
 def test_law_contention_never_speeds_compute(name, flops, nbytes, s1, s2, h1, h2):
@@ -270,7 +333,7 @@ def test_law_contention_never_speeds_compute(name, flops, nbytes, s1, s2, h1, h2
     assert cost.compute_time_us(flops, nbytes, hw) <= less <= more
 
 
-@settings(max_examples=150, deadline=None)
+@settings(LAWS, max_examples=150)
 @given(st.sampled_from(PRESET_NAMES), st.integers(1, 4), st.sampled_from(COLLECTIVE_KINDS),
        st.floats(0, 4 * GiB), st.data())
 def test_candidate_times_are_collective_time_us_of_every_candidate(name, nodes_total, kind, nbytes, data):

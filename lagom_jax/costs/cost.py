@@ -14,13 +14,15 @@ Split the way XLA splits its latency-hiding scheduler (``latency_hiding_schedule
 Collective time (running alone)::
 
     t = launch + latency(algorithm, protocol, link, steps)
-        + wire_bytes / busbw(nchannels, protocol, nthreads, link)
+        + max(wire_bytes / busbw(nchannels, protocol, nthreads, link),
+              the busiest channel's share at one channel's rate + the idle CTAs)
         + chunks_per_channel * per_chunk_overhead + one chunk at one channel's rate
 
 ``wire_bytes`` are nccl-tests *bus* bytes (all-reduce 2(n-1)/n x nBytes on a ring,
 2 x nBytes on a tree), so ``busbw`` is directly comparable with published busBw. Bus
 bandwidth grows by one channel's rate per channel until the link saturates. Small chunks
-pay a synchronisation per chunk; big chunks pay pipeline fill.
+pay a synchronisation per chunk; big chunks pay pipeline fill. Every term grows with the
+bytes, so a larger collective never takes less time (``working_channels``).
 
 Contention: a collective with ``nc`` channels holds ``nc`` SMs (one CTA each) and HBM
 bandwidth in proportion to the bytes it moves; overlapping compute runs at the rate the
@@ -142,7 +144,8 @@ class CostConfig:
     # What one channel beyond those that get work costs (us): NCCL never splits a
     # collective below nthreads x bytes-per-thread per channel (``topoGetAlgoInfo``: 32 KiB
     # for Simple), so a channel forced on a smaller share has no data, adds no bandwidth,
-    # and still launches a CTA that joins the kernel's end. The value is what NCCL's own
+    # and still launches a CTA that joins the kernel's end (``working_channels``: how the
+    # channels take data as the size grows). The value is what NCCL's own
     # rule implies: it stops adding channels where one more CTA saves 32 KiB / (24
     # channels x 10-15 GB/s) = 0.09-0.14 us (A100/H100), so a CTA costs about that. No
     # published channel sweep measures it.
@@ -335,8 +338,10 @@ def measured_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: Ha
                    cfg: CostConfig = DEFAULT_COSTS) -> float:
     """Measured over modelled time of NCCL's own choice for this collective
     (``collective_tables``), the factor every candidate's time is scaled by; 1 for groups
-    spanning nodes, without a table, or with ``measured_tables`` off."""
-    if not cfg.measured_tables or nodes > 1 or group_size <= 1 or nbytes <= 0 or not hw.collective_table:
+    spanning nodes, without a table, or with ``measured_tables`` off. Zero bytes take the
+    smallest measured size's time like any size below it (not the model's: 0 B cost more
+    than 1 B)."""
+    if not cfg.measured_tables or nodes > 1 or group_size <= 1 or not hw.collective_table:
         return 1.0
     a = _anchor(kind, group_size, hw, cfg)
     if a is None:
@@ -383,28 +388,61 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
 
 def _time_from_terms(nbytes: float, n: int, params: CollectiveParams, terms: _Terms,
                      hw: HardwareProfile, cfg: CostConfig) -> float:
-    """The collective-time formula of the module docstring, for a group of n > 1 ranks."""
+    """The collective-time formula of the module docstring, for a group of n > 1 ranks.
+
+    The channels' transfer is the longest of the link moving every bus byte and the busiest
+    channel moving its share, idle CTAs included (``working_channels``: one channel until
+    ``first`` bus bytes, then a channel joins as its saving pays for the idle CTA it
+    replaces, then the even split). Chunks and fill count NCCL's cell split: ``first`` per
+    channel until every channel has it, then the even split. Every term grows with the
+    bytes: a larger collective never takes less time."""
     bus, bw, one_ch, hop, steps, lat, lat_factor = terms
     if lat_factor is not None and nbytes / (params.nchannels * n) >= 64:
         lat *= lat_factor
     wire = nbytes * bus
-    busy = working_channels(nbytes, n, params)
-    bw = min(bw, busy * one_ch)
-    per_channel = wire / busy
-    chunks = math.ceil(per_channel / params.chunk_bytes)
-    fill = min(params.chunk_bytes, per_channel / steps) / one_ch
-    return (hw.launch_us + lat + wire / bw + chunks * hop * cfg.chunk_sync_fraction + fill
-            + (params.nchannels - busy) * cfg.idle_channel_us)
+    first, idle = _first_share(n, params, bus, cfg)
+    nc = params.nchannels
+    share = max(min(wire, first), wire / nc)
+    chunks = math.ceil(share / params.chunk_bytes)
+    fill = min(params.chunk_bytes, share / steps) / one_ch
+    transfer = max(wire / bw, min(wire, first) / one_ch + idle, wire / (nc * one_ch))
+    return hw.launch_us + lat + transfer + chunks * hop * cfg.chunk_sync_fraction + fill
 
 
-def working_channels(nbytes: float, n: int, params: CollectiveParams) -> int:
-    """Channels that get data: NCCL gives each channel at least nthreads x bytes-per-thread
-    (``_BYTES_PER_THREAD``; ring LL x ranks), the rule by which it cuts its own channel
-    count for small messages (``nccl_default_params``). NVLS always runs all its CTAs."""
+def _first_share(n: int, params: CollectiveParams, bus: float, cfg: CostConfig) -> tuple[float, float]:
+    """(bus bytes one channel takes before a second gets data, the idle CTAs' cost then, us).
+
+    The first: NCCL's minimum per channel, nthreads x bytes-per-thread (``_BYTES_PER_THREAD``;
+    ring LL x ranks), the rule by which it cuts its own channel count for small messages
+    (``nccl_default_params``). NVLS always runs all its CTAs: (0, 0)."""
     if params.algorithm == "nvls":
+        return 0.0, 0.0
+    return params.nthreads * _per_thread(params, n) * bus, (params.nchannels - 1) * cfg.idle_channel_us
+
+
+def _per_thread(params: CollectiveParams, n: int) -> int:
+    return _BYTES_PER_THREAD[params.protocol] * (n if params.protocol == "LL" and params.algorithm == "ring" else 1)
+
+
+def working_channels(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams, hw: HardwareProfile,
+                     cfg: CostConfig = DEFAULT_COSTS) -> int:
+    """Channels that get data: the most ``k <= nchannels`` for which each would carry
+    ``u + (k - 1) c r`` bus bytes (1 at least; NVLS: all).
+
+    ``u`` is NCCL's minimum per channel (``_first_share``), ``c r`` what one channel moves
+    (``r``) in the time an idle CTA costs (``idle_channel_us``). NCCL's own rule, a channel
+    every ``u`` bytes, makes the time *fall* at each step (the shares shrink to ``u`` and one
+    idle CTA less is paid: 1024 B of tree/LL on 64 threads took 1.65 us less than 700 B).
+    A channel that joins only once its saving pays for the idle CTA it replaces keeps the
+    time flat through the steps, never lower; ``_time_from_terms`` is its closed form.
+    """
+    _check_args(kind, nbytes, n, nodes, params)
+    if params.algorithm == "nvls" or n <= 1:
         return params.nchannels
-    thr = _BYTES_PER_THREAD[params.protocol] * (n if params.protocol == "LL" and params.algorithm == "ring" else 1)
-    return max(1, min(params.nchannels, int(nbytes // (params.nthreads * thr))))
+    bus, _bw, one_ch, *_ = _size_free_terms(kind, n, nodes, params, hw, cfg)
+    first, _idle = _first_share(n, params, bus, cfg)
+    cr = cfg.idle_channel_us * one_ch
+    return max([1] + [k for k in range(1, params.nchannels + 1) if nbytes * bus >= k * (first + (k - 1) * cr)])
 
 
 def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
@@ -492,7 +530,7 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
     p = best[1]
     if p.algorithm == "nvls":
         return p
-    thr = _BYTES_PER_THREAD[p.protocol] * (group_size if p.protocol == "LL" and p.algorithm == "ring" else 1)
+    thr = _per_thread(p, group_size)
     nc, nt = p.nchannels, p.nthreads
     while nbytes < nc * nt * thr:
         if nc > 1:
@@ -586,14 +624,12 @@ def _size_free_columns(kind: str, group_size: int, nodes: int, hw: HardwareProfi
     terms = [_size_free_terms(kind, group_size, nodes, p, hw, cfg) for p in fixed]
     bus, bw, one_ch, hop, steps, lat, factor = (np.array(c, dtype=float) for c in zip(
         *((*t[:6], math.nan if t[6] is None else t[6]) for t in terms)))
-    nvls = np.array([p.algorithm == "nvls" for p in fixed])
-    per_thread = np.array([p.nthreads * _BYTES_PER_THREAD[p.protocol]
-                           * (group_size if p.protocol == "LL" and p.algorithm == "ring" else 1) for p in fixed],
-                          dtype=float)
+    first, idle = (np.array(c, dtype=float) for c in zip(
+        *(_first_share(group_size, p, t[0], cfg) for p, t in zip(fixed, terms))))
     return fixed, dict(bus=bus, bw=bw, one_ch=one_ch, hop=hop, steps=steps, lat=lat, factor=factor,
                        nc=np.array([p.nchannels for p in fixed], dtype=float),
                        chunk=np.array([p.chunk_bytes for p in fixed], dtype=float),
-                       per_thread=per_thread, nvls=nvls)
+                       first=first, idle=idle)
 
 
 def _times_from_columns(nbytes: float, n: int, c: dict[str, np.ndarray], hw: HardwareProfile, cfg: CostConfig
@@ -603,13 +639,13 @@ def _times_from_columns(nbytes: float, n: int, c: dict[str, np.ndarray], hw: Har
     nc = c["nc"]
     lat = np.where(~np.isnan(c["factor"]) & (nbytes / (nc * n) >= 64), c["lat"] * c["factor"], c["lat"])
     wire = nbytes * c["bus"]
-    busy = np.where(c["nvls"], nc, np.maximum(1.0, np.minimum(nc, np.floor_divide(nbytes, c["per_thread"]))))
-    bw = np.minimum(c["bw"], busy * c["one_ch"])
-    per_channel = wire / busy
-    chunks = np.ceil(per_channel / c["chunk"])
-    fill = np.minimum(c["chunk"], per_channel / c["steps"]) / c["one_ch"]
-    return (hw.launch_us + lat + wire / bw + chunks * c["hop"] * cfg.chunk_sync_fraction + fill
-            + (nc - busy) * cfg.idle_channel_us)
+    one_ch = c["one_ch"]
+    share = np.maximum(np.minimum(wire, c["first"]), wire / nc)
+    chunks = np.ceil(share / c["chunk"])
+    fill = np.minimum(c["chunk"], share / c["steps"]) / one_ch
+    transfer = np.maximum(np.maximum(wire / c["bw"], np.minimum(wire, c["first"]) / one_ch + c["idle"]),
+                          wire / (nc * one_ch))
+    return hw.launch_us + lat + transfer + chunks * c["hop"] * cfg.chunk_sync_fraction + fill
 
 
 @functools.lru_cache(maxsize=1 << 14)
