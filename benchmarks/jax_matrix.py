@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The same files as .ci/smoke_matrix.
 SMOKE_TESTS = ("tests/test_smoke.py", "tests/test_jax_internals.py", "tests/test_environment.py")
-_DESCRIBE = ("import platform; from lagom_jax import environment as e; "
+_DESCRIBE = ("import platform; from lagom_jax.program import environment as e; "
              "print(platform.python_version(), '|', e.describe(e.installed()))")
 
 
@@ -87,11 +87,18 @@ def predict_here() -> list[dict]:
             k["sync"] += 0 if c.is_async else c.trip_count
             k["triton"] += c.trip_count if c.kernel == graph_lib.TRITON_COLLECTIVE else 0
             k["mib"] += c.bytes * c.trip_count / 2**20
+        # The compiled schedule's overlap: compute between each async collective's start
+        # and the kernel that waits for it (none: the collective is exposed whatever it costs).
+        pos = {t.id: i for i, t in enumerate(step.tasks)}
+        windows = [[t for t in step.tasks[pos[c.id] + 1:pos[c.done_before]] if t.kind == "compute"]
+                   for c in step.collectives if c.is_async and c.done_before is not None]
         timeline = tuned.planned.results["xla-default"].timeline
         out.append({
             "case": name, "lagom_ms": tuned.predicted_ms("lagom"), "default_ms": tuned.predicted_ms("xla-default"),
             "compute_ms": timeline.compute_us / 1e3, "exposed_ms": timeline.exposed_comm_us / 1e3,
             "compute_tasks": sum(t.trip_count for t in step.tasks if t.kind == "compute"),
+            "async": len(windows), "empty_windows": sum(1 for w in windows if not w),
+            "window_gflop": sum(t.flops * t.trip_count for w in windows for t in w) / 1e9,
             "kinds": kinds, "flags": [f"{f.name}={f.value}" for f in tuned.plan.flags],
             "seconds": time.perf_counter() - start})
     return out
@@ -126,12 +133,14 @@ def predict_section(envs: list[dict], machine: str) -> str:
              "sync: left synchronous by XLA; triton: in a Triton collective fusion.", ""]
     for i, (name, *_rest) in enumerate(PREDICT_CASES):
         lines += [f"### {name}", "", "| jax | lagom ms | xla-default ms | compute alone ms | exposed comm ms "
-                  "(default) | compute tasks | collectives | flags taken |", "|---|---:|---:|---:|---:|---:|---|---|"]
+                  "(default) | compute tasks | collectives | async: nothing to overlap / GFLOP overlappable | "
+                  "flags taken |", "|---|---:|---:|---:|---:|---:|---|---|---|"]
         for env in envs:
             c = env["cases"][i]
             lines.append(f"| {env['installed'].split(',')[0]} | {c['lagom_ms']:.3f} | {c['default_ms']:.3f} | "
                          f"{c['compute_ms']:.3f} | {c['exposed_ms']:.3f} | {c['compute_tasks']} | "
-                         f"{_kinds_line(c['kinds'])} | {', '.join(c['flags']) or 'none'} |")
+                         f"{_kinds_line(c['kinds'])} | {c['empty_windows']} of {c['async']} / "
+                         f"{c['window_gflop']:.0f} | {', '.join(c['flags']) or 'none'} |")
         if len(envs) > 1:
             a, b = envs[0]["cases"][i], envs[-1]["cases"][i]
             lines += ["", f"lagom {b['lagom_ms'] / a['lagom_ms'] - 1:+.1%}, xla-default "

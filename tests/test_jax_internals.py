@@ -109,3 +109,20 @@ def test_the_cuda_check_is_skipped_only_for_plugins_that_always_run_it(monkeypat
     monkeypatch.delenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", raising=False)
     jax_internals.allow_cuda_plugin_without_driver()
     assert (os.environ.get("JAX_SKIP_CUDA_CONSTRAINTS_CHECK") == "1") is sets
+
+
+def test_the_triton_lowering_is_told_the_gpu_and_then_forgets_it():
+    kind = "NVIDIA H100 80GB HBM3"
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:
+        gpu_info = None
+    if gpu_info is None or not hasattr(gpu_info, "get_device_kind"):  # before jax 0.11: nothing to tell
+        assert jax.__version__.startswith(("0.9", "0.10")), jax.__version__
+        with jax_internals.triton_kernels_for(kind):
+            return
+    before = gpu_info.get_device_kind
+    with jax_internals.triton_kernels_for(kind):
+        assert gpu_info.get_device_kind() == kind
+        assert gpu_info.get_gpu_info().compute_capability == 90  # what the lowering reads from it
+    assert gpu_info.get_device_kind is before

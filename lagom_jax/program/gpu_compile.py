@@ -277,7 +277,10 @@ def compile_for_cluster(jitted: Any, args: Sequence[Any], kwargs: Mapping[str, A
     (``jax_internals.compile_for_devices``): callers treat any exception as "not
     available" and go on without it.
     """
-    lowered = jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",))
+    # From jax 0.11 Pallas' Triton lowering (flash attention) asks which GPU it lowers for;
+    # a step on CPU devices would answer "cpu".
+    with jax_internals.triton_kernels_for(devices(hw, 1)[0].device_kind):
+        lowered = jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",))
     return jax_internals.compile_for_devices(lowered, lambda n: devices(hw, n), options)
 
 

@@ -4,8 +4,9 @@ lagom-jax reaches below JAX's public API for these things: whether backends (a G
 have started and which plugins registered, letting the CUDA plugin register on a machine
 without a driver, a jitted function's static arguments, the ``jax.distributed`` client
 that shares one Plan between processes, parsing ``XLA_FLAGS``, compiling a lowered step
-for devices of another platform (abstract GPUs), and compiling an HLO module given as
-text for such devices. Each is checked on every release in ``CHECKED_JAX``
+for devices of another platform (abstract GPUs), compiling an HLO module given as text for
+such devices, and telling Pallas' Triton lowering which GPU it lowers for (0.11 on). Each
+is checked on every release in ``CHECKED_JAX``
 (tests/test_jax_internals.py pins each; the test matrix runs it on the oldest and the
 newest); where one differs between them, the function here handles both and says
 since when. On another version an attribute that moved raises ``JaxInternalsError``
@@ -216,3 +217,29 @@ def compile_hlo_for_devices(text: str, devices: Sequence[Any], *, replicas: bool
         executable = devices[0].client.compile(module, executable_devices=device_list(tuple(devices)),
                                                compile_options=compile_options)
     return executable.hlo_modules()[0].to_string()
+
+
+@contextlib.contextmanager
+def triton_kernels_for(device_kind: str) -> Iterator[None]:
+    """Lower Pallas' Triton kernels (flash attention) for the GPU named ``device_kind``.
+
+    From jax 0.11 the Triton lowering asks ``jax._src.pallas.triton.gpu_info.get_device_kind``
+    which GPU it compiles for: the abstract mesh's device, else the default device. A step
+    traced on CPU devices (a test host) and lowered for ``cuda`` answers "cpu" inside its
+    ``shard_map`` and the lowering fails ("No supported GPU devices found"); for the duration
+    of the lowering this answers the cluster's GPU instead. Before 0.11 the lowering takes
+    the platform alone and this does nothing.
+    """
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:
+        gpu_info = None
+    if gpu_info is None or not hasattr(gpu_info, "get_device_kind"):
+        yield
+        return
+    saved = gpu_info.get_device_kind
+    gpu_info.get_device_kind = lambda: device_kind
+    try:
+        yield
+    finally:
+        gpu_info.get_device_kind = saved
