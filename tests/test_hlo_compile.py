@@ -204,10 +204,17 @@ def test_device_count_must_fit_the_cluster():
 def test_xla_benchmark_module_needs_transformer_engine_unless_mocked():
     text = LLAMA8B_CP.read_text()
     message = _one_line_error(text, _hw(4), options={"xla_gpu_mock_custom_calls": False})
-    assert "te_fused_attn" in message and "No FFI handler" in message
+    assert "(it calls te_fused_attn_backward_ffi, te_fused_attn_forward_ffi, which no handler here serves)" in message
+    # XLA's own reason: jax 0.10 reaches code generation, 0.12 stops serializing the typed FFI call.
+    assert "No FFI handler" in message or "TYPED_FFI" in message
     options, stood_in = hlo_compile.compile_options(hlo.parse(text), None)
     assert options == {"xla_gpu_mock_custom_calls": True}
     assert {s.target for s in stood_in} == {"te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi"}
+    if xla_forms.RELEASE >= (0, 12):
+        # jax 0.12: the typed-FFI call cannot be serialized for the plugin even when XLA would
+        # mock it (docs/limitations.md); the error says so in one line.
+        assert "Failed to serialize StableHLO" in _one_line_error(text, _hw(4))
+        return
     compiled = hlo_compile.compile_unoptimized(text, _hw(4))  # mocked by itself
     assert "te_fused_attn_forward_ffi" in compiled and "is_scheduled=true" in compiled
 

@@ -11,7 +11,8 @@ import jax
 
 from lagom_jax.program import environment, graph
 
-EVERY_COLLECTIVE_ASYNC = environment.parse_version(jax.__version__)[:2] < (0, 11)
+RELEASE = environment.parse_version(jax.__version__)[:2]
+EVERY_COLLECTIVE_ASYNC = RELEASE < (0, 11)
 
 
 def collective_kinds(text: str) -> set[str]:

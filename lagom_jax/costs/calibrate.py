@@ -82,8 +82,9 @@ def traced_ops(path: pathlib.Path, module: str) -> tuple[dict[str, float], int]:
     """(op -> time per execution of the module in us, executions) from one trace.
 
     Ops are summed over their events; the executions are the most common event count per
-    op (most instructions run once per step). Events of ``module`` only, or of every
-    module when none carries its name."""
+    op (most instructions run once per step). Events of ``module`` only; a trace whose
+    events name other modules only is refused (ValueError), and one whose events name no
+    module at all is read whole."""
     from jax.profiler import ProfileData
 
     data = ProfileData.from_file(str(path))
@@ -96,6 +97,10 @@ def traced_ops(path: pathlib.Path, module: str) -> tuple[dict[str, float], int]:
                 stats = dict(ev.stats)
                 if stats.get("hlo_op"):
                     events.append((str(stats.get("hlo_module", "")), str(stats["hlo_op"]), ev.duration_ns / 1e3))
+    named = {e[0] for e in events if e[0]}
+    if named and module not in named:
+        raise ValueError(f"the trace does not match module {module!r}: it ran {', '.join(sorted(named)[:5])}"
+                         f"{' ...' if len(named) > 5 else ''}")
     mine = [e for e in events if e[0] == module] or events
     total: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)

@@ -257,8 +257,20 @@ def _compile_here(text: str, hw: hardware_lib.HardwareProfile, lay: Layout,
     except jax_internals.JaxInternalsError as e:
         raise gpu_compile.DevicelessUnavailable(str(e)) from e
     except Exception as e:  # noqa: BLE001 - XLA refused the module: say so in one line
+        unserved = "" if (options or {}).get(custom_calls.MOCK_OPTION) else _unserved_calls(text)
         raise HloCompileError(f"XLA cannot compile this module for {lay.devices} "
-                              f"{hw.gpu}: {_one_line(e)}") from None
+                              f"{hw.gpu}{unserved}: {_one_line(e)}") from None
+
+
+def _unserved_calls(text: str) -> str:
+    """", it calls T1, T2 with no handler here" for the custom calls only an outside FFI
+    library serves (jax 0.12 fails on them before naming them: serializing the module)."""
+    try:
+        found = custom_calls.stand_ins(hlo_lib.parse(text))
+    except ValueError:
+        return ""
+    targets = sorted({s.target for s in found})
+    return f" (it calls {', '.join(targets)}, which no handler here serves)" if targets else ""
 
 
 def compile_options(module: hlo_lib.Module, options: Mapping[str, Any] | None
