@@ -160,8 +160,8 @@ def section(rows: list[dict[str, str]], machine: str) -> str:
         f"Declared range: jax >= {environment.OLDEST_JAX}, no upper pin; tested range (no warning at import): "
         f"{environment.OLDEST_JAX} to {'.'.join(environment.NEWEST_TESTED_JAX.split('.')[:2])}.x. "
         f"Smoke subset: {', '.join(f'`{t}`' for t in SMOKE_TESTS)} with `LAGOM_REQUIRE_DEVICELESS=1`. "
-        "CI runs the full suite on the newest tested JAX and this subset on the oldest and on CUDA 13's "
-        "plugin (`.ci/smoke_matrix`).",
+        "CI runs the full suite on the newest tested JAX (Python 3.12) and this subset on the oldest and on "
+        "jax 0.11.2 with CUDA 13's plugin, the GPU hosts' stack (`.ci/smoke_matrix`).",
         "",
         "| python | installed | smoke subset | passed | s |",
         "|---|---|---|---|---:|",
@@ -171,8 +171,7 @@ def section(rows: list[dict[str, str]], machine: str) -> str:
         ok = r["ok"] + (" (outside the tested range)" if environment.range_warning(version) else "")
         lines.append(f"| {r['python']} | {r['installed']} | {r['result']} | {ok} | {r['seconds']} |")
     if any(environment.range_warning(r["installed"].split(",")[0].removeprefix("jax ")) for r in rows):
-        lines += ["", "Outside the tested range the import warns; docs/install.md says what XLA emits there "
-                      "that the HLO reader does not price yet (the failing HLO-text check)."]
+        lines += ["", "Outside the tested range the import warns (docs/install.md)."]
     return "\n".join(lines)
 
 
