@@ -38,14 +38,24 @@ _DESCRIBE = ("import platform; from lagom_jax.program import environment as e; "
              "print(platform.python_version(), '|', e.describe(e.installed()))")
 
 
-def run_one(python: str) -> dict[str, str]:
-    """The smoke subset in the environment of ``python``: versions, pytest's count, status."""
-    env = {**os.environ, "LAGOM_REQUIRE_DEVICELESS": "1"}
+def _describe(python: str, env: dict[str, str]) -> tuple[str, str] | None:
+    """(Python version, installed JAX packages) of the environment of ``python``; None when
+    it cannot import lagom_jax."""
     described = subprocess.run([python, "-W", "ignore", "-c", _DESCRIBE], capture_output=True, text=True,
                                cwd=ROOT, env=env, timeout=600)
     if described.returncode != 0:
-        return {"python": "?", "installed": python, "result": "cannot import lagom_jax", "ok": "no", "seconds": "0"}
+        return None
     py_version, installed = (part.strip() for part in described.stdout.strip().splitlines()[-1].split("|", 1))
+    return py_version, installed
+
+
+def run_one(python: str) -> dict[str, str]:
+    """The smoke subset in the environment of ``python``: versions, pytest's count, status."""
+    env = {**os.environ, "LAGOM_REQUIRE_DEVICELESS": "1"}
+    described = _describe(python, env)
+    if described is None:
+        return {"python": "?", "installed": python, "result": "cannot import lagom_jax", "ok": "no", "seconds": "0"}
+    py_version, installed = described
     start = time.perf_counter()
     proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE_TESTS],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
@@ -107,9 +117,8 @@ def predict_here() -> list[dict]:
 def predict_in(python: str) -> dict:
     """``predict_here`` in the environment of ``python``."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    described = subprocess.run([python, "-W", "ignore", "-c", _DESCRIBE], capture_output=True, text=True,
-                               cwd=ROOT, env=env, timeout=600)
-    installed = described.stdout.strip().splitlines()[-1].split("|", 1)[1].strip() if described.returncode == 0 else python
+    described = _describe(python, env)
+    installed = described[1] if described else python
     proc = subprocess.run([python, "-W", "ignore", "-m", "benchmarks.jax_matrix", "--child-predict"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
     found = re.search(r"^LAGOM_PREDICT (.*)$", proc.stdout, re.M)

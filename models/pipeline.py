@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
+from lagom_jax.program.environment import parse_version
+
 # layer(params_of_one_layer, x, enc, bias) -> x
 LayerFn = Callable[[Any, jax.Array, jax.Array | None, jax.Array | None], jax.Array]
 
@@ -76,7 +78,7 @@ def _split(x: jax.Array, m: int) -> jax.Array:
 # requires varying manual axes to match"; JAX's message names check_vma=False as the
 # workaround. The pipeline is checked against the single-device step either way
 # (tests/test_models.py), and before 0.11 it keeps the check.
-_CHECK_VMA = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11)  # 0.11.2 not tried
+_CHECK_VMA = parse_version(jax.__version__)[:2] < (0, 11)  # (seen on 0.12.0.1; 0.11.2 not tried)
 
 
 @dataclasses.dataclass(frozen=True)

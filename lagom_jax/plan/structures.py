@@ -144,9 +144,11 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
     decisions: list[tuple[str, str]] = []
     exposed = _exposed_by_kind(planned)
     order = sorted(candidates, key=lambda c: -sum(exposed.get(k, 0.0) for k in c.kinds))
+    spelled = {c: _spelled(c.flag) for c in candidates}
     for cand in order:
-        flag, why_not = _spelled(cand.flag)
-        subject = f"{(flag or cand.flag).name}={str((flag or cand.flag).value).lower()}"
+        flag, why_not = spelled[cand]
+        shown = flag or cand.flag
+        subject = f"{shown.name}={str(shown.value).lower()}"
         if flag is None:
             if why_not:
                 decisions.append((subject, why_not))
@@ -180,7 +182,7 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
         if trial_text == best_text:
             decisions.append((subject, "left: XLA compiled the same module with it"))
             continue
-        apart = {k for c in candidates if c.combines_apart and _spelled(c.flag)[0] in trial for k in c.kinds}
+        apart = {k for c in candidates if c.combines_apart and spelled[c][0] in trial for k in c.kinds}
         trial_planned = planning.plan(graph_lib.from_hlo_text(trial_text), hw, strategy=strategy,
                                       baselines=baselines,
                                       fingerprint=hashlib.sha256(trial_text.encode()).hexdigest(),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.metadata
 import json
 import os
 import re
@@ -22,7 +21,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 
-from lagom_jax.program import jax_internals
+from lagom_jax.program import environment, jax_internals
 
 FlagValue = bool | int | str
 
@@ -240,10 +239,7 @@ def installed_table() -> Mapping[str, str | None]:
 
 def installed_version() -> str:
     """The jaxlib whose XLA the flag table is of, for messages."""
-    try:
-        return f"jaxlib {importlib.metadata.version('jaxlib')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "the installed jaxlib"
+    return f"jaxlib {environment.installed(driver=lambda: None).jaxlib or '?'}"
 
 
 def for_installed(flag: XlaFlag) -> XlaFlag | None:

@@ -868,7 +868,9 @@ def _collective_kind(module: hlo.Module, inst: hlo.Instruction):
         root = module.computation(inst.called_computations[0]).root
         if root.opcode in _KIND_OF:
             return _KIND_OF[root.opcode], root
-    if op in ("fusion", "fusion-start") and inst.called_computations:
+    # Only a custom fusion (XLA's collective fusions are kCustom) can hold a collective:
+    # the loop and input fusions that make up most of a module are not searched.
+    if op in ("fusion", "fusion-start") and inst.attributes.get("kind") == "kCustom" and inst.called_computations:
         inner = _fused_collective(module.computation(inst.called_computations[0]))
         if inner is not None:
             return _KIND_OF[inner.opcode], inner
