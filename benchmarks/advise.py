@@ -123,7 +123,7 @@ def _published(jobs: int, say) -> tuple[list[str], list[dict]]:
 
     def own(row):
         kw = row.contract_kwargs()
-        options, _cap = predict._split_flags(row.flags)  # noqa: SLF001
+        options, _cap, _runtime = predict._split_flags(row.flags)  # noqa: SLF001
         hw = predict._cluster(row.hardware, row.gpus)  # noqa: SLF001
         src = predict.train_step_source(kw["family"], **{k: kw[k] for k in (
             "layers", "d_model", "heads", "kv_heads", "ffn", "vocab", "seq_len", "global_batch", "mesh",

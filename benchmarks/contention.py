@@ -164,7 +164,10 @@ def gemm_beside_all_gather_ms(nccl_env: dict[str, str] | None = None, *, overlap
                 gemm=(1, n, n, n))
     ag = Task(id=ag_id, name="all-gather", kind="all-gather", bytes=512 << 20, groups=(tuple(range(8)),),
               is_async=True, deps=() if overlapped else (0,))
-    hw = dataclasses.replace(hardware.get("h100-sxm-8"), nccl_env=NcclEnv.from_environ(nccl_env or {}))
+    # The microbenchmark's buffers are NCCL symmetric windows (what XLA's symmetric-buffers
+    # flag makes), without which NCCL_CTA_POLICY=2 would move nothing to the copy engines.
+    hw = dataclasses.replace(hardware.get("h100-sxm-8"),
+                             nccl_env=NcclEnv.from_environ(nccl_env or {}, symmetric_buffers=True))
     step = StepGraph("gemm+all-gather", tuple(sorted((gemm, ag), key=lambda t: t.id)), num_devices=8)
     return search.run_strategy("xla-default", step, hw).makespan_us / 1e3
 

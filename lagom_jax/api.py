@@ -161,9 +161,10 @@ class Tuned:
     def __init__(self, fn: Callable, *, hardware="auto", strategy: str = "lagom",
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool = True,
                  with_profile: bool = False, verbose: bool = False,
-                 retune: Retune | bool | None = None) -> None:
+                 retune: Retune | bool | None = None, min_gain: float | None = None) -> None:
         if strategy not in search_lib.STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(search_lib.STRATEGIES)})")
+        self._space = search_lib.Space(min_gain=min_gain)  # ValueError for a bad min_gain
         self._jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         self.__wrapped__ = fn
         functools.update_wrapper(self, fn, updated=())
@@ -306,7 +307,7 @@ class Tuned:
 
     def _plan_for(self, text: str, hw: hardware_lib.HardwareProfile) -> Plan:
         fingerprint = hashlib.sha256(text.encode()).hexdigest()
-        key = PlanCache.key(fingerprint, hw.to_json(), self._strategy, VERSION)
+        key = PlanCache.key(fingerprint, hw.to_json(), f"{self._strategy} min_gain={self._space.min_gain}", VERSION)
         if self._cache is not None:
             try:
                 cached = self._cache.get(key)
@@ -322,7 +323,7 @@ class Tuned:
         start = time.perf_counter()
         plan = sharing.one_plan_for_all_processes(
             key, lambda: planning.plan(graph_lib.from_hlo_text(text), hw, strategy=self._strategy,
-                                       fingerprint=fingerprint).plan)
+                                       fingerprint=fingerprint, space=self._space).plan)
         if self._verbose:
             print(f"lagom-jax: tuned {plan.module} in {time.perf_counter() - start:.2f}s")
         if self._cache is not None:

@@ -277,6 +277,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    "or always (default auto)")
     _add_hardware_args(p, default="h100-sxm-8")
     p.add_argument("--strategy", default="lagom", choices=STRATEGY_CHOICES)
+    _add_min_gain_arg(p)
     p.add_argument("--no-structures", action="store_true",
                    help="skip the structure search (the collective pipeliner, while-loop double "
                    "buffering, combine-by-dim, each priced by compiling the step with it; runs "
@@ -284,6 +285,23 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--out", metavar="DIR", help="write every artifact (plan, flags, env, "
                    "tuner config, LHS profile, trace) into DIR")
+
+
+def _min_gain(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"a fraction in [0, 1), got {value}")
+    return value
+
+
+def _add_min_gain_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--min-gain", type=_min_gain, default=None, metavar="F",
+                   help="change a collective's NCCL parameters only for a predicted gain above this "
+                   "fraction of its own time (default: the cost model's measured error for its size "
+                   "and span; 0 takes every predicted gain)")
 
 
 def _log(message: str) -> None:
@@ -340,7 +358,8 @@ def _run_tune(args: argparse.Namespace) -> int:
         _parse_graph(text, args)  # unreadable HLO: one line, exit 2
         source, hw = job.HloSource(text, _where(args), args.partitions), _hardware(args)
     try:
-        tuned = job.run(source, hw, strategy=args.strategy, structures=not args.no_structures, log=_log)
+        tuned = job.run(source, hw, strategy=args.strategy, structures=not args.no_structures, log=_log,
+                        space=search.Space(min_gain=args.min_gain))
     except (ValueError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
     for warning in tuned.compiled.warnings:
@@ -351,6 +370,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         print(json.dumps({
             "module": plan.module, "hardware": plan.hardware, "strategy": plan.strategy,
             "bound_us": plan.bound_us, "makespan_us": plan.makespan_us,
+            "min_gain": plan.min_gain, "held_back_us": plan.held_back_us,
             "strategies": {name: {"makespan_us": r.makespan_us, "evaluations": r.evaluations,
                                   "search_time_s": r.search_time_s,
                                   "speedup": r.makespan_us and plan.speedup_over(name)}
@@ -375,7 +395,7 @@ def _run_tune(args: argparse.Namespace) -> int:
             print(f"  {k}={v}")
         if not env:
             print("  none beyond the tuner plugin, which applies the per-collective choices")
-        print("predicted gain (by the cost model, not measured): " + ", ".join(
+        print(f"predicted gain on {plan.cluster} (by the cost model, not measured): " + ", ".join(
             f"{plan.speedup_over(n):.3f}x over {n}" for n in results if n != plan.strategy))
     if args.out:
         launch = tuned.write(args.out, _log)
@@ -623,7 +643,8 @@ def _run_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(dataclasses.asdict(step) | {"config": kw}, indent=2))
     else:
-        print(f"predicted {step.total_ms:.1f} ms per iteration: {step.describe()}")
+        print(f"predicted {step.total_ms:.1f} ms per iteration on {kw['gpus']} GPUs of {options['hardware']}: "
+              f"{step.describe()}")
     return 0
 
 
@@ -695,16 +716,19 @@ def _run_predict_hlo(args: argparse.Namespace) -> int:
     _require_positive(args, "nodes")
     flags, env = _xla_flags(args), _nccl_env(args)
     try:
-        ms = predict.predict_hlo_step_ms(args.hlo, hardware=args.hardware or "h100-sxm-8", nodes=args.nodes,
-                                         xla_flags=flags, strategy=args.strategy, nccl_env=env)
-    except (ValueError, gpu_compile.DevicelessUnavailable, hlo.HloParseError) as err:
+        done = predict.hlo_step_job(args.hlo, hardware=args.hardware or "h100-sxm-8", nodes=args.nodes,
+                                    xla_flags=flags, strategy=args.strategy, nccl_env=env)
+    except (ValueError, OSError, gpu_compile.DevicelessUnavailable, hlo.HloParseError) as err:
         raise _UsageError(f"{args.hlo}: {err}") from None
+    predict.warn_unpriced(done, args.hlo)
+    ms, plan = done.predicted_ms(args.strategy), done.plan
     if args.json:
-        print(json.dumps({"hlo": args.hlo, "hardware": args.hardware or "h100-sxm-8", "nodes": args.nodes,
-                          "xla_flags": flags, "nccl_env": env, "strategy": args.strategy,
-                          "predicted_ms": ms}, indent=2))
+        print(json.dumps({"hlo": args.hlo, "hardware": plan.hardware, "nodes": plan.nodes,
+                          "gpus_per_node": plan.gpus_per_node, "xla_flags": flags, "nccl_env": env,
+                          "strategy": args.strategy, "predicted_ms": ms}, indent=2))
     else:
-        print(f"predicted {ms:.3f} ms per step ({args.hlo}, {args.strategy}; predicted by the cost model)")
+        print(f"predicted {ms:.3f} ms per step on {plan.cluster} ({args.hlo}, {args.strategy}; "
+              f"{done.where}; predicted by the cost model)")
     return 0
 
 
@@ -720,9 +744,10 @@ def _run_predict_model(args: argparse.Namespace) -> int:
     kw.update(_moe_options(args))
     try:
         mesh = models.parse_mesh(args.mesh)
-        ms = predict.predict_train_step_ms(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",
-                                           dtype=args.dtype, remat=args.remat, xla_flags=flags,
-                                           strategy=args.strategy, nccl_env=env, attention=args.attention)
+        done = predict.train_step_job(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",
+                                      dtype=args.dtype, remat=args.remat, xla_flags=flags,
+                                      strategy=args.strategy, nccl_env=env, attention=args.attention)
+        ms = done.predicted_ms(args.strategy)
     except (ValueError, OSError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
     if args.json:
@@ -730,7 +755,7 @@ def _run_predict_model(args: argparse.Namespace) -> int:
                           "dtype": args.dtype, "remat": args.remat, "attention": args.attention,
                           "xla_flags": flags, "nccl_env": env, "strategy": args.strategy, "predicted_ms": ms}, indent=2))
     else:
-        print(f"predicted {ms:.1f} ms per step ({args.model}, mesh {args.mesh}, {args.strategy}; "
+        print(f"predicted {ms:.1f} ms per step on {done.plan.cluster} ({args.model}, mesh {args.mesh}, {args.strategy}; "
               "compiled by XLA's GPU pipeline for the cluster, predicted by the cost model)")
     return 0
 

@@ -32,7 +32,7 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lagom_jax import models
+from lagom_jax import models, search
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.costs import commfuse, kernels
 from lagom_jax.plan import artifacts, nccl_settings, planning, structures, verify as verify_lib
@@ -252,6 +252,13 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
     module = hlo.parse(src.text)
     unoptimized, why = hlo_compile.classify(module)
     if not unoptimized:
+        on_cpu = hlo_compile.cpu_compiled(module)
+        if on_cpu:
+            raise ValueError(
+                f"{src.where} is a module XLA:CPU compiled ({on_cpu}): its fusions, layouts and collectives "
+                "are the CPU backend's, not what a GPU runs. On a host without a GPU give the step before "
+                "optimization, jax.jit(step).lower(*args).as_text(dialect='hlo'), which is compiled here for "
+                "the cluster's GPUs (docs/hlo.md), or tune the step in Python (lagom_jax.tune)")
         return Compiled(src.text, src.where, hw, module=module)
     n = hlo_compile.partitions(module, src.partitions)
     hw = mesh_cluster(hw, n, grow=True)
@@ -269,11 +276,19 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
 
 
 def _as_compiled_for(hw: hardware_lib.HardwareProfile, options: Mapping[str, Any]) -> hardware_lib.HardwareProfile:
-    """``hw`` with the stream priority XLA gives async collectives in this compile: the
-    user's ``xla_gpu_enable_highest_priority_async_stream`` (compile option, else XLA_FLAGS),
-    else XLA's default (true; read in openxla/xla ``GpuExecutable::ExecuteThunksImpl``)."""
+    """``hw`` with what the user's flags (compile option, else XLA_FLAGS) make of this
+    compile's collectives: the stream priority XLA gives them
+    (``xla_gpu_enable_highest_priority_async_stream``, default true; read in openxla/xla
+    ``GpuExecutable::ExecuteThunksImpl``) and whether XLA registers their buffers as NCCL
+    symmetric windows (``xla_gpu_experimental_enable_nccl_symmetric_buffers``, default false;
+    the copy engines need it, ``NcclEnv``)."""
     high = flags_lib.bool_setting("xla_gpu_enable_highest_priority_async_stream", options)
-    return hw if high is None or high == hw.comm_high_priority else dataclasses.replace(hw, comm_high_priority=high)
+    if high is not None and high != hw.comm_high_priority:
+        hw = dataclasses.replace(hw, comm_high_priority=high)
+    symmetric = flags_lib.bool_setting(nccl_settings.SYMMETRIC_BUFFERS, options)
+    if symmetric is not None and symmetric != hw.nccl_env.symmetric_buffers:
+        hw = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, symmetric_buffers=symmetric))
+    return hw
 
 
 def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_lib.HardwareProfile,
@@ -291,7 +306,7 @@ def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_li
 
 
 def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_lib.HardwareProfile,
-                    strategy: str, baselines: tuple[str, ...], log: Log
+                    strategy: str, baselines: tuple[str, ...], log: Log, space: search.Space
                     ) -> tuple[planning.Planned, tuple[tuple[str, str], ...]]:
     """Step 3b: the structure flags compile-in-the-loop takes (``structures.search``), in
     the Plan beside the search's own; the baselines stay those of the module XLA makes
@@ -299,7 +314,7 @@ def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_
     log("structure: the pipeliner, double buffering and combine-by-dim, each compiled and "
         "predicted where it can hide exposed communication ...")
     outcome = structures.search(compiled.text, planned, hw, compiled.recompile, strategy=strategy,
-                                baselines=baselines, log=log)
+                                baselines=baselines, log=log, space=space)
     best = outcome.planned.plan
     predicted = dict(planned.plan.predicted_us)
     predicted[strategy] = best.makespan_us
@@ -310,9 +325,11 @@ def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_
 
 def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.HardwareProfile, *,
         strategy: str = "lagom", baselines: tuple[str, ...] = planning.BASELINES,
-        verify: bool = True, structures: bool = False, log: Log = silent) -> Job:
+        verify: bool = True, structures: bool = False, log: Log = silent,
+        space: search.Space = search.Space()) -> Job:
     """The pipeline (module docstring): compile, read, plan (with ``structures``: also the
-    loop structure, compile-in-the-loop), validate, verify.
+    loop structure, compile-in-the-loop), validate, verify. ``space`` is what the search may
+    choose (e.g. ``Space(min_gain=0)`` takes every predicted gain).
 
     Raises ValueError for bad input (a model, mesh or config that cannot be built, an
     unknown strategy, a step ``exhaustive`` refuses, ``hlo_compile.HloCompileError`` for a
@@ -320,18 +337,18 @@ def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.Har
     cannot read; ``flags.FlagError`` when the installed XLA rejects a planned flag.
     """
     return plan_compiled(compile_source(source, hardware, log), strategy=strategy, baselines=baselines,
-                         verify=verify, structures=structures, log=log)
+                         verify=verify, structures=structures, log=log, space=space)
 
 
 def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
                   baselines: tuple[str, ...] = planning.BASELINES, verify: bool = True,
-                  structures: bool = False, log: Log = silent) -> Job:
+                  structures: bool = False, log: Log = silent, space: search.Space = search.Space()) -> Job:
     """Steps 2-5 of the pipeline on a module already compiled (``compile_source``)."""
     step = compiled.graph()
     hw = compiled.hardware
     log(f"hardware: {hw.name}; {len(step.collectives)} collectives, {len(step.tasks)} tasks; searching ...")
     planned = planning.plan(step, hw, strategy=strategy, baselines=baselines,
-                            fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest())
+                            fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest(), space=space)
     decisions = compiled.decisions
     missing = custom_calls.unpriced(step.tasks)
     if missing:
@@ -346,11 +363,11 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     setting = None
     if strategy == "lagom":
         settled = nccl_settings.choose(step, planned, hw, strategy=strategy, fingerprint=planned.plan.fingerprint,
-                                       log=log)
+                                       log=log, space=space)
         planned, hw, setting = settled.planned, settled.hardware, settled.setting
         decisions += settled.decisions
     if structures and compiled.recompile is not None:
-        planned, structure_decisions = _with_structure(compiled, planned, hw, strategy, baselines, log)
+        planned, structure_decisions = _with_structure(compiled, planned, hw, strategy, baselines, log, space)
         decisions += structure_decisions
         if setting is not None:  # the structure's plan was made under the setting: say so
             planned = dataclasses.replace(planned, plan=nccl_settings.with_setting(planned.plan, setting,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -250,6 +251,11 @@ def test_search_takes_the_largest_batch_that_fits_and_says_how_it_pruned(monkeyp
     report = advice.report()
     assert "Pruning:" in report and "MaxText-style config" in report
     assert "gradient_accumulation_steps" in adv.maxtext_fragment(best, 8, 8)
+    # The fragment names the attention kernel the step was priced with: MaxText's GPU
+    # "flash" is JAX's Pallas mha, the kernel the families compile; cuDNN's is another.
+    for attention, key in (("flash", "attention: flash "), ("xla", "attention: dot_product ")):
+        text = adv.maxtext_fragment(dataclasses.replace(best, attention=attention), 8, 8)
+        assert key in text and "cudnn_flash_te " not in text.split("#")[0]
 
 
 def test_bad_input_for_the_family_advisor():
@@ -305,3 +311,38 @@ def test_cli_family_advice_bad_input_is_one_line_and_exit_2(capsys):
     assert cli.main(["advise", "--model", "llama", "--config", "tiny", "--gpus", "12", "--global-batch", "24",
                      "--seq-len", "16"]) == 2
     assert "not whole nodes" in capsys.readouterr().err
+
+
+def test_the_work_left_only_falls_as_the_search_goes(monkeypatch):
+    # Every stage's most compiles are counted when the search starts: "~N to go" never rises
+    # (before, the finalists' batch searches and the attention stage were added when they
+    # began, and the time left jumped from about 0 to minutes).
+    calls: list[dict] = []
+    lines: list[str] = []
+    monkeypatch.setattr(memory, "compile_step", _fake_compile(calls, temp_per_seq=2 * 2 ** 30))
+    adv.advise_train_step("llama", **LLAMA2_7B, gpus=8, hardware="h100-sxm-8", global_batch=64, seq_len=4096,
+                          remats=("full", "none"), attentions=("flash", "xla"), mesh_finalists=2, jobs=1,
+                          progress=lines.append)
+    to_go = [int(line.split("~")[1].split(" to go")[0]) for line in lines if " to go" in line]
+    assert len(to_go) == len(calls) > 4
+    assert all(b <= a - 1 for a, b in zip(to_go, to_go[1:])), to_go
+    assert to_go[-1] == 0
+
+
+def test_tied_candidates_are_one_row_with_their_alternatives(monkeypatch):
+    # The fake compile gives remat "full" and "minimal" the same memory and time: XLA would
+    # compile them to one step, so the table shows one rank and names both.
+    calls: list[dict] = []
+    fake = _fake_compile(calls, temp_per_seq=2 * 2 ** 30)
+
+    def same_for_full_and_minimal(hw, model, config, mesh, *, remat, **kw):
+        return fake(hw, model, config, mesh, remat="full" if remat == "minimal" else remat, **kw)
+
+    monkeypatch.setattr(memory, "compile_step", same_for_full_and_minimal)
+    advice = adv.advise_train_step("llama", **LLAMA2_7B, gpus=8, hardware="h100-sxm-8", global_batch=64,
+                                   seq_len=4096, meshes=[{"fsdp": 8}], remats=("full", "minimal"), jobs=1)
+    table = advice.table()
+    ranks = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "rank" not in line]
+    assert any(r.endswith("(x2)") for r in ranks)
+    note = next(line for line in table.splitlines() if "predicted the same" in line)
+    assert " full" in note and " minimal" in note

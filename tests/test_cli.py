@@ -178,3 +178,12 @@ def test_a_mesh_smaller_than_a_node_is_said(capsys):
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4",
                      "--hardware", "h100-sxm-8", "--json"]) == 0
     assert "uses 4 of the 8 GPUs" in capsys.readouterr().err
+
+
+def test_tune_min_gain_is_a_real_option(capsys):
+    assert cli.main(["tune", "--example", "--hardware", "a40-pcie-8", "--json", "--min-gain", "0"]) == 0
+    out = _json(capsys)
+    assert out["min_gain"] == 0 and out["held_back_us"] == 0
+    with pytest.raises(SystemExit) as err:
+        cli.main(["tune", "--example", "--min-gain", "1.5"])
+    assert err.value.code == 2 and "a fraction in [0, 1)" in capsys.readouterr().err

@@ -94,7 +94,7 @@ def test_a_high_priority_collective_behind_a_long_gemm_takes_its_sms_at_the_next
 
 
 def test_a_zero_cta_collective_holds_no_sm_but_still_takes_hbm_bandwidth():
-    zero = dataclasses.replace(H100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}))
+    zero = dataclasses.replace(H100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}, symmetric_buffers=True))
     alone = simulate.alone_us(gemm(0), zero)
     # Copy engines need no SM: launched behind the GEMM it starts at once (rule d) ...
     t = run([gemm(0), all_gather(1)], zero)

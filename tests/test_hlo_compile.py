@@ -282,3 +282,82 @@ def test_custom_partitioning_before_spmd_is_refused_in_one_line():
     with pytest.raises(hlo_compile.HloCompileError, match="CustomSPMDPartitioning x1") as info:
         hlo_compile.compile_unoptimized(text, _hw(4))
     assert "\n" not in str(info.value) and "after SPMD partitioning" in str(info.value)
+
+
+# ------------------------------------------------------------------------ a CPU host's HLO
+
+CPU_DP8 = HERE / "cpu_dp_step_8.hlo"  # lowered.compile().as_text() on a CPU host: XLA:CPU's module
+LOWERED_DP8 = UNOPT / "jax_dp_step_8.lowered.hlo"  # lowered.as_text(dialect="hlo") of the same step
+
+
+def test_a_module_xla_cpu_compiled_is_recognised_and_no_gpu_module_is():
+    for path in (CPU_DP8, HERE / "cpu_fsdp_mlp_step.hlo", HERE / "cpu_scan_mlp_step.hlo"):
+        assert "XLA:CPU" in hlo_compile.cpu_compiled(path.read_text()), path.name
+    text = jax.jit(lambda x: jnp.tanh(x @ x.T) + 1).lower(jnp.ones((64, 64))).compile().as_text()
+    assert hlo_compile.cpu_compiled(text)  # this JAX's own XLA:CPU output
+    gpu = [*HERE.glob("gpu_*.hlo"), *HERE.glob("jax-0.1*/*.hlo"), *(HERE / "xla_modules").glob("*.hlo")]
+    assert len(gpu) >= 9
+    for path in gpu:
+        assert hlo_compile.cpu_compiled(path.read_text()) == "", path.name
+
+
+def test_tune_and_predict_refuse_xla_cpus_module_in_one_line(capsys):
+    from lagom_jax import cli
+
+    for argv in (["tune", str(CPU_DP8)], ["predict", "--hlo", str(CPU_DP8)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "XLA:CPU compiled" in err[0] and "as_text(dialect='hlo')" in err[0]
+
+
+def test_a_lowered_step_counts_the_devices_its_shardings_name():
+    text = LOWERED_DP8.read_text()
+    header = text.split("\n", 1)[0]
+    assert "num_partitions" not in header and "replica_groups" not in text
+    assert hlo_compile.partitions(text) == 8
+    # Each form alone: a tiled sharding (iota or explicit list, replicated last dim), a
+    # maximal one, a Shardy mesh.
+    one = "HloModule m\n\nENTRY e {{\n  ROOT p = f32[8]{{0}} parameter(0), sharding={}\n}}\n"
+    assert hlo_compile.partitions(one.format("{devices=[4,1]<=[4]}")) == 4
+    assert hlo_compile.partitions(one.format("{devices=[2,2]0,1,2,3}")) == 4
+    assert hlo_compile.partitions(one.format("{devices=[1,1,16]<=[16] last_tile_dim_replicate}")) == 16
+    assert hlo_compile.partitions(one.format("{maximal device=5}")) == 6
+    assert hlo_compile.partitions(one.format("{replicated}")) == 1
+    mesh = 'HloModule m, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["data"=2, "model"=4]>}}\n'
+    assert hlo_compile.partitions(mesh + one.format("{replicated}").split("\n", 1)[1]) == 8
+
+
+@needs_gpu_compile
+def test_tune_compiles_a_lowered_step_for_its_devices_and_names_the_cluster(capsys):
+    from lagom_jax import cli
+
+    assert cli.main(["tune", str(LOWERED_DP8), "--no-structures", "--hardware", "a100-sxm-8"]) == 0
+    out = capsys.readouterr().out
+    assert "for 8x A100" in out and "1 node(s) x 8 GPUs" in out
+    assert "all-reduce" in out and "no collectives" not in out
+    lines = [line for line in out.splitlines() if "predicted" in line and ("ms" in line or "x over" in line)]
+    assert lines and all("a100-sxm-8" in line for line in lines), lines
+    assert cli.main(["predict", "--hlo", str(LOWERED_DP8), "--hardware", "a100-sxm-8"]) == 0
+    assert "on a100-sxm-8 (1 node(s) x 8 GPUs)" in capsys.readouterr().out
+
+
+@needs_gpu_compile
+def test_symmetric_buffers_are_priced_as_xla_and_nccl_run_them():
+    import warnings
+
+    import lagom_jax
+    from lagom_jax.advise import predict
+
+    flag = {"xla_gpu_experimental_enable_nccl_symmetric_buffers": True}
+    policy = {"NCCL_CTA_POLICY": "2"}
+    base = lagom_jax.predict_hlo_step_ms(MLP8)
+    # Both: the module's all-gathers inside the node run on the copy engines and free SMs.
+    both = lagom_jax.predict_hlo_step_ms(MLP8, xla_flags=flag, nccl_env=policy)
+    assert both < base
+    # Either alone moves nothing off the SMs, and says so.
+    for kw in ({"xla_flags": flag}, {"nccl_env": policy}):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            alone = lagom_jax.predict_hlo_step_ms(MLP8, **kw)
+        assert alone == pytest.approx(base)
+        assert any(issubclass(w.category, predict.PricingWarning) for w in caught), kw

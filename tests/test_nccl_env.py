@@ -70,7 +70,7 @@ def test_zero_cta_policy_frees_the_sms_of_data_moving_collectives_only():
     from lagom_jax.cluster.params import CollectiveParams
 
     h100 = hardware.get("h100-sxm-8")
-    zero = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}))
+    zero = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}, symmetric_buffers=True))
     assert zero.nccl_env.as_environ() == {"NCCL_CTA_POLICY": "2"}
     p = CollectiveParams("ring", "Simple", 24, 2 << 20, 512)
     sms, hbm = cost.comm_resource_use(p, zero, kind="all-gather")
@@ -93,7 +93,19 @@ def test_zero_cta_policy_speeds_a_gemm_overlapped_with_an_all_gather():
     ag = Task(id=1, name="ag", kind="all-gather", bytes=512 << 20, groups=(tuple(range(8)),), is_async=True)
     g = StepGraph("gemm+ag", (gemm, ag), num_devices=8)
     h100 = hardware.get("h100-sxm-8")
-    zero = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}))
+    zero = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}, symmetric_buffers=True))
     sm_based = search.run_strategy("xla-default", g, h100).makespan_us
     copy_engine = search.run_strategy("xla-default", g, zero).makespan_us
     assert copy_engine < 0.99 * sm_based
+
+
+def test_the_copy_engines_need_the_policy_and_xlas_symmetric_buffers_together():
+    # NCCL runs zero-CTA only on symmetric windows; XLA registers them under its flag and
+    # never sets the policy (AsNcclConfig): either alone leaves every collective on the SMs.
+    policy = NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"})
+    flag = NcclEnv(symmetric_buffers=True)
+    both = NcclEnv.from_environ({"NCCL_CTA_POLICY": "2"}, symmetric_buffers=True)
+    assert both.copy_engine("all-gather", 1) and both.copy_engine("all-to-all", 1)
+    assert not both.copy_engine("all-reduce", 1) and not both.copy_engine("all-gather", 2)
+    assert not policy.copy_engine("all-gather", 1) and not flag.copy_engine("all-gather", 1)
+    assert both.describe() == "NCCL_CTA_POLICY=2 on XLA's symmetric buffers"

@@ -69,7 +69,7 @@ def test_a_gain_below_the_floor_is_not_taken(monkeypatch):
     monkeypatch.setattr(nccl_settings, "SETTING_FLOOR", 0.5)
     out = nccl_settings.choose(step, planned, h100, strategy="lagom")
     assert out.setting is None and out.planned is planned and out.hardware is h100
-    assert any("not taken: below the 50.0% floor" in why for _, why in out.decisions)
+    assert any("not taken: below the 2.000x floor (50.0% of the step)" in why for _, why in out.decisions)
 
 
 def test_settings_that_change_no_collective_are_not_priced():

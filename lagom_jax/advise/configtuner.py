@@ -864,11 +864,23 @@ class TrainAdvice:
         rows = ["| rank | mesh | per-device batch | grad accum | remat | attention | fits (peak GiB of "
                 f"{self.limit_bytes / gib:.1f}) | predicted step ms | tokens/s/GPU | MFU | gain |",
                 "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|"]
-        shown = list(self.candidates[:top])
+        # Candidates XLA compiled to the same step (the same predicted time and peak) are one
+        # row: the first, its alternatives named under the table.
+        shown: list[TrainCandidate] = []
+        ties: dict[int, list[TrainCandidate]] = {}
+        for c in self.candidates[:top]:
+            prev = shown[-1] if shown else None
+            if prev is not None and prev.fits == c.fits and prev.peak_bytes == c.peak_bytes and math.isclose(
+                    prev.step_ms, c.step_ms, rel_tol=1e-9):
+                ties.setdefault(len(shown), []).append(c)
+            else:
+                shown.append(c)
         if self.current is not None:
             shown.append(self.current)
+        notes = [f"rank {i} stands for {len(same) + 1} configurations predicted the same (step and peak): "
+                 + "; ".join(x.label() for x in [shown[i - 1], *same]) for i, same in ties.items()]
         for i, c in enumerate(shown, 1):
-            rank = "yours" if c is self.current else str(i)
+            rank = "yours" if c is self.current else (f"{i} (x{len(ties[i]) + 1})" if i in ties else str(i))
             mesh = ",".join(f"{a}={n}" for a, n in c.mesh.items())
             fit = ("yes" if c.fits else "NO") + f" ({c.peak_bytes / gib:.1f})" + (
                 f" XLA remat {c.xla_remat}" if c.xla_remat else "")
@@ -876,7 +888,7 @@ class TrainAdvice:
             rows.append(f"| {rank} | {mesh} | {c.per_device_batch} | {c.grad_accum} | {c.remat} | "
                         f"{c.attention} | {fit} | {c.step_ms:.1f} | {c.tokens_per_s_per_gpu:.0f} | "
                         f"{c.mfu * 100:.1f}% | {'-' if g is None else f'{g:.2f}x'} |")
-        return "\n".join(rows)
+        return "\n".join(rows + [""] * bool(notes) + notes)
 
     def report(self, top: int | None = None) -> str:
         d = self.dims
@@ -928,6 +940,14 @@ class TrainAdvice:
         return json.dumps(d, indent=2)
 
 
+# What each attention choice was priced as, in the words of MaxText's fragment.
+MAXTEXT_ATTENTION_PRICED = {
+    "flash": "JAX's Pallas flash-attention kernel (jax.experimental.pallas.ops.gpu.attention.mha), "
+             "what MaxText's attention=flash runs on GPUs; not cudnn_flash_te",
+    "xla": "XLA's attention with the scores materialised",
+}
+
+
 def maxtext_fragment(c: TrainCandidate, gpus: int, gpus_per_node: int) -> str:
     """MaxText's names for a candidate: the mesh split into ici (inside a node) and dcn
     (across nodes) parts, filled innermost first (expert, model, fsdp, data: the layout of
@@ -944,8 +964,11 @@ def maxtext_fragment(c: TrainCandidate, gpus: int, gpus_per_node: int) -> str:
     names = {"data": "data", "fsdp": "fsdp", "model": "tensor", "expert": "expert"}
     lines = [f"per_device_batch_size: {per_gpu:g}", f"gradient_accumulation_steps: {c.grad_accum}",
              f"remat_policy: {c.remat}",
-             f"attention: {'cudnn_flash_te' if c.attention == 'flash' else 'dot_product'}  # lagom-jax "
-             f"priced {'a fused flash kernel' if c.attention == 'flash' else 'materialised scores'}",
+             # MaxText's GPU "flash" is the kernel priced here: JAX's Pallas mha with the kv heads
+             # repeated (AI-Hypercomputer/maxtext layers/attention_op.py, ``gpu_pallas_attention.mha``);
+             # "cudnn_flash_te" (cuDNN through Transformer Engine) is another kernel, not priced.
+             f"attention: {'flash' if c.attention == 'flash' else 'dot_product'}  # lagom-jax priced "
+             f"{MAXTEXT_ATTENTION_PRICED[c.attention]}",
              "scan_layers: true"]
     lines += [f"ici_{names[a]}_parallelism: {ici[a]}" for a in ("data", "fsdp", "model", "expert")]
     lines += [f"dcn_{names[a]}_parallelism: {dcn[a]}" for a in ("data", "fsdp", "model", "expert")]
@@ -1118,8 +1141,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     hw = predict._cluster(hardware, gpus)  # noqa: SLF001 - the contract's cluster; ValueError if not whole nodes
-    options, cap = predict._split_flags(xla_flags)  # noqa: SLF001 - the contract's reading of flags
-    hw = predict._with_nccl_settings(hw, cap, None)  # noqa: SLF001
+    options, cap, runtime = predict._split_flags(xla_flags)  # noqa: SLF001 - the contract's reading of flags
+    hw = predict._with_nccl_settings(hw, cap, None, runtime)  # noqa: SLF001
     fraction = memory.memory_fraction(memory_fraction)
     gpu_bytes = memory.gpu_memory_bytes(hw)
     limit = int(gpu_bytes * fraction)
@@ -1270,7 +1293,17 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         # 2. probes: per-device batch 1, full remat (the least memory of a mesh)
         probe_attn = "flash" if "flash" in attns else attns[0]
         probe_remat = policies[0]
-        planned["n"] += len(survivors)
+        others = [a for a in attns if a != probe_attn]
+
+        def budget(m: dict[str, int]) -> int:
+            """The most compiles a finalist's batch search takes: one try and a bisection per policy."""
+            return len(policies) * (1 + math.ceil(math.log2(len(_divisors_upto(local_batch(m))))))
+
+        # Every later stage's most compiles are counted now, so that the time left only falls
+        # as the search goes (each stage hands back what it did not use).
+        finalist_reserve = sum(sorted((budget(m) for m in survivors), reverse=True)[:mesh_finalists])
+        attention_reserve = 3 * len(others)
+        planned["n"] += len(survivors) + finalist_reserve + attention_reserve
         say(f"screened {screened} meshes: {len(survivors)} pass arithmetic; probing each at per-device "
             f"batch 1, remat {probe_remat} ({workers} parallel compiles)")
         probes = dict(zip(map(_mesh_str, survivors), pool.map(
@@ -1278,6 +1311,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         fit_probes = sorted((c for c in probes.values() if c is not None and c.fits),
                             key=lambda c: c.step_ms)
         finalists = [c.mesh for c in fit_probes[:mesh_finalists]]
+        with lock:
+            planned["n"] -= finalist_reserve - sum(budget(m) for m in finalists)
         pruning.append(f"{len(survivors)} probed at per-device batch 1 with {probe_remat} remat, "
                        f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further.")
 
@@ -1285,17 +1320,12 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         def search_mesh(m: dict[str, int]) -> None:
             lb = local_batch(m)
             sizes = _divisors_upto(lb)
-            hi = len(sizes) - 1
-            # At most one try and a bisection per policy: counted ahead for the time left.
-            budget = len(policies) * (1 + math.ceil(math.log2(len(sizes))))
             used = [0]
-            with lock:
-                planned["n"] += budget
             try:
-                walk(m, lb, sizes, hi, used)
+                walk(m, lb, sizes, len(sizes) - 1, used)
             finally:
                 with lock:
-                    planned["n"] -= budget - used[0]
+                    planned["n"] -= budget(m) - used[0]
 
         def walk(m: dict[str, int], lb: int, sizes: list[int], hi: int, used: list[int]) -> None:
             for remat in policies:
@@ -1323,10 +1353,10 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                        "the policies).")
 
         # 4. the other attention implementation at the best configurations
-        others = [a for a in attns if a != probe_attn]
+        best = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:3] if others else []
+        with lock:
+            planned["n"] -= attention_reserve - len(best) * len(others)
         if others:
-            best = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:3]
-            planned["n"] += len(best) * len(others)
             list(pool.map(lambda ca: evaluate(ca[0].mesh, ca[0].per_device_batch, ca[0].grad_accum,
                                               ca[0].remat, ca[1]),
                           [(c, a) for c in best for a in others]))

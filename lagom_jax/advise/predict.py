@@ -20,31 +20,38 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from lagom_jax import job as job_lib
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.cluster.nccl_env import NcclEnv
+from lagom_jax.plan.nccl_settings import SYMMETRIC_BUFFERS
 from lagom_jax.models import attention as attention_lib
 from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile
 
-__all__ = ["COMPILE_PRICED_FLAGS", "hlo_step_job", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
-           "train_step_job", "train_step_source"]
+__all__ = ["COMPILE_PRICED_FLAGS", "RUNTIME_PRICED_FLAGS", "PricingWarning", "hlo_step_job", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
+           "train_step_job", "train_step_source", "warn_unpriced"]
 
 FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
 MESH_AXES = ("data", "fsdp", "model", "expert")
+# Flags that change how NCCL runs the program, not the program: priced through the
+# cluster's NCCL settings (``NcclEnv``). Symmetric buffers: XLA puts collective buffers in
+# collective memory and registers them as NCCL symmetric windows; with
+# ``NCCL_CTA_POLICY=2`` (which XLA never sets itself, ``nccl_env``) all-gathers and
+# all-to-alls inside a node then run on the copy engines, holding no SM. User buffers:
+# ``ncclCommRegister`` (zero-copy); no SM or time change the model can price.
+RUNTIME_PRICED_FLAGS = frozenset({"xla_gpu_experimental_enable_nccl_symmetric_buffers",
+                                  "xla_gpu_enable_nccl_user_buffers"})
 # Flags that change the program XLA compiles, so compiling with them prices them: the
 # module the cost model reads is the one they make. The NCCL channel cap changes no
-# program; it caps the cost model's NCCL channels instead. Symmetric buffers change no
-# program either; they are priced only through ``NCCL_CTA_POLICY=2`` (``nccl_env``), which
-# assumes them.
+# program; it caps the cost model's NCCL channels instead.
 COMPILE_PRICED_FLAGS = frozenset(
     name for name, spec in flags_lib.KNOWN_FLAGS.items()
     if spec.per_compile and name not in ("xla_gpu_nccl_collective_max_nchannels",
                                          "xla_gpu_nccl_p2p_max_nchannels",
-                                         "xla_gpu_experimental_enable_nccl_symmetric_buffers",
-                                         "xla_gpu_pgle_accuracy_checker")
+                                         "xla_gpu_pgle_accuracy_checker", *RUNTIME_PRICED_FLAGS)
 ) | {"xla_gpu_enable_triton_gemm", "xla_disable_hlo_passes",
      # Compile-time only: stands in for custom calls without a handler here, which the
      # cost model prices from the calls themselves (``custom_calls``); it never reaches a
@@ -53,26 +60,30 @@ COMPILE_PRICED_FLAGS = frozenset(
 MODEL_PRICED_FLAGS = frozenset({"xla_gpu_nccl_collective_max_nchannels"})
 
 
-def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], int | None]:
-    """(compile options, NCCL channel cap) of ``xla_flags``; ValueError on a flag the cost
-    model cannot price (it would be silently ignored otherwise), FlagError (a ValueError) on
-    one the installed XLA lacks."""
+def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], int | None, dict[str, bool]]:
+    """(compile options, NCCL channel cap, runtime flags by name) of ``xla_flags``;
+    ValueError on a flag the cost model cannot price (it would be silently ignored
+    otherwise), FlagError (a ValueError) on one the installed XLA lacks."""
     options: dict[str, Any] = {}
     cap = None
+    runtime: dict[str, bool] = {}
     for name, value in (xla_flags or {}).items():
         name = name.removeprefix("--")
         if name in MODEL_PRICED_FLAGS:
             cap = int(value)
+        elif name in RUNTIME_PRICED_FLAGS:
+            runtime[name] = value.strip().lower() in ("true", "1") if isinstance(value, str) else bool(value)
         elif name in COMPILE_PRICED_FLAGS:
             options[name] = value
         else:
             raise ValueError(
                 f"xla flag {name!r} cannot be priced: the cost model sees a flag only through the "
-                f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}) or as "
-                f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))})")
+                f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}), as "
+                f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))}) or through NCCL's "
+                f"settings ({', '.join(sorted(RUNTIME_PRICED_FLAGS))})")
     # Spelled for the installed XLA: a user's xla_gpu_enable_pipelined_* compiles as jaxlib
     # 0.11's xla_gpu_pipeline_* there, and a flag it has neither way is refused by name.
-    return (flags_lib.installed_options(options) if options else options), cap
+    return (flags_lib.installed_options(options) if options else options), cap, runtime
 
 
 def _check_strategy(strategy: str) -> None:
@@ -81,15 +92,38 @@ def _check_strategy(strategy: str) -> None:
 
 
 def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
-                        nccl_env: Mapping[str, str] | None) -> hardware_lib.HardwareProfile:
-    """``hw`` running with the NCCL channel cap and NCCL environment of a prediction."""
+                        nccl_env: Mapping[str, str] | None,
+                        runtime: Mapping[str, bool] | None = None) -> hardware_lib.HardwareProfile:
+    """``hw`` running with the NCCL channel cap, NCCL environment and runtime XLA flags of a
+    prediction; a warning says where a setting the user gave changes nothing priced."""
+    runtime = runtime or {}
     if cap is not None:
         if cap < 1:
             raise ValueError(f"xla_gpu_nccl_collective_max_nchannels must be >= 1 to price, got {cap}")
         hw = dataclasses.replace(hw, nccl_channels=min(cap, hw.nccl_channels))
-    if nccl_env:
-        hw = dataclasses.replace(hw, nccl_env=NcclEnv.from_environ(nccl_env))
+    symmetric = runtime.get(SYMMETRIC_BUFFERS, hw.nccl_env.symmetric_buffers)
+    env = NcclEnv.from_environ(nccl_env, symmetric_buffers=symmetric) if nccl_env else dataclasses.replace(
+        hw.nccl_env, symmetric_buffers=symmetric)
+    hw = dataclasses.replace(hw, nccl_env=env)
+    if env.zero_cta and not env.symmetric_buffers:
+        warnings.warn(f"NCCL_CTA_POLICY=2 without {SYMMETRIC_BUFFERS}=true moves no collective to the copy "
+                      "engines (NCCL runs zero-CTA only on buffers registered as symmetric windows, which "
+                      "XLA registers only under that flag): priced as NCCL's default kernels",
+                      PricingWarning, stacklevel=3)
+    elif runtime.get(SYMMETRIC_BUFFERS) and not env.zero_cta:
+        warnings.warn(f"{SYMMETRIC_BUFFERS}=true without NCCL_CTA_POLICY=2 (XLA never sets the policy): NCCL "
+                      "runs its symmetric kernels (all-gather, and sum all-reduce/reduce-scatter on floats, "
+                      "inside one NVLink domain), which the model does not price: predicted as its default "
+                      "kernels; with NCCL_CTA_POLICY=2 all-gathers and all-to-alls inside a node run on the "
+                      "copy engines (priced)", PricingWarning, stacklevel=3)
+    if runtime.get("xla_gpu_enable_nccl_user_buffers"):
+        warnings.warn("xla_gpu_enable_nccl_user_buffers=true registers collective buffers with NCCL "
+                      "(zero-copy); the model prices no change from it", PricingWarning, stacklevel=3)
     return hw
+
+
+class PricingWarning(UserWarning):
+    """A setting the user gave is priced as changing nothing, and why."""
 
 
 def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
@@ -228,9 +262,9 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
     """The contract's step through the pipeline: a ``job.Job`` whose Plan holds the
     predicted step of ``strategy`` and of ``xla-default`` (``Job.predicted_ms``), and the
     compile and search behind them. ``dims``: the contract's other keywords."""
-    options, cap = _split_flags(xla_flags)
+    options, cap, runtime = _split_flags(xla_flags)
     source = train_step_source(family, **dims, compiler_options=options)
-    hw = _with_nccl_settings(_cluster(hardware, math.prod(source.shape().values())), cap, nccl_env)
+    hw = _with_nccl_settings(_cluster(hardware, math.prod(source.shape().values())), cap, nccl_env, runtime)
     compiled = job_lib.compile_source(source, hw)
     if compiled.warnings:
         raise gpu_compile.DevicelessUnavailable(
@@ -239,14 +273,23 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
     return job_lib.plan_compiled(compiled, strategy=strategy, baselines=("xla-default",), verify=False)
 
 
-def repredict_ms(job: Any, *, nccl_env: Mapping[str, str] | None = None, strategy: str = "xla-default") -> float:
+def repredict_ms(job: Any, *, nccl_env: Mapping[str, str] | None = None,
+                 xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default") -> float:
     """The step of ``job`` (``train_step_job``, ``job.run``) predicted again under the NCCL
-    settings ``nccl_env`` (replacing the cluster's): they change no program, so the module
-    compiled once is planned again and nothing is compiled. What ``predict_train_step_ms``
-    with ``nccl_env`` gives, at the cost of one search."""
+    settings ``nccl_env`` (replacing the cluster's) and the XLA flags that change no program
+    (``RUNTIME_PRICED_FLAGS``, e.g. symmetric buffers): the module compiled once is planned
+    again and nothing is compiled. What ``predict_train_step_ms`` with them gives, at the
+    cost of one search. ValueError for a flag that would change the program."""
     _check_strategy(strategy)
+    program = sorted(n for n in (xla_flags or {}) if n.removeprefix("--") not in RUNTIME_PRICED_FLAGS)
+    if program:
+        raise ValueError(f"{', '.join(program)} would change the compiled program: predict it with "
+                         "predict_train_step_ms(xla_flags=...), which compiles it in")
+    _, _, runtime = _split_flags(xla_flags)
     compiled = job.compiled
-    hw = dataclasses.replace(compiled.hardware, nccl_env=NcclEnv.from_environ(nccl_env or {}))
+    base = dataclasses.replace(compiled.hardware, nccl_env=dataclasses.replace(
+        NcclEnv(), symmetric_buffers=compiled.hardware.nccl_env.symmetric_buffers))
+    hw = _with_nccl_settings(base, None, nccl_env, runtime)
     again = job_lib.plan_compiled(dataclasses.replace(compiled, hardware=hw), strategy=strategy,
                                   baselines=("xla-default",), verify=False)
     return again.predicted_ms(strategy)
@@ -271,7 +314,7 @@ def predict_hlo_step_ms(path: str | os.PathLike[str], *, hardware: str | hardwar
     """
     done = hlo_step_job(path, hardware=hardware, nodes=nodes, xla_flags=xla_flags, strategy=strategy,
                         nccl_env=nccl_env)
-    _warn_unpriced(done, os.fspath(path))
+    warn_unpriced(done, os.fspath(path))
     return done.predicted_ms(strategy)
 
 
@@ -284,18 +327,18 @@ def hlo_step_job(path: str | os.PathLike[str], *, hardware: str | hardware_lib.H
     _check_strategy(strategy)
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
-    options, cap = _split_flags(xla_flags)
+    options, cap, runtime = _split_flags(xla_flags)
     unoptimized, why = hlo_compile.classify(text) if options else (True, "")
     if not unoptimized:
         raise ValueError(f"{os.fspath(path)} is already compiled ({why}); flags that change the "
                          f"program ({', '.join(sorted(options))}) cannot apply to it")
     # A module before optimization grows a one-node cluster to its device count (job.HloSource).
-    hw = _with_nccl_settings(hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware, cap, nccl_env)
+    hw = _with_nccl_settings(hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware, cap, nccl_env, runtime)
     source = job_lib.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))
     return job_lib.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False)
 
 
-def _warn_unpriced(done: Any, where: str) -> None:
+def warn_unpriced(done: Any, where: str) -> None:
     """Name the custom calls a prediction could not price (``custom_calls.UnpricedWarning``)."""
     import warnings
 

@@ -16,13 +16,19 @@ price as nothing; a setting that leaves a collective no algorithm the model know
 ValueError, as is NCCL 2.24's per-collective syntax (``allreduce:tree``), not priced yet.
 
 ``NCCL_CTA_POLICY=2`` (NCCL 2.28's zero-CTA policy, ``NCCL_CTA_POLICY_ZERO``: "zero CTA
-whenever it can", docs.nvidia.com/deeplearning/nccl ``api/flags``) prices the collectives
-that only move data (``COPY_ENGINE_KINDS``) inside one NVLink domain as copy-engine
-transfers that hold no SM; their time is assumed unchanged (no published copy-engine
-bandwidth beside NCCL's). NCCL does this only on buffers registered as symmetric windows,
-which XLA asks for with ``--xla_gpu_experimental_enable_nccl_symmetric_buffers=true``; the
-price assumes both. Policy 1 (efficiency) is not priced: the model has no account of how
-NCCL trims CTAs under it.
+whenever it can", docs.nvidia.com/deeplearning/nccl ``api/flags``) hands the collectives
+that only move data (``COPY_ENGINE_KINDS``) inside one NVLink domain to the copy engines,
+which hold no SM; their time is assumed unchanged (no published copy-engine bandwidth
+beside NCCL's). NCCL does this only on buffers registered as symmetric windows
+(NVIDIA/nccl ``src/ce_coll.cc``: a symmetric receive window, CUDA driver 12.5+), which XLA
+registers under ``--xla_gpu_experimental_enable_nccl_symmetric_buffers=true``
+(``symmetric_buffers``). XLA never sets the policy itself: ``AsNcclConfig``
+(openxla/xla ``xla/backends/gpu/collectives/nccl_collectives.cc``) sets only ``blocking``,
+``splitShare`` and ``maxCTAs`` in every jaxlib this project reads (0.9.0 to 0.12.0.1; a
+proposal to set it with symmetric buffers, openxla/xla PR #33613, was closed unmerged).
+So the copy engines run only with both the XLA flag and the variable; either alone
+moves no collective off the SMs. Policy 1 (efficiency) is not priced: the model has no
+account of how NCCL trims CTAs under it.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ class NcclEnv:
     protocols: tuple[str, ...] = ()
     nvls: bool = True
     zero_cta: bool = False
+    # XLA's --xla_gpu_experimental_enable_nccl_symmetric_buffers: collective buffers in
+    # collective memory, registered as NCCL symmetric windows (not an NCCL variable).
+    symmetric_buffers: bool = False
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -75,9 +84,10 @@ class NcclEnv:
         return not self.protocols or protocol in self.protocols
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str]) -> NcclEnv:
-        """The settings of ``env`` (e.g. ``{"NCCL_PROTO": "^LL128"}``); ValueError names a
-        variable or value the model cannot price."""
+    def from_environ(cls, env: Mapping[str, str], *, symmetric_buffers: bool = False) -> NcclEnv:
+        """The settings of ``env`` (e.g. ``{"NCCL_PROTO": "^LL128"}``), on buffers XLA registers
+        as symmetric windows where ``symmetric_buffers``; ValueError names a variable or value
+        the model cannot price."""
         unknown = sorted(set(env) - set(PRICED_VARIABLES))
         if unknown:
             raise ValueError(f"NCCL settings {unknown} cannot be priced (priced: {', '.join(PRICED_VARIABLES)})")
@@ -90,7 +100,8 @@ class NcclEnv:
         if policy not in ("0", "2"):
             raise ValueError(f"NCCL_CTA_POLICY={policy!r}: priced are 0 (default) and 2 (zero-CTA); "
                              "1 (efficiency) is not priced")
-        made = cls(algorithms=algorithms, protocols=protocols, nvls=nvls != "0", zero_cta=policy == "2")
+        made = cls(algorithms=algorithms, protocols=protocols, nvls=nvls != "0", zero_cta=policy == "2",
+                   symmetric_buffers=symmetric_buffers)
         if algorithms and not any(made.allows_algorithm(a) for a in ALGORITHMS):
             raise ValueError(f"NCCL_ALGO={env['NCCL_ALGO']!r} with NCCL_NVLS_ENABLE={nvls} leaves no "
                              "algorithm the model prices (ring, tree, nvls)")
@@ -110,11 +121,13 @@ class NcclEnv:
         return out
 
     def copy_engine(self, kind: str, nodes: int) -> bool:
-        """Whether a ``kind`` collective spanning ``nodes`` runs on the copy engines."""
-        return self.zero_cta and kind in COPY_ENGINE_KINDS and nodes <= 1
+        """Whether a ``kind`` collective spanning ``nodes`` runs on the copy engines: the
+        zero-CTA policy on symmetric windows, inside one node."""
+        return self.zero_cta and self.symmetric_buffers and kind in COPY_ENGINE_KINDS and nodes <= 1
 
     def describe(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.as_environ().items()) or "NCCL's defaults"
+        text = " ".join(f"{k}={v}" for k, v in self.as_environ().items()) or "NCCL's defaults"
+        return text + (" on XLA's symmetric buffers" if self.symmetric_buffers else "")
 
 
 _NCCL_SPELLING = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS"}

@@ -38,6 +38,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from lagom_jax import search
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.nccl_env import NcclEnv
 from lagom_jax.costs import cost
@@ -82,7 +83,7 @@ def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> list[st
     kinds = set()
     for t in step.collectives:
         shape = collective_shape(t, step.num_devices, hw.gpus_per_node)
-        if setting.env.zero_cta != hw.nccl_env.zero_cta and setting.env.copy_engine(t.kind, shape.nodes):
+        if setting.env.copy_engine(t.kind, shape.nodes) != hw.nccl_env.copy_engine(t.kind, shape.nodes):
             kinds.add(t.kind)
         if setting.env.nvls != hw.nccl_env.nvls and cost.nvls_shape(t.kind, shape.ranks, shape.nodes):
             kinds.add(t.kind)
@@ -93,9 +94,9 @@ def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
     """The settings worth pricing on ``hw`` beside its own."""
     base = hw.nccl_env
     out = []
-    if not base.zero_cta and hw.intra_link == "nvlink" and hw.gpus_per_node > 1:
+    if not (base.zero_cta and base.symmetric_buffers) and hw.intra_link == "nvlink" and hw.gpus_per_node > 1:
         out.append(Setting("zero-CTA collectives (NCCL_CTA_POLICY=2, symmetric buffers)",
-                           dataclasses.replace(base, zero_cta=True),
+                           dataclasses.replace(base, zero_cta=True, symmetric_buffers=True),
                            (XlaFlag(SYMMETRIC_BUFFERS, True),), "NCCL 2.28 or later"))
     if hw.nvls_channels > 0:
         name = "NVLS off (NCCL_NVLS_ENABLE=0)" if base.nvls else "NVLS on (NCCL_NVLS_ENABLE=1)"
@@ -151,7 +152,8 @@ def with_setting(plan: Plan, setting: Setting, hw: HardwareProfile) -> Plan:
 
 
 def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, strategy: str,
-           fingerprint: str = "", log: Callable[[str], None] = lambda _: None) -> Outcome:
+           fingerprint: str = "", log: Callable[[str], None] = lambda _: None,
+           space: search.Space = search.Space()) -> Outcome:
     """Plan ``step`` again under each candidate setting; keep the fastest above the floor.
 
     ``planned`` is the step planned under ``hw``'s own settings; its baselines stay as they
@@ -168,18 +170,19 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
         log(f"NCCL settings: pricing {setting.name} ({', '.join(kinds)}) ...")
         try:
             again = planning.plan(step, dataclasses.replace(hw, nccl_env=setting.env), strategy=strategy,
-                                  baselines=(), fingerprint=fingerprint)
+                                  baselines=(), fingerprint=fingerprint, space=space)
         except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
             decisions.append((setting.name, f"not priced: {err}"))
             continue
         us = again.plan.makespan_us
         gain = 1.0 - us / base_us
-        verdict = "taken" if gain >= SETTING_FLOOR else f"not taken: below the {SETTING_FLOOR:.1%} floor"
+        verdict = "taken" if gain >= SETTING_FLOOR else (f"not taken: below the {1 / (1 - SETTING_FLOOR):.3f}x floor "
+                                                 f"({SETTING_FLOOR:.1%} of the step)")
         extra = ""
-        if setting.env.zero_cta and not hw.nccl_env.zero_cta:
+        if setting.env.symmetric_buffers and not hw.nccl_env.symmetric_buffers:
             extra = f"; memory up to +{human_bytes(memory_overhead_bytes(step))} (buffers rounded to 2 MiB)"
         decisions.append((setting.name, f"step {base_us / 1e3:.3f} -> {us / 1e3:.3f} ms predicted "
-                          f"({gain:+.2%}; changes {', '.join(kinds)}); {verdict}{extra}; needs {setting.needs}"))
+                          f"({base_us / us:.4f}x speedup; changes {', '.join(kinds)}); {verdict}{extra}; needs {setting.needs}"))
         if gain >= SETTING_FLOOR and (best is None or us < best[0]):
             best = (us, setting, again)
     if best is None:

@@ -22,7 +22,7 @@ from lagom_jax.program.graph import StepGraph
 
 # Bumped whenever a Plan's content or meaning changes: cached plans of another version
 # are never read (PlanCache keys include it).
-VERSION = "0.4.0"
+VERSION = "0.5.0"
 BASELINES = ("xla-default", "recipe", "autoccl")
 
 
@@ -56,7 +56,11 @@ def plan(graph: StepGraph, hardware: HardwareProfile, *, strategy: str = "lagom"
                for name in dict.fromkeys((strategy, *baselines))}
     made = plan_of(results, strategy, hardware, module=graph.name, fingerprint=fingerprint)
     if strategy == "lagom":
-        made = dataclasses.replace(made, min_gain=space.min_gain)
+        held_back = 0.0
+        if space.min_gain != 0:
+            eager = search.run_strategy("lagom", graph, hardware, dataclasses.replace(space, min_gain=0.0))
+            held_back = max(0.0, results[strategy].makespan_us - eager.makespan_us)
+        made = dataclasses.replace(made, min_gain=space.min_gain, held_back_us=held_back)
     return Planned(made, results)
 
 

@@ -69,6 +69,9 @@ class Plan:
     # its own time (the search's ``Space.min_gain``; None: the model's measured error for a
     # collective of its size and span, ``collective_tables.measured_error``; 0: no floor).
     min_gain: float | None = 0.0
+    # How much shorter (us) the step is predicted with every gain taken (the same search at
+    # min_gain 0): what that floor held back. 0 when it held back nothing.
+    held_back_us: float = 0.0
     # (subject, decision and why) of choices about the program made before the search,
     # e.g. CommFuse rings for a built-in model's MLP (``lagom-jax tune --commfuse``).
     decisions: tuple[tuple[str, str], ...] = ()
@@ -77,6 +80,11 @@ class Plan:
     nccl_settings: tuple[tuple[str, str], ...] = ()
 
     # -- what the plan predicts --------------------------------------------------------
+    @property
+    def cluster(self) -> str:
+        """The cluster every prediction of the plan is for, as its lines name it."""
+        return f"{self.hardware} ({self.nodes} node(s) x {self.gpus_per_node} GPUs)"
+
     @property
     def makespan_us(self) -> float:
         return dict(self.predicted_us)[self.strategy]
@@ -98,9 +106,8 @@ class Plan:
         """
         times = dict(self.predicted_us)
         lines = [
-            f"lagom-jax plan for {self.module} on {self.hardware} "
-            f"({self.nodes} node(s) x {self.gpus_per_node} GPUs), strategy {self.strategy}",
-            f"predicted step {self.makespan_us / 1e3:.3f} ms; overlap bound "
+            f"lagom-jax plan for {self.module} on {self.cluster}, strategy {self.strategy}",
+            f"predicted step on {self.hardware} {self.makespan_us / 1e3:.3f} ms; overlap bound "
             f"{self.bound_us / 1e3:.3f} ms (efficiency {self.bound_us / self.makespan_us:.1%})",
         ]
         others = [n for n in times if n != self.strategy]
@@ -108,6 +115,11 @@ class Plan:
             lines.append("speedup: " + ", ".join(
                 f"{self.speedup_over(n):.3f}x over {n} ({times[n] / 1e3:.3f} ms)" for n in others))
         lines.append(f"search: {self.evaluations} evaluations in {self.search_seconds:.2f} s")
+        if self.held_back_us > 0:
+            eager = self.makespan_us - self.held_back_us
+            lines.append(f"the floor on per-collective changes (the model's error) held back a "
+                         f"{self.makespan_us / eager:.4f}x speedup ({self.held_back_us:.1f} us): taking every "
+                         f"predicted gain gives {eager / 1e3:.3f} ms (--min-gain 0, Space(min_gain=0))")
         lines += [f"{subject}: {decision}" for subject, decision in self.decisions]
         if self.nccl_settings:
             lines.append("NCCL settings for every rank: " + " ".join(f"{k}={v}" for k, v in self.nccl_settings))

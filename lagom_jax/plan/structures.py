@@ -132,7 +132,7 @@ def _why(before: planning.Planned, after: planning.Planned, kinds: tuple[str, ..
 def search(text: str, planned: planning.Planned, hw: HardwareProfile,
            recompile: Callable[[Mapping[str, Any]], str], *, strategy: str,
            baselines: tuple[str, ...], log: Callable[[str], None] = lambda _: None,
-           candidates: tuple[Candidate, ...] = CANDIDATES) -> Outcome:
+           candidates: tuple[Candidate, ...] = CANDIDATES, space: search_lib.Space = search_lib.Space()) -> Outcome:
     """Greedy structure search from the module ``text`` (compiled with no structure flags)
     and its ``planned`` search; ``recompile(options)`` compiles the same step with options."""
     cache: dict[tuple[str, tuple[XlaFlag, ...]], str | Exception] = {}
@@ -186,14 +186,15 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
         trial_planned = planning.plan(graph_lib.from_hlo_text(trial_text), hw, strategy=strategy,
                                       baselines=baselines,
                                       fingerprint=hashlib.sha256(trial_text.encode()).hexdigest(),
-                                      space=search_lib.Space(default_combine_kinds=tuple(sorted(apart))))
+                                      space=dataclasses.replace(space, default_combine_kinds=tuple(sorted(apart))))
         before, after = best.plan.makespan_us, trial_planned.plan.makespan_us
-        change = f"predicted step {before / 1e3:.3f} -> {after / 1e3:.3f} ms ({after / before - 1:+.1%})"
+        change = f"predicted step {before / 1e3:.3f} -> {after / 1e3:.3f} ms ({before / after:.3f}x speedup)"
         change += _why(best, trial_planned, cand.kinds)
         if after < before * (1 - MIN_GAIN):
             chosen, best_text, best = trial, trial_text, trial_planned
             decisions.append((subject, f"taken: {change}"))
         else:
-            decisions.append((subject, f"left: {change}, not {MIN_GAIN:.0%} shorter"))
+            decisions.append((subject, f"left: {change}, below the {1 / (1 - MIN_GAIN):.3f}x floor "
+                                       f"({MIN_GAIN:.0%} of the step)"))
     decisions.append(("structure search", f"{compiles} compile(s) in {seconds:.1f} s"))
     return Outcome(chosen, best_text, best, tuple(decisions), compiles, seconds)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -47,7 +48,7 @@ from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.program import custom_calls, gpu_compile, hlo as hlo_lib, jax_internals
 
 __all__ = ["COLLECTIVE_OPCODES", "HloCompileError", "Layout", "classify", "compile_options",
-           "compile_unoptimized", "layout", "partitions", "portable_text"]
+           "compile_unoptimized", "cpu_compiled", "layout", "partitions", "portable_text"]
 
 
 class HloCompileError(ValueError):
@@ -123,23 +124,83 @@ def _max_device_id(module: hlo_lib.Module) -> int:
     return top
 
 
+# A tiled sharding's tile assignment (``devices=[8,1]<=[8]``, ``devices=[2,4]0,1,...``,
+# ``devices=[1,1,8]<=[8] last_tile_dim_replicate``): its dims multiply to its device count.
+_TILED = re.compile(r"devices=\[([\d,]+)\]")
+_MAXIMAL = re.compile(r"maximal device=(\d+)")
+# A Shardy mesh in the header's frontend attributes: ``#sdy.mesh<["data"=8, "model"=2]>``.
+_SDY_MESH = re.compile(r"#sdy\.mesh<\[([^\]]*)\]")
+_SDY_AXIS = re.compile(r'=\s*(\d+)')
+
+
+def _sharding_devices(module: hlo_lib.Module) -> int:
+    """The most devices any sharding annotation or Shardy mesh of the module names (0: none).
+
+    A module before SPMD partitioning (``lowered.as_text(dialect="hlo")``) states its device
+    count only here: its header has no ``num_partitions`` and its collectives are still to be
+    made by the partitioner.
+    """
+    top = 0
+    texts = [module.attributes.get("frontend_attributes", "")]
+    for inst in _instructions(module):
+        sharding = inst.attributes.get("sharding")
+        if sharding:
+            texts.append(sharding)
+    for text in texts:
+        for dims in _TILED.findall(text):
+            top = max(top, math.prod(int(d) for d in dims.split(",") if d))
+        for device in _MAXIMAL.findall(text):
+            top = max(top, int(device) + 1)
+        for axes in _SDY_MESH.findall(text):
+            top = max(top, math.prod(int(n) for n in _SDY_AXIS.findall(axes)))
+    return top
+
+
 def partitions(text: str | hlo_lib.Module, override: int | None = None) -> int:
     """How many devices the module was written for.
 
-    ``override`` when given (>= 1). Else the larger of the header's device count
-    (``replica_count`` x ``num_partitions``, each 1 when absent) and one more than the
-    largest device id in any collective's ``replica_groups`` (every printed form:
-    explicit, iota, mesh) or ``source_target_pairs``. The groups decide for modules whose
+    ``override`` when given (>= 1). Else the largest of the header's device count
+    (``replica_count`` x ``num_partitions``, each 1 when absent), one more than the largest
+    device id in any collective's ``replica_groups`` (every printed form: explicit, iota,
+    mesh) or ``source_target_pairs``, and the devices its sharding annotations or Shardy
+    mesh name (``sharding={devices=[8,1]<=[8]}``: 8). The groups decide for modules whose
     header says nothing (XLA's Llama 3.1 70B benchmark has no ``num_partitions``; its
-    groups ``[2,64]<=[128]`` say 128); an empty ``replica_groups={}`` (all devices) says
-    nothing.
+    groups ``[2,64]<=[128]`` say 128); the shardings for a step JAX lowered but did not
+    partition (``lowered.as_text(dialect="hlo")``); an empty ``replica_groups={}`` (all
+    devices) says nothing.
     """
     if override is not None:
         if override < 1:
             raise ValueError(f"partitions must be >= 1, got {override}")
         return int(override)
     module = _module(text)
-    return max(module.num_devices, _max_device_id(module) + 1)
+    return max(module.num_devices, _max_device_id(module) + 1, _sharding_devices(module))
+
+
+# What only XLA:CPU's pipeline writes: its backend configs (``outer_dimension_partitions``,
+# ``fusion_config``: xla/service/cpu/backend_config.proto; XLA:GPU's are
+# ``operation_queue_id``/``fusion_backend_config``, xla/service/gpu/backend_configs.proto)
+# and its library calls (oneDNN, XNNPACK/YNNPACK fusions).
+_CPU_BACKEND_KEYS = ('"outer_dimension_partitions"', '"fusion_config"')
+_CPU_CUSTOM_CALL = re.compile(r"^(__onednn\$|__xnn|__ynn)")
+
+
+def cpu_compiled(text: str | hlo_lib.Module) -> str:
+    """Why ``text`` is a module XLA:CPU compiled ("" when nothing says so).
+
+    On a host without a GPU, ``jit(f).lower(...).compile().as_text()`` is XLA:CPU's module:
+    its fusions, layouts and collectives are the CPU backend's, not the program a GPU runs.
+    """
+    for inst in _instructions(_module(text)):
+        config = inst.attributes.get("backend_config", "")
+        for key in _CPU_BACKEND_KEYS:
+            if key in config:
+                return f"{inst.name} has XLA:CPU's backend config {key} (line {inst.line})"
+        if inst.opcode == "custom-call" or inst.attributes.get("kind") == "kCustom":
+            target = inst.attributes.get("custom_call_target", "").strip('"')
+            if _CPU_CUSTOM_CALL.match(target):
+                return f"{inst.name} calls {target}, an XLA:CPU library (line {inst.line})"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import itertools
 import math
@@ -181,36 +182,37 @@ def _base_structure(space: Space, structure: Structure) -> Structure:
     return dataclasses.replace(s, thresholds=thresholds_of(kept))
 
 
-def _xla_default(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
-    started = time.perf_counter()
-    ev = Evaluator(graph, hw, space)
-    s = _base_structure(space, xla_default_structure(hw))
-    params = _policy_params(ev, s, "nccl")
-    return _finish("xla-default", ev, s, params, started, {c: "NCCL's own choice (XLA defaults)" for c in params})
-
-
-def _recipe(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
-    started = time.perf_counter()
-    ev = Evaluator(graph, hw, space)
-    params = _policy_params(ev, RECIPE_STRUCTURE, "nccl")
-    return _finish("recipe", ev, RECIPE_STRUCTURE, params, started,
-                   {c: "NCCL's own choice (MaxText recipe flags)" for c in params})
-
-
-def _autoccl(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
-    started = time.perf_counter()
-    ev = Evaluator(graph, hw, space)
-    s = _base_structure(space, xla_default_structure(hw))
-    params = _policy_params(ev, s, "fastest")
-    tuned = ev.tuned(s)
-    # AutoCCL tries candidates on the running job: one measurement per candidate.
-    ev.evaluations += sum(len(ev.candidates(t)) for t in tuned)
-    reasons = {
-        t.id: f"fastest alone ({ev.time(t, params[t.id]):.1f} us; NCCL's pick "
-        f"{ev.time(t, ev.default(t)):.1f} us), blind to the compute it slows"
-        for t in tuned
+# The baselines: (structure, policy) on a step's hardware. lagom starts from the fastest.
+def _baseline_setup(hw: HardwareProfile) -> dict[str, tuple[Structure, str]]:
+    return {
+        "xla-default": (xla_default_structure(hw), "nccl"),
+        "recipe": (RECIPE_STRUCTURE, "nccl"),
+        "autoccl": (xla_default_structure(hw), "fastest"),
     }
-    return _finish("autoccl", ev, s, params, started, reasons)
+
+
+_BASELINE_REASONS = {
+    "xla-default": "NCCL's own choice (XLA defaults)",
+    "recipe": "NCCL's own choice (MaxText recipe flags)",
+}
+
+
+def _baseline(name: str, graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
+    started = time.perf_counter()
+    ev = Evaluator(graph, hw, space)
+    seed = _seed(ev, name, *_baseline_setup(hw)[name])
+    if name == "autoccl":
+        tuned = ev.tuned(seed.structure)
+        # AutoCCL tries candidates on the running job: one measurement per candidate.
+        ev.evaluations += sum(len(ev.candidates(t)) for t in tuned)
+        reasons = {
+            t.id: f"fastest alone ({ev.time(t, seed.params[t.id]):.1f} us; NCCL's pick "
+            f"{ev.time(t, ev.default(t)):.1f} us), blind to the compute it slows"
+            for t in tuned
+        }
+    else:
+        reasons = dict.fromkeys(seed.params, _BASELINE_REASONS[name])
+    return _finish(name, ev, seed.structure, seed.params, started, reasons)
 
 
 def _priority(ev: Evaluator, structure: Structure, params: Mapping[int, CollectiveParams],
@@ -279,25 +281,34 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
         params = _policy_params(ev, structure, seed.policy)
     structure, params, reasons = _tune_collectives(ev, structure, params, seed.label)
     structure, timeline = _tune_overlap(ev, structure, params, notes)
-    # Windows are local; never hand back something the whole step does worse on.
+    params, reasons, changed = one_choice_per_key(ev, structure, params, reasons)
+    if changed:
+        timeline = ev.full(structure, params)
+    # Windows are local and the tuner's keys merge choices: never hand back something the
+    # whole step does worse on than the baseline it started from.
     if _better(seed.makespan_us, timeline.makespan_us):
         notes.append(f"per-window choices lost on the whole step ({timeline.makespan_us:.1f} us); kept {seed.label}")
-        s = seed.structure
-        return _finish("lagom", ev, s, _policy_params(ev, s, seed.policy), started, {}, tuple(notes))
+        kept = dict.fromkeys(seed.params, f"the {seed.label} choice: the search's changes lost on the whole step")
+        return _finish("lagom", ev, seed.structure, seed.params, started, kept, tuple(notes))
     return _finish("lagom", ev, structure, params, started, reasons, tuple(notes), timeline)
 
 
+def _seed(ev: Evaluator, label: str, structure: Structure, policy: str) -> _Seed:
+    """A baseline's step as its strategy hands it back (one choice per tuner key)."""
+    s = _base_structure(ev.space, structure)
+    params, _, _ = one_choice_per_key(ev, s, _policy_params(ev, s, policy), {})
+    return _Seed(label, s, policy, ev.full(s, params).makespan_us, params)
+
+
 def _best_seed(ev: Evaluator) -> _Seed:
-    """Phase 1: the three baselines, the fastest first (ties: in this order)."""
-    seeds = []
-    for label, s0, policy in (
-        ("xla-default", xla_default_structure(ev.hw), "nccl"),
-        ("recipe", RECIPE_STRUCTURE, "nccl"),
-        ("autoccl", xla_default_structure(ev.hw), "fastest-floored"),
-    ):
-        s = _base_structure(ev.space, s0)
-        params = _policy_params(ev, s, policy)
-        seeds.append(_Seed(label, s, policy, ev.full(s, params).makespan_us, params))
+    """Phase 1: the fastest of the baselines, each exactly as its own strategy runs it, and
+    of autoccl held to lagom's floor (a collective keeps NCCL's pick unless its fastest
+    candidate beats it by more than the model's error). Ties go to the earlier one, so
+    lagom asks for no change a baseline as fast does without."""
+    setups = _baseline_setup(ev.hw)
+    seeds = [_seed(ev, name, *setups[name]) for name in ("xla-default", "recipe")]
+    seeds.append(_seed(ev, "autoccl-floored", setups["autoccl"][0], "fastest-floored"))
+    seeds.append(_seed(ev, "autoccl", *setups["autoccl"]))
     return min(seeds, key=lambda x: x.makespan_us)
 
 
@@ -516,9 +527,9 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
 
 
 _STRATEGY_FNS: dict[str, Callable[[StepGraph, HardwareProfile, Space], SearchResult]] = {
-    "xla-default": _xla_default,
-    "recipe": _recipe,
-    "autoccl": _autoccl,
+    "xla-default": functools.partial(_baseline, "xla-default"),
+    "recipe": functools.partial(_baseline, "recipe"),
+    "autoccl": functools.partial(_baseline, "autoccl"),
     "lagom": _lagom,
     "exhaustive": _exhaustive,
 }
