@@ -809,6 +809,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lagom-jax",
         description="Contention-aware tuning of communication/computation overlap for JAX.",
     )
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show XLA's own log lines (kept off the terminal by default)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add, _ in _SUBCOMMANDS.values():
         add(sub)
@@ -819,8 +821,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lagom-jax``; returns the exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
     if argv is None:  # the console script: a process of its own, whose stderr we may filter
-
-        quiet.filter_stderr()
+        quiet.filter_stderr(xla_logs=args.verbose)
     if argv is None and hasattr(signal, "SIGPIPE"):
         # `lagom-jax ... | head` should end quietly, like other command-line tools.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)

@@ -22,6 +22,9 @@ import tempfile
 # The two lines, and nothing else: absl's pre-init banner and cudart_stub's driver notice.
 NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
                    r"|I\d{4} [\d:.]+\s+\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine.*)$")
+# Any line of XLA's (absl's) C++ log: severity, date, time, thread, file:line] message, e.g.
+# "W0000 00:00:1795.. 5695 hlo_rematerialization.cc:3121] Can't reduce memory use below ...".
+XLA_LOG = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w./+-]+:\d+\] ")
 
 
 def import_jax_quietly() -> None:
@@ -49,13 +52,16 @@ def import_jax_quietly() -> None:
                 sys.stderr.flush()
 
 
-def filter_stderr() -> None:
-    """For the rest of this process, drop the start-up noise from file descriptor 2.
+def filter_stderr(*, xla_logs: bool = False) -> None:
+    """For the rest of this process, drop the start-up noise from file descriptor 2, and
+    XLA's own log lines unless ``xla_logs`` (the command line's ``--verbose``).
 
     The CUDA plugin logs its notice again when JAX's backends start, which happens at a
     different moment in every command, so the command line filters the whole process:
     file descriptor 2 becomes a pipe that a thread copies to the real stderr line by line,
-    leaving the noise out. At exit the pipe is drained before the process ends.
+    leaving the noise out. XLA's log lines (e.g. "Involuntary full rematerialization" from a
+    compile that does not fit) say nothing the command's own output does not; at exit one
+    line counts those kept off. At exit the pipe is drained before the process ends.
     """
     import atexit
     import threading
@@ -69,11 +75,18 @@ def filter_stderr() -> None:
     os.dup2(write_end, 2)
     os.close(write_end)
 
+    dropped = [0]
+
     def copy() -> None:
         with os.fdopen(read_end, "rb") as src:
             for line in src:
-                if not NOISE.match(line.decode(errors="replace").rstrip("\n")):
-                    os.write(real, line)
+                text = line.decode(errors="replace").rstrip("\n")
+                if NOISE.match(text):
+                    continue
+                if not xla_logs and XLA_LOG.match(text):
+                    dropped[0] += 1
+                    continue
+                os.write(real, line)
 
     thread = threading.Thread(target=copy, name="lagom-jax-stderr", daemon=True)
     thread.start()
@@ -85,5 +98,8 @@ def filter_stderr() -> None:
             pass
         os.dup2(real, 2)  # closes the pipe's last write end: the thread sees EOF
         thread.join(timeout=5)
+        if dropped[0]:
+            os.write(real, f"lagom-jax: {dropped[0]} log line(s) of XLA's kept off the terminal "
+                           "(--verbose shows them)\n".encode())
 
     atexit.register(drain)

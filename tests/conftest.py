@@ -18,3 +18,18 @@ except ImportError:
 if settings is not None:
     settings.register_profile("deterministic", derandomize=True, database=None)
     settings.load_profile("deterministic")
+
+
+# Random order, to show no test leans on another's leftovers: LAGOM_TEST_SHUFFLE=SEED runs
+# the collected tests shuffled by that seed (the header names it; rerun with it to repeat).
+def pytest_report_header(config):
+    seed = os.environ.get("LAGOM_TEST_SHUFFLE")
+    return f"lagom-jax: tests shuffled with LAGOM_TEST_SHUFFLE={seed}" if seed else None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    seed = os.environ.get("LAGOM_TEST_SHUFFLE")
+    if seed:
+        import random
+
+        random.Random(seed).shuffle(items)

@@ -187,3 +187,25 @@ def test_tune_min_gain_is_a_real_option(capsys):
     with pytest.raises(SystemExit) as err:
         cli.main(["tune", "--example", "--min-gain", "1.5"])
     assert err.value.code == 2 and "a fraction in [0, 1)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_xlas_log_lines_stay_off_the_terminal_unless_verbose(verbose):
+    import subprocess
+    import sys
+
+    # What a compile that does not fit logs from C++, then a warning of our own.
+    script = (
+        "import os\n"
+        "from lagom_jax import quiet\n"
+        f"quiet.filter_stderr(xla_logs={verbose})\n"
+        "os.write(2, b'W0000 00:00:1795.5 5695 hlo_rematerialization.cc:3121] Involuntary full rematerialization\\n')\n"
+        "os.write(2, b'E0000 00:00:1795.6 5695 gpu_compiler.cc:2104] something else\\n')\n"
+        "os.write(2, b'lagom-jax: warning: a line of ours\\n')\n"
+    )
+    err = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120).stderr
+    assert "a line of ours" in err
+    assert ("Involuntary full rematerialization" in err) == verbose
+    assert ("2 log line(s) of XLA's kept off the terminal (--verbose shows them)" in err) == (not verbose)
+    parser = cli.build_parser()
+    assert parser.parse_args(["--verbose", "tune", "--example"]).verbose

@@ -18,13 +18,15 @@ and predicts the step with ``simulate``. Strategies:
   NSDI'25; its code, gbxu/autoccl, times each collective's own kernel): compute beside
   it does not slow a collective in the model, so that is its fastest candidate, whatever
   it costs the compute it overlaps;
-* ``lagom`` - start from the best of the three above, where the autoccl seed keeps
-  NCCL's own parameters for a collective unless its fastest candidate is predicted
-  faster by more than ``Space.floor`` (the model's error, the same floor lagom's own
-  changes meet; at ``min_gain=0`` the seed is autoccl itself); tune the scheduler, windowed
-  einsum and the combine thresholds; rank collectives by priority (their effect on the
-  makespan: exposed time plus the compute they slow); tune each in turn over its
-  candidates with the others fixed, then its pipelining; then the overlap limit; accept
+* ``lagom`` - start from each of the three above, exactly as they run, and from autoccl
+  held to ``Space.floor`` (a collective keeps NCCL's own parameters unless its fastest
+  candidate is predicted faster by more than the model's error); from each, tune the
+  scheduler, windowed einsum and the combine thresholds; from the two that end shortest,
+  rank collectives by priority (their effect on the makespan: exposed time plus the
+  compute they slow), tune each in turn over its candidates with the others fixed (a
+  change must gain more than ``Space.floor``), then its pipelining; then the overlap
+  limit; keep the shortest end, and never one predicted slower than the fastest baseline;
+  accept
   only makespan gains. The ring steps of one windowed einsum share one set of params. The work
   is O(N x K) evaluations for N collectives with K candidates each: a collective is
   evaluated on the window of the step it can influence (the whole step when it is small);

@@ -42,6 +42,8 @@ SEGMENT_TASKS = 160
 # Candidates per collective evaluated in the coarse pass of lagom's scan.
 SCAN_COARSE = 8
 EXHAUSTIVE_LIMIT = 200_000
+# Starts (baselines after phases 2 and 4, shortest first) that phase 3 searches on from.
+FULL_STARTS = 2
 
 
 def _finish(
@@ -270,26 +272,53 @@ class _Seed:
 
 
 def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
-    """Lagom's priority-based search, in four phases; see the package docstring."""
+    """Lagom's priority-based search, in four phases; see the package docstring.
+
+    Phase 2 (the structure, a few dozen evaluations, most on a segment of a long step) runs
+    from every distinct baseline: they are greedy, one move at a time, so the fastest
+    start need not give the shortest end (a recipe's thresholds, or a floored autoccl that
+    contends less with compute, can end shorter). Phase 3, per collective and the costly
+    one, runs on from the FULL_STARTS starts that ended shortest, and the shortest end is
+    kept (of equal ends, the one from the shorter start). Nothing is handed back that the whole step
+    does worse on than the fastest baseline, so lagom is never predicted slower than one.
+    """
     started = time.perf_counter()
     ev = Evaluator(graph, hw, space)
-    seed = _best_seed(ev)
-    notes = [f"started from {seed.label} ({seed.makespan_us:.1f} us)"]
-    structure, params = seed.structure, dict(seed.params)
-    if space.tune_structure:
-        structure = _tune_structure(ev, seed, notes)
-        params = _policy_params(ev, structure, seed.policy)
-    structure, params, reasons = _tune_collectives(ev, structure, params, seed.label)
-    structure, timeline = _tune_overlap(ev, structure, params, notes)
-    params, reasons, changed = one_choice_per_key(ev, structure, params, reasons)
-    if changed:
-        timeline = ev.full(structure, params)
+    seeds = sorted(_seeds(ev), key=lambda x: x.makespan_us)  # stable: ties keep _seeds' order
+    fastest = seeds[0]
+    distinct: dict[tuple, _Seed] = {}
+    for seed in seeds:
+        distinct.setdefault((seed.structure, tuple(sorted(seed.params.items()))), seed)
+    starts = []
+    for seed in distinct.values():
+        notes = [f"started from {seed.label} ({seed.makespan_us:.1f} us)"]
+        structure = _tune_structure(ev, seed, notes) if space.tune_structure else seed.structure
+        params = _policy_params(ev, structure, seed.policy) if space.tune_structure else dict(seed.params)
+        starts.append((ev.full(structure, params).makespan_us, seed, structure, notes))
+    starts.sort(key=lambda x: x[0])
+    if len(starts) > 1:
+        starts[0][3].append("structure from each baseline: " + ", ".join(
+            f"{s.label} {ms:.1f} us" for ms, s, _, _ in starts))
+    ends = []
+    for _, seed, structure, notes in starts[:FULL_STARTS]:
+        params = _policy_params(ev, structure, seed.policy) if space.tune_structure else dict(seed.params)
+        structure, params, reasons = _tune_collectives(ev, structure, params, seed.label)
+        structure, timeline = _tune_overlap(ev, structure, params, notes)
+        params, reasons, changed = one_choice_per_key(ev, structure, params, reasons)
+        if changed:
+            timeline = ev.full(structure, params)
+        ends.append((timeline.makespan_us, len(ends), structure, params, reasons, notes, timeline))
+    _, first, structure, params, reasons, notes, timeline = min(ends, key=lambda e: e[:2])
+    if len(ends) > 1:
+        notes.append("searched on from " + " and ".join(
+            f"{starts[i][1].label} ({ms:.1f} us)" for ms, i, *_ in ends) + f": kept {starts[first][1].label}")
     # Windows are local and the tuner's keys merge choices: never hand back something the
-    # whole step does worse on than the baseline it started from.
-    if _better(seed.makespan_us, timeline.makespan_us):
-        notes.append(f"per-window choices lost on the whole step ({timeline.makespan_us:.1f} us); kept {seed.label}")
-        kept = dict.fromkeys(seed.params, f"the {seed.label} choice: the search's changes lost on the whole step")
-        return _finish("lagom", ev, seed.structure, seed.params, started, kept, tuple(notes))
+    # whole step does worse on than the fastest baseline.
+    if _better(fastest.makespan_us, timeline.makespan_us):
+        notes.append(f"per-window choices lost on the whole step ({timeline.makespan_us:.1f} us); "
+                     f"kept {fastest.label}")
+        kept = dict.fromkeys(fastest.params, f"the {fastest.label} choice: the search's changes lost on the whole step")
+        return _finish("lagom", ev, fastest.structure, fastest.params, started, kept, tuple(notes))
     return _finish("lagom", ev, structure, params, started, reasons, tuple(notes), timeline)
 
 
@@ -300,16 +329,16 @@ def _seed(ev: Evaluator, label: str, structure: Structure, policy: str) -> _Seed
     return _Seed(label, s, policy, ev.full(s, params).makespan_us, params)
 
 
-def _best_seed(ev: Evaluator) -> _Seed:
-    """Phase 1: the fastest of the baselines, each exactly as its own strategy runs it, and
-    of autoccl held to lagom's floor (a collective keeps NCCL's pick unless its fastest
-    candidate beats it by more than the model's error). Ties go to the earlier one, so
-    lagom asks for no change a baseline as fast does without."""
+def _seeds(ev: Evaluator) -> list[_Seed]:
+    """Phase 1: the baselines, each exactly as its own strategy runs it, and autoccl held to
+    lagom's floor (a collective keeps NCCL's pick unless its fastest candidate beats it by
+    more than the model's error). In this order, so that of equally fast starts the first
+    (the one asking for fewer changes) is taken."""
     setups = _baseline_setup(ev.hw)
     seeds = [_seed(ev, name, *setups[name]) for name in ("xla-default", "recipe")]
     seeds.append(_seed(ev, "autoccl-floored", setups["autoccl"][0], "fastest-floored"))
     seeds.append(_seed(ev, "autoccl", *setups["autoccl"]))
-    return min(seeds, key=lambda x: x.makespan_us)
+    return seeds
 
 
 def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
