@@ -17,7 +17,7 @@ part        mesh axis  what it shards
 ``pp``      ``stage``  the stacked layer dimension; GPipe schedule (pipeline.py)
 ``cf``      ``model``  with ``tp+sp``: the MLP's all-gather + matmul and matmul +
                        reduce-scatter run as CommFuse rings of point-to-point
-                       steps beside partial matmuls (`lagom_jax.costs.commfuse`)
+                       steps beside partial matmuls (`lagom_jax.ops`)
 ==========  =========  ==========================================================
 
 Combinations follow from the mesh, e.g. recipe ``dp+tp`` on ``data=2,model=4`` or
@@ -34,7 +34,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
-from lagom_jax.costs import commfuse
+from lagom_jax import ops
 
 PART_AXIS: dict[str, str] = {"dp": "data", "fsdp": "fsdp", "tp": "model", "sp": "model",
                              "pp": "stage", "cf": "model", "ep": "expert"}
@@ -184,16 +184,16 @@ class Layout:
 
     def ring_matmul(self, kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
         """``x @ w`` with the sequence-parallel collective around it decomposed into a ring
-        over the ``model`` axis (`lagom_jax.costs.commfuse`): ``kind`` "allgather" takes ``x``
+        over the ``model`` axis (`lagom_jax.ops`): ``kind`` "allgather" takes ``x``
         sharded along its length and ``w`` along its columns; "reducescatter" takes ``x``
         sharded along its last dimension and ``w`` along its rows and returns the result
         sharded along the length. Other mesh axes stay with GSPMD."""
         if kind == "allgather":
-            fn, in_specs, out_spec = (lambda a, b: commfuse.allgather_matmul(a, b, "model"),
+            fn, in_specs, out_spec = (lambda a, b: ops.allgather_matmul(a, b, "model"),
                                       (PartitionSpec(None, "model", None), PartitionSpec(None, "model")),
                                       PartitionSpec(None, None, "model"))
         else:
-            fn, in_specs, out_spec = (lambda a, b: commfuse.matmul_reducescatter(a, b, "model"),
+            fn, in_specs, out_spec = (lambda a, b: ops.matmul_reducescatter(a, b, "model"),
                                       (PartitionSpec(None, None, "model"), PartitionSpec("model", None)),
                                       PartitionSpec(None, "model", None))
         return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_spec,

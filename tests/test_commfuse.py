@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
+from lagom_jax import ops
 from lagom_jax.costs import commfuse
 
 
@@ -19,8 +20,8 @@ def mesh(t: int) -> jax.sharding.Mesh:
 
 
 def fused(x, wi, wo, bidirectional=False):
-    h = commfuse.allgather_matmul(x, wi, "tp", bidirectional=bidirectional)
-    return commfuse.matmul_reducescatter(jax.nn.gelu(h), wo, "tp")
+    h = ops.allgather_matmul(x, wi, "tp", bidirectional=bidirectional)
+    return ops.matmul_reducescatter(jax.nn.gelu(h), wo, "tp")
 
 
 def plain(x, wi, wo, bidirectional=False):
@@ -55,11 +56,11 @@ def test_forward_and_backward_equal_the_plain_collectives(t, dtype, tol, bidirec
 
 
 def test_shapes_that_do_not_fit_are_refused():
-    f = jax.shard_map(lambda x, w: commfuse.matmul_reducescatter(x, w, "tp"), mesh=mesh(4),
+    f = jax.shard_map(lambda x, w: ops.matmul_reducescatter(x, w, "tp"), mesh=mesh(4),
                       in_specs=(P(), P()), out_specs=P(), check_vma=False)
     with pytest.raises(ValueError, match="4 devices do not divide the 6 rows"):
         jax.jit(f)(jnp.ones((6, 8)), jnp.ones((8, 4)))
-    g = jax.shard_map(lambda x, w: commfuse.allgather_matmul(x, w, "tp"), mesh=mesh(4),
+    g = jax.shard_map(lambda x, w: ops.allgather_matmul(x, w, "tp"), mesh=mesh(4),
                       in_specs=(P(), P()), out_specs=P(), check_vma=False)
     with pytest.raises(ValueError, match="last dimension 8 does not match w's first 5"):
         jax.jit(g)(jnp.ones((4, 8)), jnp.ones((5, 4)))
