@@ -321,9 +321,8 @@ def _model_source(args: argparse.Namespace):
             import dataclasses as _dc
 
             cfg = models.families.resolve_config(args.model, config)
-            imbalance = moe.pop("expert_imbalance", 1.0)
             predict.check_moe(experts=cfg.experts, top_k=cfg.top_k, expert_ways=shape.get("expert", 1),
-                              expert_imbalance=imbalance, layers=cfg.layers,
+                              expert_imbalance=moe.get("expert_imbalance", cfg.expert_imbalance), layers=cfg.layers,
                               **{k: moe.get(k, getattr(cfg, k)) for k in ("moe", "shared_experts",
                                                                           "expert_ffn", "dense_layers")})
             if moe:

@@ -123,9 +123,13 @@ class Compiled:
     recompile: Callable[[Mapping[str, Any]], str] | None = None
     # ``text`` already parsed, where compiling needed to read it (no second parse to plan).
     module: hlo.Module | None = dataclasses.field(default=None, compare=False, repr=False)
+    # The busiest device's share of a dropless MoE exchange over the balanced one
+    # (``graph.busiest_device_load``): the routing's skew, which no compiled module shows.
+    exchange_load: float = 1.0
 
     def graph(self) -> graph_lib.StepGraph:
-        return graph_lib.from_module(self.module) if self.module is not None else graph_lib.from_hlo_text(self.text)
+        step = graph_lib.from_module(self.module) if self.module is not None else graph_lib.from_hlo_text(self.text)
+        return graph_lib.with_exchange_load(step, self.exchange_load)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +186,32 @@ def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log)
     base = dict(src.compiler_options)
     text = built.compiled_text(base)
     recompile = (lambda options: built.compiled_text({**base, **options})) if target.deviceless else None
-    return Compiled(text, target.where, hw, warnings, decisions, recompile)
+    load, said = _exchange_load(src)
+    return Compiled(text, target.where, hw, warnings, decisions + said, recompile, exchange_load=load)
+
+
+def _exchange_load(src: ModelSource) -> tuple[float, tuple[tuple[str, str], ...]]:
+    """How the routing's skew (a MoE config's ``expert_imbalance``) reaches the price, and
+    the decision line that says so."""
+    cfg = models.families.resolve_config(src.model, src.config)
+    imbalance = float(getattr(cfg, "expert_imbalance", 1.0))
+    if imbalance == 1.0:
+        return 1.0, ()
+    ways = src.shape().get("expert", 1)
+    if getattr(cfg, "moe", "") != "dropless":
+        return 1.0, (("expert imbalance", (
+            f"{imbalance:g} changes nothing priced: GShard's capacity buffers fix the all-to-all's bytes and "
+            "the expert GEMMs' shapes whatever the routing (tokens over capacity are dropped)")),)
+    if ways <= 1:
+        return 1.0, (("expert imbalance", (
+            f"{imbalance:g} changes nothing priced: no expert axis, so no exchange, and XLA runs ragged_dot "
+            "as one dense dot over every expert whatever the group sizes")),)
+    load = graph_lib.busiest_device_load(cfg.experts, ways, imbalance)
+    return load, (("expert imbalance", (
+        f"the busiest of {cfg.experts} experts takes {imbalance:g}x the mean: the device holding it receives "
+        f"and sends back {load:.2f}x a balanced share, so every dropless exchange (ragged all-to-all over "
+        f"{ways} devices) is priced at that load; the expert GEMMs (one dense dot over every expert, as XLA "
+        "compiles ragged_dot) do not change")),)
 
 
 def _with_commfuse(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log

@@ -75,9 +75,16 @@ class MoEConfig(ModelConfig):
     shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeek)
     expert_ffn: int = 0  # each expert's FFN width; 0: d_ff
     dense_layers: int = 0  # the first layers with a dense MLP of d_ff instead of experts
+    # The busiest expert's share of the routed tokens over the mean (>= 1): a property of the
+    # data, not of the program (nothing here reads it). The cost model prices the dropless
+    # exchange at the busiest device's load (``lagom_jax.program.graph.busiest_device_load``).
+    expert_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 1.0 <= self.expert_imbalance <= max(1, self.experts):
+            raise ValueError(f"model config: expert_imbalance {self.expert_imbalance} must be in 1..experts "
+                             f"({self.experts}): the busiest expert's load over the mean")
         if self.moe not in MOE_MODES:
             raise ValueError(f"model config: moe must be one of {', '.join(MOE_MODES)}, got {self.moe!r}")
         for f in ("shared_experts", "expert_ffn", "dense_layers"):

@@ -159,3 +159,38 @@ def test_dropless_expert_exchange_compiles_for_gpus_as_a_ragged_all_to_all():
     assert "ragged-all-to-all" in text
     a2a = [t for t in graph.from_hlo_text(text).tasks if t.kind == "all-to-all"]
     assert a2a and all(t.bytes > 0 for t in a2a)
+
+
+def test_the_busiest_device_sets_a_skewed_exchange():
+    from lagom_jax.program import graph
+
+    assert graph.busiest_device_load(8, 4, 1.0) == 1.0
+    assert graph.busiest_device_load(8, 8, 2.0) == 2.0  # one expert per device: its own skew
+    assert graph.busiest_device_load(8, 4, 2.0) == pytest.approx((2 + 6 / 7) / 2)  # shares a device
+    assert graph.busiest_device_load(8, 2, 8.0) == 2.0  # every token to one device: all of it
+    assert graph.busiest_device_load(8, 1, 4.0) == 1.0  # no exchange
+
+
+def test_expert_imbalance_moves_the_dropless_exchange_only():
+    # Rows of 256 x bf16, 1024 routed rows per device: a 1 MiB exchange, past NCCL's latency floor.
+    kw = dict(layers=1, d_model=256, heads=4, kv_heads=4, ffn=512, vocab=256, experts=4, top_k=2, seq_len=256,
+              global_batch=32, mesh={"fsdp": 2, "expert": 4}, hardware="h100-sxm-8", strategy="xla-default")
+
+    def exchange(job):
+        """(bytes, predicted us) of the step's dropless exchanges under XLA's defaults."""
+        result = job.planned.results["xla-default"]
+        ids = {t.id: t for t in result.graph.tasks if t.kernel == "ragged-all-to-all"}
+        us = sum(i.end - i.start for i in result.timeline.intervals if i.task_id in ids)
+        return sum(t.bytes for t in ids.values()), us
+
+    balanced = predict.train_step_job("mixtral", **kw, moe="dropless")
+    skewed = predict.train_step_job("mixtral", **kw, moe="dropless", expert_imbalance=3.0)
+    (b_bytes, b_us), (s_bytes, s_us) = exchange(balanced), exchange(skewed)
+    assert b_bytes > 0 and s_bytes == pytest.approx(3.0 * b_bytes)  # one expert per device
+    assert s_us > b_us
+    assert skewed.predicted_ms("xla-default") != balanced.predicted_ms("xla-default")
+    assert "receives and sends back 3.00x" in dict(skewed.plan.decisions)["expert imbalance"]
+    # GShard's capacity buffers do not move with the routing: nothing priced changes, and it says so.
+    dropping_skewed = predict.train_step_job("mixtral", **kw, moe="dropping", expert_imbalance=3.0)
+    assert dropping_skewed.compiled.exchange_load == 1.0
+    assert "changes nothing priced" in dict(dropping_skewed.plan.decisions)["expert imbalance"]

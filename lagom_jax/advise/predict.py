@@ -171,6 +171,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
         dims.update(moe=moe, shared_experts=shared_experts, expert_ffn=expert_ffn, dense_layers=dense_layers)
         if capacity_factor is not None:
             dims["capacity_factor"] = capacity_factor
+        if expert_imbalance != 1.0:
+            dims["expert_imbalance"] = expert_imbalance
     config = ",".join(f"{k}={v}" for k, v in dims.items())
     return job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
                            remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))

@@ -85,7 +85,8 @@ class Task:
     # (``custom_calls``), or "host-transfer": an async copy between HBM and host memory
     # (``host_transfers``), timed by its HBM side. "": the cost model's own rules.
     # Collectives: ``TRITON_COLLECTIVE`` for one XLA runs as its own Triton kernel inside a
-    # collective fusion rather than through NCCL; "" for NCCL's.
+    # collective fusion rather than through NCCL; ``RAGGED_ALL_TO_ALL`` for a dropless MoE's
+    # exchange (NCCL's grouped send/recv); "" for NCCL's other collectives.
     kernel: str = ""
     # Compute only: the custom call's target ("" for any other instruction).
     custom_call: str = ""
@@ -795,7 +796,8 @@ class _Builder:
             computation="/".join(self.scope), post_order=self.post_order(comp)[inst.name],
             groups=groups if kind != "collective-permute" else (), pairs=pairs, is_async=is_async,
             reduction=reduction,
-            kernel=TRITON_COLLECTIVE if _is_triton_collective(inst) else "",
+            kernel=(TRITON_COLLECTIVE if _is_triton_collective(inst)
+                    else RAGGED_ALL_TO_ALL if target.opcode.startswith(RAGGED_ALL_TO_ALL) else ""),
         )
         if not is_async:
             # A synchronous collective blocks the stream: the next compute task waits for it.
@@ -826,8 +828,37 @@ def _called_names(inst: hlo.Instruction, key: str) -> list[str]:
 
 # A dropless MoE's token exchange (``jax.lax.ragged_all_to_all``): an all-to-all whose
 # per-peer sizes are operands known at run time. NCCL runs it as grouped send/recv, priced
-# here as an all-to-all of its input buffer (the most it can send).
+# here as an all-to-all of its input buffer (the most it can send), which is the balanced
+# exchange; under a skewed routing ``with_exchange_load`` scales it to the busiest device.
 RAGGED_ALL_TO_ALL = "ragged-all-to-all"
+
+
+def busiest_device_load(experts: int, ways: int, imbalance: float) -> float:
+    """The busiest device's share of a dropless exchange over the balanced share.
+
+    ``experts`` over ``ways`` devices (``experts / ways`` each); the busiest expert takes
+    ``imbalance`` times the mean load and the other experts share the rest evenly
+    (``kernels.balanced_groups``). The device holding the busiest expert receives (and sends
+    back) that much more than under balanced routing, and the exchange ends when it does.
+    """
+    if ways <= 1 or experts < 1:
+        return 1.0
+    if experts % ways or not 1.0 <= imbalance <= experts:
+        raise ValueError(f"need experts ({experts}) divisible by the expert axis ({ways}) and the "
+                         f"imbalance ({imbalance}) in 1..experts")
+    local = experts // ways
+    others = (experts - imbalance) / (experts - 1) if experts > 1 else 1.0
+    return (imbalance + (local - 1) * others) / local
+
+
+def with_exchange_load(graph: StepGraph, load: float) -> StepGraph:
+    """``graph`` with every dropless exchange (ragged all-to-all) carrying ``load`` times its
+    balanced bytes: the busiest device's, which sets the exchange's time."""
+    if load == 1.0:
+        return graph
+    tasks = tuple(dataclasses.replace(t, bytes=t.bytes * load) if t.kernel == RAGGED_ALL_TO_ALL else t
+                  for t in graph.tasks)
+    return dataclasses.replace(graph, tasks=tasks)
 # The synchronous opcodes (and roots of an async-start) that are collectives, and their kind.
 _KIND_OF = {**{k: k for k in COLLECTIVE_KINDS}, RAGGED_ALL_TO_ALL: "all-to-all"}
 
