@@ -24,6 +24,7 @@ percentage points. Nothing runs on a GPU; the measured column is the published n
 
     python -m benchmarks.flag_effects [--rows N,...] [--no-record]
     python -m benchmarks.flag_effects --xla-modules DIR [--no-record]
+    python -m benchmarks.flag_effects --moe [--no-record]
 
 ``--xla-modules DIR`` predicts the SM-free settings on the one-node modules of XLA's GPU
 benchmark suite (openxla/xla ``xla/tools/benchmarks/hlo/``, downloaded to DIR as
@@ -261,13 +262,95 @@ def modules_section(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# The MoE steps MaxText's GPU configurations run, as the mixtral family builds them (layers
+# under scan), and the settings whose effect on them the model predicts (issue 47, item 5).
+# No measurement of these steps is published: predictions only, each with its sign and size.
+# AI-Hypercomputer/maxtext: configs/gpu/models/mixtral_8x7b.yml (per_device_batch_size 12,
+# max_target_length 4096; sparse_matmul left at base.yml's true, so the dropless ragged_dot
+# path; ici_fsdp -1, no expert axis; remat minimal_with_context, for which "minimal" stands in;
+# cudnn_flash_te attention, for which the Pallas flash kernel stands in) and
+# tests/end_to_end/gpu/mixtral/test_8x7b.sh (sparse_matmul=False, capacity_factor=1.25,
+# ici_expert_parallelism=-1, per_device_batch_size=1, max_target_length=1024).
+_MIXTRAL_8X7B = dict(family="mixtral", layers=32, d_model=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
+                     experts=8, top_k=2, hardware="h100-sxm-8")
+MOE_STEPS: dict[str, dict[str, Any]] = {
+    "mixtral-8x7b/8xH100 gpu yml (dropless, fsdp 8)": dict(
+        _MIXTRAL_8X7B, moe="dropless", seq_len=4096, global_batch=96, mesh={"fsdp": 8}, remat="minimal"),
+    "mixtral-8x7b/8xH100 e2e test (GShard 1.25, ep 8)": dict(
+        _MIXTRAL_8X7B, moe="dropping", capacity_factor=1.25, seq_len=1024, global_batch=8, mesh={"expert": 8},
+        remat="full"),
+}
+MOE_SETTINGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("NCCL_PROTO=LL128", "nccl", {"NCCL_PROTO": "LL128"}),
+    ("NCCL_PROTO=Simple", "nccl", {"NCCL_PROTO": "Simple"}),
+    ("NCCL_ALGO=Ring", "nccl", {"NCCL_ALGO": "Ring"}),
+    ("NCCL_NVLS_ENABLE=0", "nccl", {"NCCL_NVLS_ENABLE": "0"}),
+    ("all-gather combine threshold 1 GiB", "xla", {"xla_gpu_all_gather_combine_threshold_bytes": 1 << 30}),
+    ("reduce-scatter combine threshold 0 (no combining)", "xla",
+     {"xla_gpu_reduce_scatter_combine_threshold_bytes": 0}),
+    ("collectives in flight: 2", "xla", {"xla_gpu_experimental_parallel_collective_overlap_limit": 2}),
+    ("collective pipeliner: all-gather", "xla", {"xla_gpu_enable_pipelined_all_gather": True}),
+)
+
+
+def predict_moe_effects() -> list[dict[str, Any]]:
+    """Every setting of MOE_SETTINGS on every step of MOE_STEPS, predicted."""
+    from lagom_jax.advise import predict
+
+    rows = []
+    for workload, kw in MOE_STEPS.items():
+        print(f"[flag_effects] {workload}: compiling deviceless ...", file=sys.stderr, flush=True)
+        job = predict.train_step_job(**kw, strategy="xla-default")
+        base = job.predicted_ms("xla-default")
+        for setting, how, values in MOE_SETTINGS:
+            print(f"[flag_effects] {workload}: {setting} ...", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            if how == "nccl":
+                new, how_done = predict.repredict_ms(job, nccl_env=values), "nccl"
+            else:
+                flagged = predict.train_step_job(**kw, strategy="xla-default", xla_flags=values)
+                new = flagged.predicted_ms("xla-default")
+                how_done = "xla: same collectives" if _collectives(flagged) == _collectives(job) else "xla"
+            rows.append({"workload": workload, "setting": setting, "how": how_done, "base_ms": base, "new_ms": new,
+                         "predicted_pct": 100 * (base - new) / base, "seconds": time.perf_counter() - start})
+    return rows
+
+
+def moe_section(rows: list[dict[str, Any]]) -> str:
+    from benchmarks.common import machine_line
+
+    lines = ["## flag_effects_moe (settings on the MoE steps MaxText's GPU recipes run, predicted)", "",
+             f"Machine: {machine_line()}. Each step of MaxText's GPU configurations for Mixtral 8x7B (sources in "
+             "`benchmarks/flag_effects.py`, MOE_STEPS) built by the mixtral family, compiled deviceless by XLA's GPU pipeline "
+             "and predicted under XLA's and NCCL's defaults, then with the setting: NCCL variables change no "
+             "program (the module is priced again), an XLA flag is compiled in. Effect = (base - with the "
+             "setting) / base, positive = faster. No measurement of these steps is published: predictions "
+             "only.", "",
+             "| workload | setting | how | predicted base step | predicted with the setting | predicted effect |",
+             "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | `{r['setting']}` | {r['how']} | {r['base_ms']:.1f} ms | "
+                     f"{r['new_ms']:.1f} ms | {r['predicted_pct']:+.2f}% |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="", help="comma-separated row numbers (1-based) to run; default all")
     parser.add_argument("--no-record", action="store_true", help="print only; do not write RESULTS.md")
     parser.add_argument("--xla-modules", metavar="DIR", default=None,
                         help="predict the SM-free settings on XLA's one-node benchmark modules in DIR instead")
+    parser.add_argument("--moe", action="store_true",
+                        help="predict NCCL and XLA settings on the MoE steps of MaxText's GPU recipes instead")
     args = parser.parse_args(argv)
+    if args.moe:
+        md = moe_section(predict_moe_effects())
+        print(md)
+        if not args.no_record:
+            from benchmarks.common import write_section
+
+            print(f"recorded in {write_section('flag_effects_moe', md)}", file=sys.stderr)
+        return 0
     if args.xla_modules:
         rows = predict_modules(args.xla_modules)
         if not rows:

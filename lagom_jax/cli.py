@@ -228,9 +228,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _add_moe_args(p: argparse.ArgumentParser) -> None:
     """--model mixtral's MoE options (docs/moe.md); not given: the config's own."""
     p.add_argument("--moe", default=None, choices=("dropless", "dropping"),
-                   help="--model mixtral: dropping (GShard capacity; what MaxText runs on GPUs, the "
-                   "default) or dropless (sorted tokens, grouped GEMMs, which XLA:GPU compiles to one "
-                   "dense dot over every expert)")
+                   help="--model mixtral: dropping (GShard capacity, MaxText's dense path; the default) or "
+                   "dropless (sorted tokens, grouped GEMMs, MaxText's sparse path, which XLA:GPU compiles "
+                   "to one dense dot over every expert)")
     p.add_argument("--shared-experts", type=int, default=None,
                    help="--model mixtral: dense experts every token runs (DeepSeek: 1)")
     p.add_argument("--expert-ffn", type=int, default=None,

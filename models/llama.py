@@ -65,12 +65,13 @@ MOE_MODES = ("dropless", "dropping")
 class MoEConfig(ModelConfig):
     """A Mixtral-family configuration: ModelConfig plus the MoE layer's own options."""
 
-    # "dropping" (GShard capacity), the default: what MaxText runs on GPUs. Its sparse path
-    # there is ``jax.lax.ragged_dot`` (megablox is a TPU Pallas kernel), which XLA:GPU
+    # "dropping" (GShard capacity), the default: MaxText's dense path (``sparse_matmul=false``),
+    # as its GPU end-to-end test of Mixtral 8x7B runs it (capacity_factor 1.25). Its sparse
+    # path on GPUs is ``jax.lax.ragged_dot`` (megablox is a TPU Pallas kernel), which XLA:GPU
     # (jaxlib 0.10.2, and jax 0.11 as measured on an H100) compiles to one dense dot over
-    # every expert, ``experts`` times the useful FLOPs, so GPU recipes set
-    # ``sparse_matmul=false`` with ``capacity_factor=1.25`` (e.g. NVIDIA's MaxText B200
-    # MoE configurations). "dropless": sorted tokens, grouped GEMMs (``ragged_dot``).
+    # every expert, ``experts`` times the useful FLOPs; MaxText's GPU model config for
+    # Mixtral 8x7B leaves ``sparse_matmul`` true and runs it. "dropless": sorted tokens,
+    # grouped GEMMs (``ragged_dot``).
     moe: str = "dropping"
     shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeek)
     expert_ffn: int = 0  # each expert's FFN width; 0: d_ff
@@ -169,33 +170,41 @@ class SwiGLU(nn.Module):
 
 
 def capacity(cfg: ModelConfig, tokens: int) -> int:
-    """Slots per expert in a group of ``tokens`` tokens (GShard's expert capacity)."""
-    return max(1, math.ceil(tokens * cfg.top_k / cfg.experts * cfg.capacity_factor))
+    """Slots per expert in a group of ``tokens`` tokens (GShard's expert capacity), as MaxText
+    computes it: the even share rounded up, times the capacity factor, truncated
+    (``int(max(ceil(tokens * top_k / experts) * capacity_factor, capacity_factor))``,
+    AI-Hypercomputer/maxtext ``layers/moe.py`` ``generate_masks``)."""
+    return max(1, int(max(math.ceil(tokens * cfg.top_k / cfg.experts) * cfg.capacity_factor, cfg.capacity_factor)))
 
 
 def route(logits: jax.Array, top_k: int, slots: int) -> tuple[jax.Array, jax.Array]:
     """Dispatch mask and combine weights [groups, tokens, experts, slots] of a router.
 
     Each token picks its ``top_k`` experts by router probability (the weights are the
-    chosen probabilities renormalised to sum to one, as Mixtral does); assignments take an
-    expert's slots in (choice rank, token) order, and those beyond ``slots`` are dropped.
+    chosen probabilities renormalised to sum to one, as Mixtral does: MaxText's softmax over
+    the top-k logits is the same); assignments take an expert's slots in token order, a
+    token's choices in rank order (MaxText's ``generate_masks``: a cumulative count over
+    the sequence's ``tokens x top_k`` assignments), and those beyond ``slots`` are dropped.
     """
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     top_p, top_e = jax.lax.top_k(probs, top_k)  # [g, t, k]
     top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
     experts = logits.shape[-1]
     choice = jax.nn.one_hot(top_e, experts, dtype=jnp.int32)  # [g, t, k, e]
-    # Slot of each assignment: how many earlier assignments (all first choices before all
-    # second choices, tokens in order) went to the same expert.
-    by_rank = jnp.swapaxes(choice, 1, 2).reshape(choice.shape[0], -1, experts)  # [g, k*t, e]
-    position = (jnp.cumsum(by_rank, axis=1) - by_rank)
-    position = jnp.swapaxes(position.reshape(choice.shape[0], top_k, -1, experts), 1, 2)
-    slot = jnp.sum(position * choice, axis=-1)  # [g, t, k]
-    kept = (slot < slots).astype(jnp.float32)
-    slot_hot = jax.nn.one_hot(slot, slots, dtype=jnp.float32)  # [g, t, k, c]; dropped -> 0
-    expert_hot = choice.astype(jnp.float32) * kept[..., None]  # [g, t, k, e]
-    dispatch = jnp.einsum("gtke,gtkc->gtec", expert_hot, slot_hot)
-    combine = jnp.einsum("gtke,gtkc->gtec", expert_hot * top_p[..., None], slot_hot)
+    # Slot of each assignment: how many earlier assignments (tokens in order, a token's
+    # choices in rank order) went to the same expert.
+    flat = choice.reshape(choice.shape[0], -1, experts)  # [g, t*k, e]
+    position = (jnp.cumsum(flat, axis=1) - flat).reshape(choice.shape)
+    # Per expert (a token picks an expert at most once): its slot and its weight, zero
+    # where the token did not pick it or its slot is past capacity. The masks are built
+    # elementwise, as MaxText builds them (no einsum: the layer's dots are MaxText's).
+    picked = jnp.sum(choice, axis=2)  # [g, t, e]
+    slot = jnp.sum(position * choice, axis=2)  # [g, t, e]
+    kept = picked * (slot < slots)
+    weight = jnp.sum(top_p[..., None] * choice, axis=2) * kept  # [g, t, e]
+    slot_hot = jax.nn.one_hot(slot, slots, dtype=jnp.float32)  # [g, t, e, c]
+    dispatch = kept[..., None].astype(jnp.float32) * slot_hot
+    combine = weight[..., None] * slot_hot
     return dispatch, combine
 
 

@@ -1,6 +1,7 @@
 """Llama and Mixtral: they train sharded as on one device, route tokens as specified, and the
 prediction contract compiles them for GPU clusters."""
 
+import dataclasses
 import functools
 import math
 
@@ -84,18 +85,21 @@ def test_routing_keeps_capacity_and_drops_the_rest():
     np.testing.assert_allclose(combine.sum(axis=(2, 3))[0], [1, 1, 0, 0], rtol=1e-6)  # top-1 weight is 1
 
 
-def test_top2_weights_are_renormalised_and_second_choices_queue_after_first():
+def test_top2_weights_are_renormalised_and_slots_go_in_token_order():
     logits = jnp.log(jnp.array([[[0.5, 0.3, 0.2], [0.2, 0.5, 0.3]]]))
     dispatch, combine = llama.route(logits, top_k=2, slots=4)
     np.testing.assert_allclose(combine.sum(axis=(2, 3))[0], [1.0, 1.0], rtol=1e-6)
     np.testing.assert_allclose(combine[0, 0].sum(-1), [0.625, 0.375, 0.0], rtol=1e-5)
-    # Expert 1: token 1's first choice takes slot 0 before token 0's second choice (slot 1).
-    assert dispatch[0, 1, 1, 0] == 1 and dispatch[0, 0, 1, 1] == 1
+    # Expert 1, as MaxText's generate_masks fills it (a count over tokens x choices): token 0's
+    # second choice takes slot 0 before token 1's first choice (slot 1).
+    assert dispatch[0, 0, 1, 0] == 1 and dispatch[0, 1, 1, 1] == 1
 
 
 def test_capacity_formula():
     cfg = models.families.resolve_config("mixtral", "mixtral-8x7b")
-    assert llama.capacity(cfg, 4096) == math.ceil(4096 * 2 / 8 * 1.25)
+    assert llama.capacity(cfg, 4096) == 1280  # MaxText: int(ceil(4096 * 2 / 8) * 1.25)
+    assert llama.capacity(cfg, 1000) == 312  # int(250 * 1.25): truncated, where ceil(312.5) would give 313
+    assert llama.capacity(dataclasses.replace(cfg, capacity_factor=1.0), 1024) == 256
 
 
 def test_configs_match_the_published_shapes():

@@ -7,6 +7,7 @@ import math
 
 import jax
 import jax.extend
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -15,6 +16,7 @@ from lagom_jax.advise import predict
 from lagom_jax.cluster import hardware
 from lagom_jax.costs import kernels
 from lagom_jax.models import llama
+from lagom_jax.models.sharding import Layout
 
 
 def _config(name="tiny", **over):
@@ -36,7 +38,7 @@ def _losses(config, recipe="dp", mesh="data=1", steps=3):
 
 def test_dropless_matches_dropping_when_nothing_drops():
     cfg = models.families.resolve_config("mixtral", "tiny")
-    assert cfg.moe == "dropping"  # the default: what MaxText runs on GPUs (docs/moe.md)
+    assert cfg.moe == "dropping"  # the default: MaxText's dense path (docs/moe.md)
     # capacity = tokens * top_k / experts * factor = every token: no assignment drops.
     roomy = cfg.experts / cfg.top_k
     dropless = _losses(_config(moe="dropless"))
@@ -194,3 +196,34 @@ def test_expert_imbalance_moves_the_dropless_exchange_only():
     dropping_skewed = predict.train_step_job("mixtral", **kw, moe="dropping", expert_imbalance=3.0)
     assert dropping_skewed.compiled.exchange_load == 1.0
     assert "changes nothing priced" in dict(dropping_skewed.plan.decisions)["expert imbalance"]
+
+
+def _dot_flops(text: str) -> int:
+    """2 x output elements x contraction of every dot in an HLO module."""
+    from lagom_jax.program import hlo
+
+    module, total = hlo.parse(text), 0
+    for comp in module.computations:
+        for inst in comp.instructions:
+            if inst.opcode == "dot":
+                lhs = comp.by_name[inst.operands[0]].shape
+                dims = [int(d) for d in inst.attributes["lhs_contracting_dims"].strip("{}").split(",") if d]
+                total += 2 * math.prod(inst.shape.dims) * math.prod(lhs.dims[d] for d in dims)
+    return total
+
+
+def test_a_gshard_layer_runs_maxtexts_dots_and_no_other():
+    # MaxText's dense MoE (layers/moe.py dense_matmul with capacity_factor > 0), by hand per
+    # group (one sequence): router 2BSME, dispatch "BSM,BSEC->EBCM" 2BSECM, experts
+    # "EBCM,EMH->EBCH" x2 and "EBCH,EHM->EBCM" 6EBCMH, combine "EBCM,BSEC->BSM" 2BSECM; the
+    # masks are built elementwise (generate_masks), no dot.
+    cfg = dataclasses.replace(models.families.resolve_config("mixtral", "tiny"), d_model=64, d_ff=128)
+    b, s = 2, 256
+    m, h, e, c = cfg.d_model, cfg.ffn_e, cfg.experts, llama.capacity(cfg, s)
+    assert c == int(math.ceil(s * cfg.top_k / e) * cfg.capacity_factor)
+    layer = llama.MoE(cfg, jnp.bfloat16, Layout())
+    x = jax.ShapeDtypeStruct((b, s, m), jnp.bfloat16)
+    params = jax.eval_shape(lambda: layer.init(jax.random.PRNGKey(0), jnp.zeros((b, s, m), jnp.bfloat16)))
+    text = jax.jit(lambda p, x: layer.apply(p, x)).lower(params, x).as_text(dialect="hlo")
+    hand = 2 * b * s * m * e + 2 * b * s * e * c * m + 6 * e * b * c * m * h + 2 * b * s * e * c * m
+    assert _dot_flops(text) == hand
