@@ -79,12 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(one_run(seed, args.timeout))
         print(f"[shuffled_tests] seed {seed}: {runs[-1]['summary']} in {runs[-1]['wall_s']:.0f} s", file=sys.stderr,
               flush=True)
-    text = section(runs)
-    print(text)
-    if not args.no_record:
-        from benchmarks.common import write_section
+        if not args.no_record:  # after every run: a long series stopped halfway keeps what it ran
+            from benchmarks.common import write_section
 
-        write_section("tests", text)
+            write_section("tests", section(runs))
+    print(section(runs))
     return 0 if all(r["rc"] == 0 for r in runs) else 1
 
 
