@@ -112,7 +112,7 @@ class Plan:
         ]
         others = [n for n in times if n != self.strategy]
         if others:
-            lines.append("speedup: " + ", ".join(
+            lines.append(f"speedup on {self.hardware}: " + ", ".join(
                 f"{self.speedup_over(n):.3f}x over {n} ({times[n] / 1e3:.3f} ms)" for n in others))
         lines.append(f"search: {self.evaluations} evaluations in {self.search_seconds:.2f} s")
         if self.held_back_us > 0:
