@@ -344,23 +344,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="predict NCCL and XLA settings on the MoE steps of MaxText's GPU recipes instead")
     args = parser.parse_args(argv)
     if args.moe:
-        md = moe_section(predict_moe_effects())
-        print(md)
-        if not args.no_record:
-            from benchmarks.common import write_section
-
-            print(f"recorded in {write_section('flag_effects_moe', md)}", file=sys.stderr)
+        _show("flag_effects_moe", moe_section(predict_moe_effects()), record=not args.no_record)
         return 0
     if args.xla_modules:
         rows = predict_modules(args.xla_modules)
         if not rows:
             parser.error(f"--xla-modules {args.xla_modules}: none of {', '.join(MODULES)} is there")
-        md = modules_section(rows)
-        print(md)
-        if not args.no_record:
-            from benchmarks.common import write_section
-
-            print(f"recorded in {write_section('flag_effects_modules', md)}", file=sys.stderr)
+        _show("flag_effects_modules", modules_section(rows), record=not args.no_record)
         return 0
     effects = list(EFFECTS)
     if args.rows:
@@ -372,13 +362,18 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             parser.error(f"--rows {bad}: there are {len(effects)} rows")
         effects = [effects[i - 1] for i in picked]
-    md = section(predict_effects(effects))
+    _show("flag_effects", section(predict_effects(effects)),
+          record=not args.no_record and len(effects) == len(EFFECTS))
+    return 0
+
+
+def _show(name: str, md: str, *, record: bool) -> None:
+    """Print a section, and record it in RESULTS.md under ``name`` where asked."""
     print(md)
-    if not args.no_record and len(effects) == len(EFFECTS):
+    if record:
         from benchmarks.common import write_section
 
-        print(f"recorded in {write_section('flag_effects', md)}", file=sys.stderr)
-    return 0
+        print(f"recorded in {write_section(name, md)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
