@@ -223,6 +223,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="xla: scores materialised; flash: the fused flash-attention kernel (llama, mixtral)")
     p.add_argument("--unroll", action="store_true", help="unroll the layers instead of a scan")
     _add_moe_args(p)
+    _add_quantization_arg(p)
+
+
+def _add_quantization_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantization", default=None, choices=("fp8",),
+                   help="--model llama|mixtral: the dense dots in fp8 with delayed scaling, as MaxText's "
+                   "quantization=fp8 (XLA rewrites them into fp8 GEMMs; mixtral: --moe dropping only)")
 
 
 def _add_moe_args(p: argparse.ArgumentParser) -> None:
@@ -242,13 +249,19 @@ def _add_moe_args(p: argparse.ArgumentParser) -> None:
                    "balanced)")
 
 
-def _moe_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The MoE options given, checked (one line, exit 2, for what does not fit)."""
+def _config_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields given as options (MoE, quantization), checked (one line, exit 2, for
+    what does not fit)."""
     given = {k: getattr(args, k, None) for k in ("moe", "shared_experts", "expert_ffn", "dense_layers",
                                                   "expert_imbalance")}
     given = {k: v for k, v in given.items() if v is not None}
     if given and args.model != "mixtral":
         raise _UsageError(f"--{next(iter(given)).replace('_', '-')} needs --model mixtral")
+    if getattr(args, "quantization", None):
+        if args.model not in ("llama", "mixtral"):
+            raise _UsageError(f"--quantization {args.quantization} needs --model llama or mixtral (MaxText's fp8 "
+                              "path), not " + str(args.model))
+        given["quantization"] = args.quantization
     return given
 
 
@@ -316,17 +329,18 @@ def _model_source(args: argparse.Namespace):
     try:
         shape = models.parse_mesh(args.mesh)
         config = args.config or models.DEFAULT_CONFIG[args.model]
-        moe = _moe_options(args)
+        given = _config_options(args)
+        cfg = models.families.resolve_config(args.model, config)
         if args.model == "mixtral":
+            predict.check_moe(experts=cfg.experts, top_k=cfg.top_k, expert_ways=shape.get("expert", 1),
+                              expert_imbalance=given.get("expert_imbalance", cfg.expert_imbalance), layers=cfg.layers,
+                              **{k: given.get(k, getattr(cfg, k)) for k in ("moe", "shared_experts",
+                                                                            "expert_ffn", "dense_layers")})
+        if given:
             import dataclasses as _dc
 
-            cfg = models.families.resolve_config(args.model, config)
-            predict.check_moe(experts=cfg.experts, top_k=cfg.top_k, expert_ways=shape.get("expert", 1),
-                              expert_imbalance=moe.get("expert_imbalance", cfg.expert_imbalance), layers=cfg.layers,
-                              **{k: moe.get(k, getattr(cfg, k)) for k in ("moe", "shared_experts",
-                                                                          "expert_ffn", "dense_layers")})
-            if moe:
-                config = ",".join(f"{f.name}={moe.get(f.name, getattr(cfg, f.name))}" for f in _dc.fields(cfg))
+            _dc.replace(cfg, **given)  # the config's own checks (e.g. fp8 with a dropless MoE)
+            config = ",".join(f"{f.name}={given.get(f.name, getattr(cfg, f.name))}" for f in _dc.fields(cfg))
         batch = args.batch_size or models.default_batch(shape)
         source = job.ModelSource(args.model, config, shape, args.recipe, batch, args.seq_len,
                                  args.dtype, args.remat, not args.unroll, args.attention, args.commfuse)
@@ -590,6 +604,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
                    "first when it is HLO before optimization; lagom_jax.predict_hlo_step_ms)")
     p.add_argument("--nodes", type=int, default=None, help="--hlo: nodes of the cluster (default: from the module)")
     _add_moe_args(p)
+    _add_quantization_arg(p)
     for name in dict.fromkeys(_PREDICT_INTS + _CONTRACT_INTS):
         flags, what = _DIMENSIONS[name]
         p.add_argument(*flags, dest=name, type=int, default=None, help=what)
@@ -740,7 +755,7 @@ def _run_predict_model(args: argparse.Namespace) -> int:
     flags, env = _xla_flags(args), _nccl_env(args)
     kw = {n: getattr(args, n) for n in need}
     kw.update(kv_heads=args.kv_heads or args.heads, experts=args.experts or 0, top_k=args.top_k or 0)
-    kw.update(_moe_options(args))
+    kw.update(_config_options(args))
     try:
         mesh = models.parse_mesh(args.mesh)
         done = predict.train_step_job(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",

@@ -21,6 +21,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from . import attention as attention_lib
+from . import fp8
 from .families import FAMILIES, resolve_config
 from .layers import ModelConfig
 from .pipeline import Pipeline, Stack, check_remat
@@ -170,6 +171,9 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     if family is None:
         raise _known("model", model, sorted(FAMILIES))
     cfg = resolve_config(model, config)
+    if cfg.quantization and model not in ("llama", "mixtral"):
+        raise ValueError(f"quantization={cfg.quantization} is built for llama and mixtral only (MaxText's "
+                         f"fp8 path), not {model}")
     if dtype not in DTYPES:
         raise _known("dtype", dtype, list(DTYPES))
     check_remat(remat)
@@ -217,6 +221,8 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
                             is_leaf=lambda s: isinstance(s, PartitionSpec))
 
     tx = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=0.01)
+    if cfg.quantization:  # fp8 scales and amax histories take their gradient as their new value
+        tx = optax.multi_transform({"train": tx, "fp8": optax.set_to_zero()}, fp8.labels)
 
     def init_state(rng: jax.Array) -> TrainState:
         params = nn.meta.unbox(family.init(cfg, rng, cdt))
@@ -239,7 +245,10 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     def step(state: TrainState, batch: dict[str, jax.Array]):
         loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        new = TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+        params = optax.apply_updates(state.params, updates)
+        if cfg.quantization:
+            params = fp8.overwrite_with_gradient(params, grads)
+        new = TrainState(state.step + 1, params, opt_state)
         return new, {"loss": loss}
 
     train_step = jax.jit(step, in_shardings=(state_sh, batch_sh),

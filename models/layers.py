@@ -44,6 +44,9 @@ class ModelConfig:
     capacity_factor: float = 1.25  # expert capacity over an even share; extra tokens drop
     rope_theta: float = 10000.0  # rotary position base (Llama)
     norm_eps: float = 1e-5
+    # "fp8": the dense dots in fp8 with delayed scaling, as MaxText's ``quantization: fp8``
+    # (models/fp8.py; Llama and Mixtral only); "": the compute dtype.
+    quantization: str = ""
 
     def __post_init__(self) -> None:
         for f in ("vocab", "d_model", "heads", "head_dim", "d_ff", "layers", "max_len"):
@@ -55,6 +58,8 @@ class ModelConfig:
         if self.experts < 0 or self.experts and not 0 < self.top_k <= self.experts:
             raise ValueError(f"model config: top_k {self.top_k} must be in 1..experts "
                              f"({self.experts})")
+        if self.quantization not in ("", "fp8"):
+            raise ValueError(f"model config: quantization must be fp8 or empty, got {self.quantization!r}")
         if self.experts and not self.capacity_factor > 0:
             raise ValueError(f"model config: capacity_factor must be positive, got "
                              f"{self.capacity_factor}")

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from . import attention
+from . import attention, fp8
 from .layers import (ModelConfig, Norm, block_layout, cross_entropy, next_token_batch, next_token_batch_shapes,
                      normal, stack_init, weight)
 from .pipeline import Stack
@@ -88,6 +88,9 @@ class MoEConfig(ModelConfig):
                              f"({self.experts}): the busiest expert's load over the mean")
         if self.moe not in MOE_MODES:
             raise ValueError(f"model config: moe must be one of {', '.join(MOE_MODES)}, got {self.moe!r}")
+        if self.quantization and self.moe == "dropless":
+            raise ValueError("model config: quantization=fp8 with moe=dropless: MaxText's sparse path has no fp8 "
+                             "grouped GEMM on GPUs (ragged_dot refuses a quantized kernel); use moe=dropping")
         for f in ("shared_experts", "expert_ffn", "dense_layers"):
             if getattr(self, f) < 0:
                 raise ValueError(f"model config: {f} must be >= 0, got {getattr(self, f)}")
@@ -128,7 +131,7 @@ class LlamaAttention(nn.Module):
 
         def project(name: str, heads: int, axes: tuple[str, str, str]) -> jax.Array:
             w = weight(self, name, (c.d_model, heads, c.head_dim), axes, normal(0.02)).astype(dt)
-            return lay.constrain(jnp.einsum("btd,dhk->bthk", x, w), HEADS)
+            return lay.constrain(fp8.einsum(self, name, c.quantization, "btd,dhk->bthk", x, w), HEADS)
 
         # Names for the remat policies (MaxText's: query_proj, key_proj, value_proj, context,
         # out_proj, mlpwi, mlpwo).
@@ -141,12 +144,14 @@ class LlamaAttention(nn.Module):
         o = checkpoint_name(lay.constrain(o, HEADS), "context")
         wo = weight(self, "wo", (c.heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
                     normal(0.02)).astype(dt)
-        return checkpoint_name(lay.constrain(jnp.einsum("bqhk,hkd->bqd", o, wo), RESID), "out_proj")
+        return checkpoint_name(lay.constrain(fp8.einsum(self, "wo", c.quantization, "bqhk,hkd->bqd", o, wo), RESID),
+                               "out_proj")
 
 
-def _swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, spec: str) -> jax.Array:
-    g = jnp.einsum(spec, x, gate)
-    u = jnp.einsum(spec, x, up)
+def _swiglu(mod: nn.Module, quantization: str, x: jax.Array, gate: jax.Array, up: jax.Array,
+            spec: str) -> jax.Array:
+    g = fp8.einsum(mod, "wi_0", quantization, spec, x, gate)
+    u = fp8.einsum(mod, "wi_1", quantization, spec, x, up)
     return checkpoint_name(jax.nn.silu(g) * u, "mlpwi")
 
 
@@ -164,9 +169,10 @@ class SwiGLU(nn.Module):
         f = self.width or c.d_ff
         wi = [weight(self, f"wi_{i}", (c.d_model, f), ("embed", "mlp"), normal(0.02)).astype(dt)
               for i in (0, 1)]
-        h = lay.constrain(_swiglu(x, *wi, "btd,df->btf"), HIDDEN)
+        h = lay.constrain(_swiglu(self, c.quantization, x, *wi, "btd,df->btf"), HIDDEN)
         wo = weight(self, "wo", (f, c.d_model), ("mlp", "embed"), normal(0.02)).astype(dt)
-        return checkpoint_name(lay.constrain(h @ wo, RESID), "mlpwo")
+        return checkpoint_name(lay.constrain(fp8.einsum(self, "wo", c.quantization, "btf,fd->btd", h, wo), RESID),
+                               "mlpwo")
 
 
 def capacity(cfg: ModelConfig, tokens: int) -> int:
@@ -382,17 +388,19 @@ class MoE(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         c, dt, lay = self.cfg, self.dtype, self.layout
         router = weight(self, "router", (c.d_model, c.experts), ("embed", None), normal(0.02))
-        logits = lay.constrain(jnp.einsum("btd,de->bte", x.astype(jnp.float32), router),
+        q = c.quantization  # MaxText's Fp8Einsum: every einsum of the layer, dispatch and combine too
+        logits = lay.constrain(fp8.einsum(self, "router", q, "btd,de->bte", x.astype(jnp.float32), router),
                                ("act_batch", None, None))
         dispatch, combine = route(logits, c.top_k, capacity(c, x.shape[1]))
-        tokens = lay.constrain(jnp.einsum("btd,btec->ebcd", x, dispatch.astype(dt)), GROUP_TOKENS)
+        tokens = lay.constrain(fp8.einsum(self, "dispatch", q, "btd,btec->ebcd", x, dispatch.astype(dt)),
+                               GROUP_TOKENS)
         tokens = lay.constrain(tokens, EXPERT_TOKENS)  # the all-to-all to the experts
         wi, wo = _expert_weights(self, c, dt)
-        h = lay.constrain(_swiglu(tokens, *wi, "ebcd,edf->ebcf"), EXPERT_HIDDEN)
-        out = checkpoint_name(lay.constrain(jnp.einsum("ebcf,efd->ebcd", h, wo), EXPERT_TOKENS),
+        h = lay.constrain(_swiglu(self, q, tokens, *wi, "ebcd,edf->ebcf"), EXPERT_HIDDEN)
+        out = checkpoint_name(lay.constrain(fp8.einsum(self, "wo", q, "ebcf,efd->ebcd", h, wo), EXPERT_TOKENS),
                               "mlpwo")
         out = lay.constrain(out, GROUP_TOKENS)  # the all-to-all back
-        y = jnp.einsum("ebcd,btec->btd", out, combine.astype(dt))
+        y = fp8.einsum(self, "combine", q, "ebcd,btec->btd", out, combine.astype(dt))
         return lay.constrain(y, RESID)
 
 

@@ -135,10 +135,11 @@ def test_fp8_matmuls_run_at_the_fp8_rate():
     fp8, t8 = priced("__cublas$lt$matmul$f8")
     bf16, _ = priced("__cublas$lt$matmul")
     assert t8.kernel == "fp8-matmul" and t8.gemm == (1, 4096, 4096, 4096)
-    # A measured number, not the table the price comes from: on the H100 XLA's fp8 GEMM ran
-    # 1.2x its bf16 rate at this shape (gpu_kernels in benchmarks/RESULTS.md). A price at
-    # bf16's rate (ratio 1.0) fails here.
-    assert 1.15 < bf16 / fp8 < 2.1
+    # Measured and published numbers, not the table the price comes from: XLA's fp8 GEMM ran
+    # 1.2x its bf16 rate on an H100 (gpu_kernels in benchmarks/RESULTS.md), cuBLASLt's and
+    # Transformer Engine's reach 1.7-2.0x (kernels.FP8_RATE_RATIO). A price at bf16's rate
+    # (ratio 1.0) fails here, and so does one past the fp8 tensor cores' 2x peak.
+    assert 1.15 < bf16 / fp8 < 2.0
 
 
 @needs_gpu_compile

@@ -132,7 +132,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                       attention: str = "flash", scan: bool = True, moe: str = "dropping",
                       shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0,
                       capacity_factor: float | None = None, expert_imbalance: float = 1.0,
-                      compiler_options: Mapping[str, Any] | None = None):
+                      quantization: str = "", compiler_options: Mapping[str, Any] | None = None):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
@@ -157,6 +157,13 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
         check_moe(experts=experts, top_k=top_k, expert_ways=int(mesh.get("expert", 1)), moe=moe,
                   expert_imbalance=expert_imbalance, shared_experts=shared_experts, expert_ffn=expert_ffn,
                   dense_layers=dense_layers, layers=layers)
+    if quantization not in ("", "fp8"):
+        raise ValueError(f"quantization must be 'fp8' or '' (the compute dtype), got {quantization!r}")
+    if quantization and family == "gpt":
+        raise ValueError("quantization=fp8 is MaxText's fp8 path, built for llama and mixtral, not gpt")
+    if quantization and moe == "dropless" and experts:
+        raise ValueError("quantization=fp8 with moe=dropless: MaxText's sparse path has no fp8 grouped GEMM "
+                         "on GPUs; use moe='dropping'")
     if family == "gpt" and kv_heads not in (0, heads):
         raise ValueError(f"family 'gpt' has no grouped-query attention: kv_heads must equal heads {heads}")
     shape = {a: int(mesh[a]) for a in MESH_AXES if mesh.get(a, 1) > 1} or {"data": 1}
@@ -173,6 +180,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
             dims["capacity_factor"] = capacity_factor
         if expert_imbalance != 1.0:
             dims["expert_imbalance"] = expert_imbalance
+    if quantization:
+        dims["quantization"] = quantization
     config = ",".join(f"{k}={v}" for k, v in dims.items())
     return job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
                            remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))
@@ -219,7 +228,7 @@ def predict_train_step_ms(
     xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default", scan: bool = True,
     nccl_env: Mapping[str, str] | None = None, attention: str = "flash", moe: str = "dropping",
     shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0, capacity_factor: float | None = None,
-    expert_imbalance: float = 1.0,
+    expert_imbalance: float = 1.0, quantization: str = "",
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -243,6 +252,9 @@ def predict_train_step_ms(
     load over the mean, >= 1; checked, but XLA compiles ``ragged_dot`` into a dense dot over every
     expert whose time does not depend on the group sizes, so it changes no prediction of a
     compiled step: see ``kernels.grouped_gemm_time_us`` for a true grouped-GEMM kernel).
+    quantization "fp8" (llama, mixtral's dropping path): the dense dots in fp8 with delayed scaling
+    as MaxText's ``quantization: fp8`` runs them (``lagom_jax.models.fp8``); XLA rewrites them into
+    fp8 GEMMs, priced at the fp8 rate.
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
@@ -254,7 +266,7 @@ def predict_train_step_ms(
                          xla_flags=xla_flags, strategy=strategy, scan=scan, nccl_env=nccl_env,
                          attention=attention, moe=moe, shared_experts=shared_experts, expert_ffn=expert_ffn,
                          dense_layers=dense_layers, capacity_factor=capacity_factor,
-                         expert_imbalance=expert_imbalance)
+                         expert_imbalance=expert_imbalance, quantization=quantization)
     return job.predicted_ms(strategy)
 
 
