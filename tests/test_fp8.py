@@ -14,7 +14,8 @@ TINY = "vocab=128,d_model=32,heads=4,kv_heads=2,head_dim=8,d_ff=64,layers=2,max_
 
 
 def _train(model, config, steps):
-    built = models.build(model, config, "fsdp", "fsdp=8", batch_size=8, seq_len=16, dtype="bfloat16")
+    built = models.build(model, config, "dp", "data=1", batch_size=4, seq_len=16, dtype="bfloat16",
+                         devices=jax.devices()[:1])
     state, batch = built.init(jax.random.key(0))
     params = [jax.device_get(state.params)]  # the step donates its state
     losses = []
