@@ -227,9 +227,17 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_quantization_arg(p: argparse.ArgumentParser) -> None:
+    """--model llama|mixtral options beyond the shape: fp8 and the attention layout."""
     p.add_argument("--quantization", default=None, choices=("fp8",),
                    help="--model llama|mixtral: the dense dots in fp8 with delayed scaling, as MaxText's "
                    "quantization=fp8 (XLA rewrites them into fp8 GEMMs; mixtral: --moe dropping only)")
+    p.add_argument("--window", type=int, default=None,
+                   help="--model llama|mixtral: sliding-window attention over this many positions (divides the "
+                   "sequence)")
+    p.add_argument("--global-every", type=int, default=None, metavar="K",
+                   help="--model llama|mixtral with --window: every K-th layer global, the others windowed")
+    p.add_argument("--global-kv-heads", type=int, default=None,
+                   help="--model llama|mixtral with --global-every: the global layers' KV heads")
 
 
 def _add_moe_args(p: argparse.ArgumentParser) -> None:
@@ -257,11 +265,13 @@ def _config_options(args: argparse.Namespace) -> dict[str, Any]:
     given = {k: v for k, v in given.items() if v is not None}
     if given and args.model != "mixtral":
         raise _UsageError(f"--{next(iter(given)).replace('_', '-')} needs --model mixtral")
-    if getattr(args, "quantization", None):
+    for name in ("quantization", "window", "global_every", "global_kv_heads"):
+        value = getattr(args, name, None)
+        if value is None:
+            continue
         if args.model not in ("llama", "mixtral"):
-            raise _UsageError(f"--quantization {args.quantization} needs --model llama or mixtral (MaxText's fp8 "
-                              "path), not " + str(args.model))
-        given["quantization"] = args.quantization
+            raise _UsageError(f"--{name.replace('_', '-')} {value} needs --model llama or mixtral, not {args.model}")
+        given[name] = value
     return given
 
 

@@ -44,6 +44,14 @@ attention (``heads`` query heads share ``kv_heads`` key/value heads, ``heads % k
 
 Restrictions of ``flash``: q and k/v have the same sequence length (self-attention), a
 multiple of 16 (Triton blocks are powers of two of at least 16), and ``head_dim >= 16``.
+
+Sliding-window layers (``window`` w > 0, causal: query ``i`` sees keys ``i - w < j <= i``;
+Mistral, Gemma 2/3 local layers, MaxText's ``sliding_window_size``) run blocked, with either
+``impl``: the sequence is cut into blocks of w queries, each attending the keys of its own
+block and the one before under the band mask, so the scores are ``[w, 2w]`` per block and
+the dots do ``2w/s`` of full attention's work. jax's Pallas kernel has no window (MaxText on
+GPUs calls cuDNN's flash attention with its window instead); the blocked einsums stand in,
+with the same FLOPs a window-skipping kernel does plus the masked half block.
 """
 
 from __future__ import annotations
@@ -79,10 +87,17 @@ FULL_SCOPE = "flash_attention"
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, impl: str,
-           layout: Layout) -> jax.Array:
+           layout: Layout, window: int = 0) -> jax.Array:
     """q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim] with heads % kv_heads == 0 (grouped-query attention).
-    Returns [batch, seq, heads, head_dim] in q.dtype. Softmax in float32, logits scaled by head_dim**-0.5."""
+    Returns [batch, seq, heads, head_dim] in q.dtype. Softmax in float32, logits scaled by head_dim**-0.5.
+    ``window`` > 0: causal sliding-window attention over the last ``window`` positions (see the module)."""
     _check(q, k, v, impl)
+    if window and window < q.shape[1]:  # a window as long as the sequence is causal attention
+        s = q.shape[1]
+        if not causal or s % window:
+            raise ValueError(f"sliding window {window} on sequence {s}: the window must be causal and divide "
+                             "the sequence")
+        return _windowed_attention(q, k, v, window)
     if impl == "xla":
         return _xla_attention(q, k, v, causal)
     return _flash(q, k, v, causal, layout)
@@ -121,6 +136,30 @@ def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> ja
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     o = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32)
+    return o.reshape(b, s, h, d).astype(q.dtype)
+
+
+def _windowed_attention(q: jax.Array, k: jax.Array, v: jax.Array, w: int) -> jax.Array:
+    """Causal sliding-window attention, blocked: block c's queries against blocks c-1 and c."""
+    b, s, h, d = q.shape
+    kvh, n = k.shape[2], s // w
+    qb = q.reshape(b, n, w, kvh, h // kvh, d)
+
+    def with_previous(x: jax.Array) -> jax.Array:  # [b, n, 2w, kvh, d]: block c-1 then block c
+        x = x.reshape(b, n, w, kvh, d)
+        prev = jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+        return jnp.concatenate([prev, x], axis=2)
+
+    kb, vb = with_previous(k), with_previous(v)
+    logits = jnp.einsum("bnqkgd,bnskd->bnkgqs", qb, kb, preferred_element_type=jnp.float32) * (d ** -0.5)
+    i = jnp.arange(w)[:, None]  # query row in its block
+    j = jnp.arange(2 * w)[None, :]  # key column: the previous block, then this one
+    band = (j > i) & (j <= i + w)  # 0 <= query - key < w
+    first = jnp.arange(n)[:, None, None] > 0  # block 0 has no previous block
+    mask = band[None] & (first | (j >= w)[None])
+    logits = jnp.where(mask[None, :, None, None], logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    o = jnp.einsum("bnkgqs,bnskd->bnqkgd", probs, vb, preferred_element_type=jnp.float32)
     return o.reshape(b, s, h, d).astype(q.dtype)
 
 

@@ -89,6 +89,11 @@ def _init_params(model: str, config: str, dtype: str) -> Callable[[jax.Array], A
     return jax.jit(lambda rng: nn.meta.unbox(family.init(cfg, rng, DTYPES[dtype])))
 
 
+def _divisor_near(n: int, want: int) -> int:
+    """The divisor of ``n`` closest to ``want`` (a window that fits the sequence)."""
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), -d))
+
+
 def _known(kind: str, name: str, known: Sequence[str]) -> ValueError:
     return ValueError(f"unknown {kind} {name!r}; known: {', '.join(known)}")
 
@@ -183,6 +188,11 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     seq_len = cfg.max_len if seq_len is None else seq_len
     if not 0 < seq_len <= cfg.max_len:
         raise ValueError(f"seq_len {seq_len} outside 1..{cfg.max_len} for {model} {config}")
+    if cfg.window and (cfg.window > seq_len or seq_len % cfg.window):
+        raise ValueError(f"sliding window {cfg.window} does not fit seq_len {seq_len}: the window must divide the "
+                         f"sequence (the layer runs in blocks of the window), e.g. window={_divisor_near(seq_len, cfg.window)}")
+    if cfg.window and model not in ("llama", "mixtral"):
+        raise ValueError(f"sliding-window attention is built for llama and mixtral, not {model}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
 

@@ -47,6 +47,13 @@ class ModelConfig:
     # "fp8": the dense dots in fp8 with delayed scaling, as MaxText's ``quantization: fp8``
     # (models/fp8.py; Llama and Mixtral only); "": the compute dtype.
     quantization: str = ""
+    # Sliding-window attention (Llama and Mixtral): ``window`` > 0 makes layers attend the last
+    # ``window`` positions; with ``global_every`` k > 1 every k-th layer stays global (Gemma 2/3
+    # style: k-1 windowed layers, then one global), else every layer is windowed (Mistral).
+    # ``global_kv_heads``: the global layers' KV heads where they differ (0: ``kv_heads``).
+    window: int = 0
+    global_every: int = 0
+    global_kv_heads: int = 0
 
     def __post_init__(self) -> None:
         for f in ("vocab", "d_model", "heads", "head_dim", "d_ff", "layers", "max_len"):
@@ -58,6 +65,22 @@ class ModelConfig:
         if self.experts < 0 or self.experts and not 0 < self.top_k <= self.experts:
             raise ValueError(f"model config: top_k {self.top_k} must be in 1..experts "
                              f"({self.experts})")
+        for f in ("window", "global_every", "global_kv_heads"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"model config: {f} must be >= 0, got {getattr(self, f)}")
+        if self.global_every and not self.window:
+            raise ValueError(f"model config: global_every {self.global_every} needs a window (window=...): "
+                             "without one every layer is global")
+        if self.global_every == 1:
+            raise ValueError("model config: global_every 1 makes every layer global; use window=0, or k > 1 "
+                             "for k-1 windowed layers and one global")
+        patterned = self.layers - getattr(self, "dense_layers", 0)  # dense first layers stay global
+        if self.global_every and patterned % self.global_every:
+            raise ValueError(f"model config: {patterned} layers are not a multiple of global_every "
+                             f"{self.global_every} (the windowed/global pattern repeats whole)")
+        if self.global_kv_heads and (not self.global_every or self.heads % self.global_kv_heads):
+            raise ValueError(f"model config: global_kv_heads {self.global_kv_heads} needs global layers "
+                             f"(global_every) and must divide heads {self.heads}")
         if self.quantization not in ("", "fp8"):
             raise ValueError(f"model config: quantization must be fp8 or empty, got {self.quantization!r}")
         if self.experts and not self.capacity_factor > 0:

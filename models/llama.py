@@ -124,10 +124,13 @@ class LlamaAttention(nn.Module):
     cfg: ModelConfig
     dtype: Any
     layout: Layout
+    local: bool = False  # a sliding-window layer (the config's window), else global
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         c, dt, lay = self.cfg, self.dtype, self.layout
+        window = c.window if self.local else 0
+        kv = c.kv if self.local or not c.global_kv_heads else c.global_kv_heads
 
         def project(name: str, heads: int, axes: tuple[str, str, str]) -> jax.Array:
             w = weight(self, name, (c.d_model, heads, c.head_dim), axes, normal(0.02)).astype(dt)
@@ -137,10 +140,10 @@ class LlamaAttention(nn.Module):
         # out_proj, mlpwi, mlpwo).
         q = checkpoint_name(rope(project("wq", c.heads, ("embed", "heads", "kv")), c.rope_theta),
                             "query_proj")
-        k = checkpoint_name(rope(project("wk", c.kv, ("embed", "kv_heads", "kv")), c.rope_theta),
+        k = checkpoint_name(rope(project("wk", kv, ("embed", "kv_heads", "kv")), c.rope_theta),
                             "key_proj")
-        v = checkpoint_name(project("wv", c.kv, ("embed", "kv_heads", "kv")), "value_proj")
-        o = attention.attend(q, k, v, causal=True, impl=lay.attention, layout=lay)
+        v = checkpoint_name(project("wv", kv, ("embed", "kv_heads", "kv")), "value_proj")
+        o = attention.attend(q, k, v, causal=True, impl=lay.attention, layout=lay, window=window)
         o = checkpoint_name(lay.constrain(o, HEADS), "context")
         wo = weight(self, "wo", (c.heads, c.head_dim, c.d_model), ("heads", "kv", "embed"),
                     normal(0.02)).astype(dt)
@@ -409,6 +412,7 @@ class LlamaBlock(nn.Module):
     dtype: Any
     layout: Layout
     dense: bool = False  # a dense MLP even in an MoE config (DeepSeek's first layers)
+    local: bool = False  # sliding-window attention (LlamaAttention.local)
 
     @nn.compact
     def __call__(self, x: jax.Array, enc: jax.Array | None = None,
@@ -419,7 +423,7 @@ class LlamaBlock(nn.Module):
             return lay.constrain(Norm(True, c.norm_eps, self.dtype, name=name)(h), RESID)
 
         x = lay.constrain(x, RESID)
-        x = x + LlamaAttention(c, self.dtype, lay, name="attn")(norm("ln_attn", x))
+        x = x + LlamaAttention(c, self.dtype, lay, local=self.local, name="attn")(norm("ln_attn", x))
         h = norm("ln_mlp", x)
         if not c.experts or self.dense:
             return lay.constrain(x + SwiGLU(c, self.dtype, lay, name="mlp")(h), RESID)
@@ -429,6 +433,32 @@ class LlamaBlock(nn.Module):
         if shared:
             y = y + SwiGLU(c, self.dtype, lay, width=shared * _expert_ffn(c), name="shared")(h)
         return lay.constrain(x + y, RESID)
+
+
+class LlamaPattern(nn.Module):
+    """One repeat of a windowed/global layer pattern (``global_every`` k): k-1 sliding-window
+    layers, then a global one. The layer stack scans over these (their weights differ in
+    shape where the global layers have their own KV heads), as MaxText scans Gemma 3's
+    repeating block."""
+
+    cfg: ModelConfig
+    dtype: Any
+    layout: Layout
+
+    @nn.compact
+    def __call__(self, x: jax.Array, enc: jax.Array | None = None,
+                 bias: jax.Array | None = None) -> jax.Array:
+        k = self.cfg.global_every
+        for i in range(k):
+            x = LlamaBlock(self.cfg, self.dtype, self.layout, local=i < k - 1, name=f"layer_{i}")(x)
+        return x
+
+
+def _unit(cfg: ModelConfig, dtype: Any, layout: Layout) -> nn.Module:
+    """What the layer stack repeats: a block, or a windowed/global pattern of blocks."""
+    if cfg.global_every:
+        return LlamaPattern(cfg, dtype, layout)
+    return LlamaBlock(cfg, dtype, layout, local=bool(cfg.window))
 
 
 class LlamaOuter(nn.Module):
@@ -488,7 +518,8 @@ class Llama:
         x = jnp.zeros((1, 8, cfg.d_model), dtype)
         dense = getattr(cfg, "dense_layers", 0)
         params = {"outer": LlamaOuter(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
-                  "blocks": stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT), r_blocks, cfg.layers - dense, x)}
+                  "blocks": stack_init(_unit(cfg, dtype, _NO_LAYOUT), r_blocks,
+                                       (cfg.layers - dense) // max(cfg.global_every, 1), x)}
         if dense:
             params["dense_blocks"] = stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT, dense=True),
                                                 jax.random.fold_in(r_blocks, 1), dense, x)
@@ -498,7 +529,7 @@ class Llama:
              dtype: Any) -> jax.Array:
         outer = LlamaOuter(cfg, dtype, layout)
         po = {"params": params["outer"]}
-        block = LlamaBlock(cfg, dtype, block_layout(layout, stack))
+        block = _unit(cfg, dtype, block_layout(layout, stack))
         x = outer.apply(po, batch["inputs"], method="embed")
         if "dense_blocks" in params:
             dense = LlamaBlock(cfg, dtype, block_layout(layout, stack), dense=True)

@@ -54,14 +54,16 @@ def _value_and_grads(impl, layout, causal, q, k, v, w):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
 
 
-def _reference(q, k, v, causal):
-    """Plain numpy attention: k/v repeated per query head, float64."""
+def _reference(q, k, v, causal, window=0):
+    """Plain numpy attention: k/v repeated per query head, float64; ``window``: keys within
+    ``window`` positions back only."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     g = q.shape[2] // k.shape[2]
     k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
     if causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+        back = np.subtract.outer(np.arange(s.shape[-2]), np.arange(s.shape[-1]))
+        s = np.where((back >= 0) & ((back < window) if window else True), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return np.einsum("bhqk,bkhd->bqhd", p, v)
@@ -304,3 +306,52 @@ def test_single_abstract_gpu_without_a_mesh():
                                          layout=Layout())).lower(q, q, q).compile().as_text()
     (fwd,) = _kernels(text)[1].values()
     assert fwd.flops == 4.0 * 2 * 4 * 256 * 256 * 64 * 0.75
+
+
+# ------------------------------------------------------------------- sliding window
+
+
+@pytest.mark.parametrize("impl", ["xla", "flash"])
+def test_a_sliding_window_attends_exactly_the_last_window_positions(impl):
+    q, k, v, w = _qkvw(jnp.float32, b=2, s=64, h=4, kvh=2, d=16)
+
+    def loss(q, k, v):
+        return jnp.sum(attention.attend(q, k, v, causal=True, impl=impl, layout=Layout(), window=16) * w)
+
+    out = attention.attend(q, k, v, causal=True, impl=impl, layout=Layout(), window=16)
+    assert _rel(out, _reference(q, k, v, True, window=16)) < 1e-5
+    # The gradient is the masked attention's too (the blocks never see a key past the window).
+    def ref_loss(q, k, v):
+        g = q.shape[2] // k.shape[2]
+        kk, vv = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+        back = jnp.arange(64)[:, None] - jnp.arange(64)[None, :]
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, kk) * 16 ** -0.5
+        logits = jnp.where((back >= 0) & (back < 16), logits, -jnp.inf)
+        return jnp.sum(jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), vv) * w)
+
+    for got, want in zip(jax.grad(loss, (0, 1, 2))(q, k, v), jax.grad(ref_loss, (0, 1, 2))(q, k, v)):
+        assert _rel(got, want) < 1e-5
+    # A window as long as the sequence is causal attention.
+    assert _rel(attention.attend(q, k, v, causal=True, impl="xla", layout=Layout(), window=64),
+                _reference(q, k, v, True)) < 1e-5
+    with pytest.raises(ValueError, match="must be causal and divide"):
+        attention.attend(q, k, v, causal=True, impl="xla", layout=Layout(), window=24)
+
+
+def test_a_windowed_layer_compiles_to_the_blocked_dots_counted_by_hand():
+    b, s, h, kvh, d, w = 2, 1024, 8, 2, 64, 128
+    args = [jax.ShapeDtypeStruct((b, s, n, d), jnp.bfloat16) for n in (h, kvh, kvh)]
+
+    def dot_flops(window):
+        fn = jax.jit(lambda q, k, v: attention.attend(q, k, v, causal=True, impl="xla", layout=Layout(),
+                                                      window=window))
+        text = gpu_compile.compile_for_cluster(fn, args, {}, H100)
+        return sum(t.flops for t in graph.from_hlo_text(text).compute_tasks if t.gemm)
+
+    # Scores and context: two dots of 2 b h s d FLOPs per key, s keys each without a window
+    # (the causal mask is applied, not skipped), 2w per query in blocks of w with one.
+    # (The GEMM fusions also count the softmax work XLA fuses into them: under 1%.)
+    full, windowed = dot_flops(0), dot_flops(w)
+    assert full == pytest.approx(2 * (2 * b * h * s * s * d), rel=0.01)
+    assert windowed == pytest.approx(2 * (2 * b * h * s * 2 * w * d), rel=0.01)
+    assert windowed < full / 3

@@ -148,3 +148,37 @@ def test_flash_attention_trains_as_xla_attention(model, config):
         return out
 
     np.testing.assert_allclose(losses("flash"), losses("xla"), rtol=1e-5)
+
+
+def test_each_attention_layout_moves_the_step_flops_as_counted_by_hand():
+    from jaxpr_flops import step_dot_flops
+
+    base = "vocab=128,d_model=64,heads=4,kv_heads=2,head_dim=16,d_ff=128,layers=4,max_len=64"
+    b, s, h, d, w = 2, 64, 4, 16, 16
+    plain = step_dot_flops("llama", base, batch=b, seq=s)
+    # Scores and context of one layer, forward: two dots of 2 b h d per query-key pair; the
+    # step runs each forward once and backward twice (remat none): 3x.
+    per_layer = lambda keys: 3 * 2 * (2 * b * h * s * keys * d)  # noqa: E731
+    # Every layer windowed: blocks of w queries against 2w keys instead of s.
+    windowed = step_dot_flops("llama", base + f",window={w}", batch=b, seq=s)
+    assert plain - windowed == pytest.approx(4 * (per_layer(s) - per_layer(2 * w)), rel=1e-12)
+    # Every 2nd layer global: half the layers back at s keys.
+    pattern = step_dot_flops("llama", base + f",window={w},global_every=2", batch=b, seq=s)
+    assert pattern - windowed == pytest.approx(2 * (per_layer(s) - per_layer(2 * w)), rel=1e-12)
+    # The global layers' own KV heads (4 instead of 2): their k and v projections grow,
+    # [b s, d_model] x [d_model, kv d] each, 3x for the step.
+    kv4 = step_dot_flops("llama", base + f",window={w},global_every=2,global_kv_heads=4", batch=b, seq=s)
+    assert kv4 - pattern == pytest.approx(2 * 3 * 2 * (2 * b * s * 64 * (4 - 2) * d), rel=1e-12)
+
+
+@pytest.mark.parametrize("config, message", [
+    ("window=128", "does not fit seq_len 64"),
+    ("window=24", "window must divide"),
+    ("window=16,global_every=3", "not a multiple of global_every 3"),
+    ("global_every=2", "needs a window"),
+    ("window=16,global_every=2,global_kv_heads=3", "must divide heads 4"),
+])
+def test_an_attention_layout_that_cannot_be_built_is_one_line(config, message):
+    base = "vocab=128,d_model=64,heads=4,kv_heads=2,head_dim=16,d_ff=128,layers=4,max_len=128,"
+    with pytest.raises(ValueError, match=message):
+        models.build("llama", base + config, "dp", "data=1", batch_size=1, seq_len=64, devices=jax.devices()[:1])

@@ -6,7 +6,6 @@ import functools
 import math
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from lagom_jax.cluster import hardware
 from lagom_jax.costs import kernels
 from lagom_jax.models import llama
 from lagom_jax.models.sharding import Layout
+from jaxpr_flops import dot_flops, step_dot_flops
 
 
 def _config(name="tiny", **over):
@@ -57,27 +57,9 @@ def test_shared_fine_grained_experts_and_dense_first_layer_train_sharded_as_on_o
     assert one[2] < one[0]
 
 
-def _dot_flops(jaxpr) -> float:
-    total = 0.0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            (lc, _), _ = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lc)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            total += _dot_flops(sub) * (eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1)
-    return total
-
-
-def _step_dot_flops(config, batch=2, seq=16):
-    built = models.build("mixtral", config, "dp", "data=1", batch_size=batch, seq_len=seq, devices=jax.devices()[:1])
-    state, batch_ = built.abstract_inputs
-    return _dot_flops(jax.make_jaxpr(built.train_step)(state, batch_).jaxpr), built
-
-
 def test_a_shared_expert_adds_exactly_one_dense_mlp_per_token():
-    base, built = _step_dot_flops(_config(shared_experts=0))
-    shared, _ = _step_dot_flops(_config(shared_experts=1))
+    base = step_dot_flops("mixtral", _config(shared_experts=0))
+    shared = step_dot_flops("mixtral", _config(shared_experts=1))
     cfg = models.families.resolve_config("mixtral", "tiny")
     tokens, moe_layers = 2 * 16, cfg.layers
     # A SwiGLU MLP: three [tokens, d] x [d, f] matmuls forward, twice as many backward.
@@ -212,4 +194,4 @@ def test_a_gshard_layer_runs_maxtexts_dots_and_no_other():
     params = jax.eval_shape(lambda: layer.init(jax.random.PRNGKey(0), jnp.zeros((b, s, m), jnp.bfloat16)))
     jaxpr = jax.make_jaxpr(layer.apply)(params, jnp.zeros(x.shape, x.dtype)).jaxpr
     hand = 2 * b * s * m * e + 2 * b * s * e * c * m + 6 * e * b * c * m * h + 2 * b * s * e * c * m
-    assert _dot_flops(jaxpr) == hand
+    assert dot_flops(jaxpr) == hand

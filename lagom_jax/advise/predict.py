@@ -132,7 +132,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                       attention: str = "flash", scan: bool = True, moe: str = "dropping",
                       shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0,
                       capacity_factor: float | None = None, expert_imbalance: float = 1.0,
-                      quantization: str = "", compiler_options: Mapping[str, Any] | None = None):
+                      quantization: str = "", window: int = 0, global_every: int = 0, global_kv_heads: int = 0,
+                      compiler_options: Mapping[str, Any] | None = None):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
@@ -182,6 +183,13 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
             dims["expert_imbalance"] = expert_imbalance
     if quantization:
         dims["quantization"] = quantization
+    attention_layout = dict(window=window, global_every=global_every, global_kv_heads=global_kv_heads)
+    if any(attention_layout.values()):
+        if family == "gpt":
+            raise ValueError("sliding-window and global layers are built for llama and mixtral, not gpt")
+        if window > seq_len or (window and seq_len % window):
+            raise ValueError(f"window {window} does not fit seq_len {seq_len}: it must divide the sequence")
+        dims.update({k: v for k, v in attention_layout.items() if v})
     config = ",".join(f"{k}={v}" for k, v in dims.items())
     return job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
                            remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))
@@ -228,7 +236,8 @@ def predict_train_step_ms(
     xla_flags: Mapping[str, Any] | None = None, strategy: str = "xla-default", scan: bool = True,
     nccl_env: Mapping[str, str] | None = None, attention: str = "flash", moe: str = "dropping",
     shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0, capacity_factor: float | None = None,
-    expert_imbalance: float = 1.0, quantization: str = "",
+    expert_imbalance: float = 1.0, quantization: str = "", window: int = 0, global_every: int = 0,
+    global_kv_heads: int = 0,
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -254,7 +263,9 @@ def predict_train_step_ms(
     compiled step: see ``kernels.grouped_gemm_time_us`` for a true grouped-GEMM kernel).
     quantization "fp8" (llama, mixtral's dropping path): the dense dots in fp8 with delayed scaling
     as MaxText's ``quantization: fp8`` runs them (``lagom_jax.models.fp8``); XLA rewrites them into
-    fp8 GEMMs, priced at the fp8 rate.
+    fp8 GEMMs, priced at the fp8 rate. window / global_every / global_kv_heads (llama, mixtral):
+    sliding-window layers of ``window`` positions, every ``global_every``-th layer global with
+    ``global_kv_heads`` KV heads (Gemma/Grug style; ``models.layers.ModelConfig``).
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
@@ -266,7 +277,8 @@ def predict_train_step_ms(
                          xla_flags=xla_flags, strategy=strategy, scan=scan, nccl_env=nccl_env,
                          attention=attention, moe=moe, shared_experts=shared_experts, expert_ffn=expert_ffn,
                          dense_layers=dense_layers, capacity_factor=capacity_factor,
-                         expert_imbalance=expert_imbalance, quantization=quantization)
+                         expert_imbalance=expert_imbalance, quantization=quantization, window=window,
+                         global_every=global_every, global_kv_heads=global_kv_heads)
     return job.predicted_ms(strategy)
 
 
