@@ -44,15 +44,19 @@ import time
 from typing import Any
 
 MARIN = "marin-community/marin issue #8054"
-# The MoE of MARIN's sweep (experiments/grug/moe_hero_fsdp): d_model 6144, 48 layers, 128
-# routed experts top-4 of width 3072, 48 heads / 12 KV heads of 128, vocab 128256, seq 4096
-# x batch 1024, pure FSDP over 64 GB200 of one NVL72 rack, recompute-all remat; 18.101 s
-# per step (median of steps 5-19) with NCCL's defaults.
+# The MoE of MARIN's sweep (experiments/grug/moe_hero_fsdp): the mixtral family's ``marin-moe``
+# config (d_model 6144, 48 layers, 128 routed experts top-4 of width 3072 and 2 shared, windowed
+# layers of 512 with every 6th global, 48 heads / 12 KV heads (6 on global layers), vocab
+# 128256), seq 4096 x batch 1024, pure FSDP over 64 GB200 of one NVL72 rack, recompute-all
+# remat; 18.101 s per step (median of steps 5-19) with NCCL's defaults.
 MARIN_MOE = dict(family="mixtral", layers=48, d_model=6144, heads=48, kv_heads=12, ffn=3072, vocab=128256,
-                 experts=128, top_k=4, seq_len=4096, global_batch=1024, mesh={"fsdp": 64},
+                 experts=128, top_k=4, shared_experts=2, capacity_factor=1.0, window=512, global_every=6,
+                 global_kv_heads=6, seq_len=4096, global_batch=1024, mesh={"fsdp": 64},
                  hardware="gb200-nvl72", remat="full")
-MARIN_NOTE = ("not in the family: 2 shared experts, sliding-window layers, SConv/XSA, the 'sonic' MoE "
-              "kernels (the family routes with GShard's dispatch); GB200's numbers are the B200's")
+MARIN_NOTE = ("the family's marin-moe config; its stand-ins: GShard's one-hot dispatch for the sorted grouped "
+              "GEMMs ('sonic' kernels), blocked einsums for FA4's windowed attention, no SConv/XSA/head "
+              "gates/gated norms/QK-norm, optimizer state on the GPU (marin offloads it to the host); GB200's "
+              "numbers are the B200's")
 # MaxText llama3-70b with FSDP 8 x TP 2 (openxla/xla PR #26948): GPU, batch and sequence were
 # not published; H100, sequence 8192 and one sequence per GPU (MaxText's default) stand in.
 LLAMA3_70B = dict(family="llama", layers=80, d_model=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256,

@@ -565,6 +565,16 @@ class Mixtral(Llama):
         # not modelled: standard multi-head attention with 128 heads of dim 128 (q/k/v/o
         # 7168 -> 16384) stands in; it has more attention weights than MLA's low-rank
         # projections (q_lora 1536, kv_lora 512), and no multi-token prediction module.
+        # marin-community/marin's FSDP MoE "hero" (experiments/grug/moe_hero_fsdp, issue #8054): hidden
+        # 6144, 48 layers, 48 heads of 128; windowed layers of 512 positions with 12 KV heads, every
+        # 6th layer global with 6; 128 routed experts of width 3072, top-4, and 2 shared experts of
+        # 3072; capacity an even share (per expert chunk there; factor 1), vocab 128256, sequence
+        # 4096. Stand-ins (docs/moe.md): GShard's one-hot dispatch for marin's sorted grouped GEMMs
+        # (SonicMoE), blocked einsums for FA4's windowed kernel; no short convolutions (SConv), XSA,
+        # head gates, gated norms or QK-norm; RoPE on every head dim of every layer.
+        "marin-moe": _moe(vocab=128256, d_model=6144, heads=48, kv_heads=12, d_ff=3072, layers=48,
+                          max_len=4096, experts=128, top_k=4, shared_experts=2, capacity_factor=1.0,
+                          window=512, global_every=6, global_kv_heads=6),
         "deepseek-v3": _moe(vocab=129280, d_model=7168, heads=128, kv_heads=128, d_ff=18432,
                             layers=61, max_len=4096, rope_theta=10000.0, experts=256, top_k=8,
                             shared_experts=1, expert_ffn=2048, dense_layers=3),

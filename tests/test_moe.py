@@ -89,6 +89,10 @@ def test_configs_follow_the_published_shapes():
     assert (d.d_model, d.layers, d.experts, d.top_k, d.shared_experts, d.expert_ffn, d.dense_layers, d.d_ff) == (
         7168, 61, 256, 8, 1, 2048, 3, 18432)
     assert c("mixtral", "layers=4,moe=dropping").moe == "dropping"
+    r = c("mixtral", "marin-moe")  # marin-community/marin experiments/grug/moe_hero_fsdp
+    assert (r.d_model, r.layers, r.heads, r.kv, r.experts, r.top_k, r.ffn_e, r.shared_experts) == (
+        6144, 48, 48, 12, 128, 4, 3072, 2)
+    assert (r.window, r.global_every, r.global_kv_heads, r.capacity_factor) == (512, 6, 6, 1.0)
 
 
 @pytest.mark.parametrize("kw,message", [
