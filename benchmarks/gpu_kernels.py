@@ -149,6 +149,45 @@ def fp8(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, 
             if "error" not in row:
                 row["cublaslt_fp8"] = "__cublas$lt$matmul$f8" in fn.lower(*sets[0]).compile().as_text()
             rows.append(row)
+        rows += _fp8_scaled(name, mm, n, k, keys, repeats, inner, progress)
+    return rows
+
+
+def _fp8_scaled(name: str, m: int, n: int, k: int, keys: Any, repeats: int, inner: int,
+                progress: Any) -> list[dict[str, Any]]:
+    """The same GEMM as MaxText's fp8 path runs it (``lagom_jax.models.fp8``: bf16 operands
+    scaled, clipped and cast to e4m3 with delayed scaling, flax's ``fp8_scaled_dot_general``),
+    forward and forward+backward: what the cost model's fp8 rate stands for."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from flax.linen import fp8_ops
+
+    scale, hist = jnp.ones((1,), jnp.float32), jnp.zeros((1024,), jnp.float32)
+    dot = functools.partial(fp8_ops.fp8_scaled_dot_general, lhs_scale=scale, rhs_scale=scale, grad_scale=scale,
+                            lhs_amax_history=hist, rhs_amax_history=hist, grad_amax_history=hist,
+                            quantize_compute_type=jnp.bfloat16)
+
+    def f(a, b):  # noqa: ANN001, ANN202
+        return jnp.einsum("mk,kn->mn", a, b, _dot_general=dot)
+
+    def loss(a, b):  # noqa: ANN001, ANN202
+        return jnp.sum(f(a, b).astype(jnp.float32))
+
+    sets = [(_normal(keys[2 * i], (m, k), jnp.bfloat16), _normal(keys[2 * i + 1], (k, n), jnp.bfloat16))
+            for i in range(2)]
+    rows = []
+    for what, fn, flops in (("forward", jax.jit(f), 2 * m * n * k),
+                            ("forward+backward", jax.jit(jax.grad(loss, argnums=(0, 1))), 6 * m * n * k)):
+        row = measure(fn, sets, flops, repeats=repeats, inner=inner, progress=progress,
+                      label=f"gemm {name} {m}x{n}x{k} fp8 delayed scaling {what}", gemm=name, m=m, n=n, k=k,
+                      dtype="fp8 delayed scaling (bf16 in)", **{"pass": what})
+        if "error" not in row:
+            text = fn.lower(*sets[0]).compile().as_text()
+            row["cublaslt_fp8"] = "__cublas$lt$matmul$f8" in text
+            row["f8_operands"] = "f8e4m3fn[" in text
+        rows.append(row)
     return rows
 
 

@@ -104,7 +104,7 @@ def kernels_section(raw: dict[str, Any]) -> str:
     lines += ["", "| GEMM (llama3-70b layer, 8192 tokens) | m x n x k | dtype | us (IQR) | TFLOP/s | cuBLASLt fp8 call |",
               "|---|---|---|---|---|---|"]
     lines += _rows(raw["fp8"], lambda r: f"| {r['gemm']} | {r.get('m', '')} x {r.get('n', '')} x {r.get('k', '')} "
-                                         f"| {r['dtype']} |",
+                                         f"| {r['dtype']}{(', ' + r['pass']) if 'pass' in r else ''} |",
                    lambda r: f"{r['median_us']:.0f} ({r['iqr_us']:.0f}) | {r['tflops']:.0f} "
                              f"| {'yes' if r.get('cublaslt_fp8') else 'no'} |")
     lines += ["", "| `jax.lax.ragged_dot` (Mixtral 8x7b up-projection: 8 experts, 16384 rows, 4096 -> 14336, bf16) "

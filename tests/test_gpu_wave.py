@@ -64,7 +64,9 @@ def test_kernel_rates_flow_on_cpu(tmp_path):
                              "--repeats", "1", "--inner", "1"]) == 0
     raw = json.loads((tmp_path / "cpu_kernels.json").read_text())
     assert {r["gemm"] for r in raw["fp8"]} == {"qkv", "o", "gate/up", "down"}
-    assert {r["dtype"] for r in raw["fp8"]} == {"bfloat16", "float8_e4m3fn"}
+    assert {r["dtype"] for r in raw["fp8"]} == {"bfloat16", "float8_e4m3fn", "fp8 delayed scaling (bf16 in)"}
+    scaled = [r for r in raw["fp8"] if r["dtype"].startswith("fp8 delayed")]
+    assert {r["pass"] for r in scaled} == {"forward", "forward+backward"} and all(r["f8_operands"] for r in scaled)
     assert all("error" not in r and r["median_us"] > 0 for r in raw["fp8"] + raw["ragged"])
     skewed = next(r for r in raw["ragged"] if r["groups"] == "skewed")
     assert sum(skewed["group_sizes"]) == skewed["m"] and skewed["group_sizes"][0] > skewed["group_sizes"][-1]
