@@ -51,10 +51,13 @@ from .common import machine_line, write_section
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "megatron_runs.csv"
 SMALL = DATA.parent / "megatron_small_runs.csv"
+TP_SWEEPS = DATA.parent / "megatron_tp_sweeps.csv"
 CI = DATA.parent / "megatron_ci_runs.csv"
 NCCL_TESTS = DATA.parent / "nccl_tests_a100.csv"
 
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
+# Narayanan et al.'s split and micro-batch sweeps (Figures 13-16), read from the plots.
+NARAYANAN_FIGS = "https://arxiv.org/abs/2104.04473#figures"
 KORTHIKANTI = "https://arxiv.org/abs/2205.05198"
 MTNLG = "https://arxiv.org/abs/2201.11990"
 BLOOM = "bigscience-workshop/bigscience"
@@ -84,6 +87,8 @@ KORTHIKANTI_LAYER = (
 
 SETS = (
     ("calibration: Narayanan 2021 + Korthikanti 2022 (A100, Selene)", (NARAYANAN, KORTHIKANTI)),
+    ("split sweeps: Narayanan 2021 Figs 13-16, where tensor parallelism wins (A100, Selene; read from plots)",
+     (NARAYANAN_FIGS,)),
     ("held out: BLOOM-176B topology sweep (A100, Jean Zay)", (BLOOM,)),
     ("held out: MT-NLG 530B (A100, Selene)", (MTNLG,)),
     ("held out: one node of 8 A100, pp 8 (Zero Bubble and Vocabulary Parallelism baselines)",
@@ -152,7 +157,7 @@ def _options(source: str, r: dict) -> tuple[dict, hardware.HardwareProfile]:
 
 
 def _source_key(url: str) -> str:
-    for key in (NARAYANAN, KORTHIKANTI, MTNLG, BLOOM, MEGATRON_2020, H100_README, ZERO_BUBBLE,
+    for key in (NARAYANAN_FIGS, NARAYANAN, KORTHIKANTI, MTNLG, BLOOM, MEGATRON_2020, H100_README, ZERO_BUBBLE,
                 VOCAB_PARALLEL, VOCAB_PARALLEL_PAPER):
         if key in url:
             return VOCAB_PARALLEL if key == VOCAB_PARALLEL_PAPER else key
@@ -178,7 +183,7 @@ def _shape(r: dict, vocab: int) -> dict:
                 micro_batch=_int(r["micro_batch"]))
 
 
-def load(paths: Iterable[pathlib.Path] = (DATA, SMALL)) -> list[Row]:
+def load(paths: Iterable[pathlib.Path] = (DATA, SMALL, TP_SWEEPS)) -> list[Row]:
     rows = []
     for r in _rows(paths):
         if not r["gpu"].startswith(("a100", "h100")):
