@@ -407,8 +407,8 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     flags_lib.validate(plan.xla_flags(), plan.compiler_options())
     if verify and compiled.recompile is not None:
         if plan.compiler_options():
-            log(f"verifying: recompiling with the plan's {len(plan.compiler_options())} option(s), "
-                "each left out once ...")
+            log(f"verifying: recompiling with the plan's {len(plan.compiler_options())} option(s) (each left out "
+                "once only where that module is not the predicted one) ...")
         plan, _ = verify_lib.verify_plan(plan, planned.chosen.graph, compiled.text, compiled.recompile)
     else:
         why = ("verification not asked for" if not verify else

@@ -154,3 +154,67 @@ def test_report_has_one_row_per_tuner_key_with_the_instructions_it_covers():
     assert "  covers combined 3: all-reduce.32+..." in covers
     assert max(len(line) for line in text.splitlines()) <= 120
     assert long_why.removeprefix("ring/Simple nc=4: ").rstrip() in plan.report(width=None)
+
+
+_TWO_ALL_REDUCES = """HloModule m
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+ENTRY %e (p0: f32[262144], p1: f32[262144]) -> (f32[262144], f32[262144]) {
+  %p0 = f32[262144]{0} parameter(0)
+  %p1 = f32[262144]{0} parameter(1)
+  %r0 = f32[262144]{0} all-reduce(%p0), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %r1 = f32[262144]{0} all-reduce(%p1), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  ROOT %t = (f32[262144]{0}, f32[262144]{0}) tuple(%r0, %r1)
+}
+"""
+_COMBINED = """HloModule m
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+ENTRY %e (p0: f32[262144], p1: f32[262144]) -> (f32[262144], f32[262144]) {
+  %p0 = f32[262144]{0} parameter(0)
+  %p1 = f32[262144]{0} parameter(1)
+  %r = (f32[262144]{0}, f32[262144]{0}) all-reduce(%p0, %p1), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %g0 = f32[262144]{0} get-tuple-element(%r), index=0
+  %g1 = f32[262144]{0} get-tuple-element(%r), index=1
+  ROOT %t = (f32[262144]{0}, f32[262144]{0}) tuple(%g0, %g1)
+}
+"""
+
+
+@pytest.mark.parametrize("predicted_text, compiles", [(_COMBINED, 1), (_TWO_ALL_REDUCES, 3)])
+def test_verification_leaves_options_out_only_where_the_recompile_is_not_the_predicted_module(
+        predicted_text, compiles):
+    import dataclasses
+
+    from lagom_jax.cluster import hardware
+    from lagom_jax.plan import planning, verify
+    from lagom_jax.program import graph
+
+    calls = []
+
+    def compile_fn(options):
+        calls.append(dict(options))
+        # Only the all-reduce threshold combines; the other option changes nothing.
+        return _COMBINED if "xla_gpu_all_reduce_combine_threshold_bytes" in options else _TWO_ALL_REDUCES
+
+    base = graph.from_hlo_text(_TWO_ALL_REDUCES)
+    plan = dataclasses.replace(
+        planning.make_plan(base, hardware.get("h100-sxm-8"), strategy="xla-default"),
+        flags=(XlaFlag("xla_gpu_all_reduce_combine_threshold_bytes", 1 << 30),
+               XlaFlag("xla_gpu_collective_permute_combine_threshold_bytes", 1 << 20)))
+    tuned, result = verify.verify_plan(plan, graph.from_hlo_text(predicted_text), _TWO_ALL_REDUCES, compile_fn)
+    assert len(calls) == compiles == result.compiles
+    changed = dict(result.option_changed)
+    if compiles == 1:  # the recompile is the predicted module: both kept, unchecked one by one
+        assert set(changed.values()) == {None} and len(tuned.flags) == 2
+        assert "not left out one by one" in tuned.report()
+    else:  # the prediction missed: each left out once, the one that changes nothing dropped
+        assert changed == {"xla_gpu_all_reduce_combine_threshold_bytes": True,
+                           "xla_gpu_collective_permute_combine_threshold_bytes": False}
+        assert [f.name for f in tuned.flags] == ["xla_gpu_all_reduce_combine_threshold_bytes"]

@@ -12,12 +12,17 @@ again with the options and reading the module:
   iteration's collective out of the loop) or change the loop (double buffering halves its
   trip count over a body twice as long), so a plan that took one says where its collectives
   will run, and the recompile shows whether XLA put them there;
-* for each option, whether the module changes without it (leave-one-out; one option
-  alone is compared with the untuned module). An option that changes nothing is dropped
-  from the Plan, and the report says so: it would only be noise in a launch script.
+* whether each option does something. One option alone is compared with the untuned
+  module. Several are first compiled together once: where that module is the one the
+  search predicted (collectives and placement) and not the untuned one, the options are
+  kept as they are, unchecked one by one; where it is not (the prediction missed, or
+  nothing changed), each is left out once (leave-one-out), and an option whose absence
+  changes nothing is dropped from the Plan, and the report says so: it would only be noise
+  in a launch script.
 
 ``compile_fn(options) -> HLO text`` is the caller's compile (a deviceless XLA:GPU compile
-for the CLI). Compiles are the cost: one per option plus one.
+for the CLI). Compiles are the cost: one when the recompile agrees with the prediction,
+else one per option plus one.
 """
 
 from __future__ import annotations
@@ -83,7 +88,9 @@ class Verification:
     predicted_placement: Placement
     compiled_placement: Placement
     async_starts: int  # collectives issued as async start/done pairs in the recompiled module
-    option_changed: tuple[tuple[str, bool], ...]  # (option, changed the module)
+    # (option, changed the module); None: not left out one by one (the options together
+    # made the predicted module).
+    option_changed: tuple[tuple[str, bool | None], ...]
     compiles: int
 
     @property
@@ -96,7 +103,7 @@ class Verification:
 
     @property
     def dropped(self) -> tuple[str, ...]:
-        return tuple(name for name, changed in self.option_changed if not changed)
+        return tuple(name for name, changed in self.option_changed if changed is False)
 
     def lines(self) -> tuple[tuple[str, str], ...]:
         """(subject, outcome) lines for the Plan's report."""
@@ -109,7 +116,8 @@ class Verification:
                    else f"; compiled {_format_placement(self.compiled_placement)}")),
                ("async collectives", f"{self.async_starts} start/done pairs in the recompiled module")]
         out += [(name, "changed the compiled module" if changed
-                 else "changed nothing in the compiled module: dropped from the plan")
+                 else "kept: with the plan's other options it made the predicted module (not left out one by one)"
+                 if changed is None else "changed nothing in the compiled module: dropped from the plan")
                 for name, changed in self.option_changed]
         if not self.option_changed:
             out.append(("options", "none to apply: the plan runs XLA's default module"))
@@ -118,20 +126,25 @@ class Verification:
 
 def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
                 compile_fn: Callable[[Mapping[str, Any]], str]) -> tuple[Plan, Verification]:
-    """Recompile with ``plan``'s options, check them one by one, and return the Plan without
-    the options that changed nothing (with the verification in its report)."""
+    """Recompile with ``plan``'s options, check them (one by one where the recompile is not
+    the predicted module), and return the Plan without the options that changed nothing
+    (with the verification in its report)."""
     options = plan.compiler_options()
     full = compile_fn(options) if options else baseline_text
     compiles = 1 if options else 0
-    changed = []
+    compiled = graph_lib.from_hlo_text(full)
+    as_predicted = (inventory(compiled) == inventory(predicted) and placement(compiled) == placement(predicted)
+                    and not _same_module(baseline_text, full))
+    changed: list[tuple[str, bool | None]] = []
     for name in options:
         if len(options) == 1:
-            without = baseline_text
+            changed.append((name, not _same_module(baseline_text, full)))
+        elif as_predicted:
+            changed.append((name, None))
         else:
             without = compile_fn({k: v for k, v in options.items() if k != name})
             compiles += 1
-        changed.append((name, not _same_module(without, full)))
-    compiled = graph_lib.from_hlo_text(full)
+            changed.append((name, not _same_module(without, full)))
     result = Verification(
         predicted=inventory(predicted), compiled=inventory(compiled),
         predicted_placement=placement(predicted), compiled_placement=placement(compiled),
