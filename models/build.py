@@ -90,8 +90,9 @@ def _init_params(model: str, config: str, dtype: str) -> Callable[[jax.Array], A
 
 
 def _divisor_near(n: int, want: int) -> int:
-    """The divisor of ``n`` closest to ``want`` (a window that fits the sequence)."""
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), -d))
+    """The divisor of ``n`` below ``n`` closest to ``want`` (a window that fits the sequence;
+    one as long as the sequence is plain causal attention)."""
+    return min((d for d in range(1, n) if n % d == 0), key=lambda d: (abs(d - want), -d), default=n)
 
 
 def _known(kind: str, name: str, known: Sequence[str]) -> ValueError:
