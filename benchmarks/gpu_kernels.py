@@ -8,10 +8,15 @@ Parts (``--parts``, comma-separated):
   flash kernel (``lagom_jax.models.attention``, ``impl="flash"``) and XLA's unfused attention.
   Rates are the causal FLOPs (half of ``4 * b * h * s^2 * d`` forward; the backward
   counted as 2.5x the forward, FlashAttention-2's count) over the measured time.
-- ``fp8``: the GEMMs of a llama3-70b layer at 8192 tokens (QKV, O, gate/up, down), float8_e4m3fn
-  operands into bf16, beside the same GEMMs in bf16.
+- ``fp8``: the GEMMs of a llama3-70b layer and of a llama3.1-405b layer at 8192 tokens (QKV, O,
+  gate/up, down), float8_e4m3fn operands into bf16, beside the same GEMMs in bf16, and as
+  MaxText's delayed scaling runs them from bf16 (``lagom_jax.models.fp8``).
 - ``ragged``: ``jax.lax.ragged_dot`` with Mixtral 8x7b's expert up-projection (8 experts,
-  4096 -> 14336) on 16384 routed rows, groups balanced and skewed.
+  4096 -> 14336) on 16384 routed rows, groups balanced and skewed, compiled as XLA does by
+  default and with ``xla_gpu_experimental_use_ragged_dot_grouped_gemm``.
+- ``dispatch``: the GShard layer's one-hot dispatch and combine einsums (MaxText's dense MoE
+  path, ``lagom_jax.models.llama.MoE``) at Mixtral 8x7b's recipe shape: 4 sequences of 4096
+  tokens per GPU, 8 experts, top-2, capacity factor 1.25 (1280 slots), hidden 4096.
 - ``memory``: llama2-7b-shaped train steps (flash attention, 2 x 4096 tokens, 6 and 10 layers:
   about 36 and 57 GB by XLA's analysis, the second near the GPU's memory): the peak bytes in
   use (``Device.memory_stats``) against XLA's compiled memory analysis of the same step,
@@ -38,7 +43,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-PARTS = ("attention", "fp8", "ragged", "memory")
+PARTS = ("attention", "fp8", "ragged", "dispatch", "memory")
 
 
 def timed(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], *, repeats: int, inner: int) -> dict[str, float]:
@@ -132,9 +137,11 @@ def fp8(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, 
     import jax.numpy as jnp
 
     m = 256 if quick else 8192
-    # llama3-70b: d_model 8192, 64 heads + 2 x 8 kv heads of 128, d_ff 28672.
+    # llama3-70b: d_model 8192, 64 heads + 2 x 8 kv heads of 128, d_ff 28672; llama3.1-405b:
+    # d_model 16384, 128 heads + 2 x 8 kv heads, d_ff 53248.
     shapes = {"qkv": (m, 10240, 8192), "o": (m, 8192, 8192), "gate/up": (m, 28672, 8192),
-              "down": (m, 8192, 28672)}
+              "down": (m, 8192, 28672), "405b qkv": (m, 18432, 16384), "405b o": (m, 16384, 16384),
+              "405b gate/up": (m, 53248, 16384), "405b down": (m, 16384, 53248)}
     if quick:
         shapes = {k: (m, n // 64, kk // 64) for k, (_, n, kk) in shapes.items()}
     rows = []
@@ -220,6 +227,50 @@ def ragged(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[st
             rows.append(measure(fn, sets, mult * 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
                                 label=f"ragged_dot {name} {what}", groups=name, group_sizes=sizes.tolist(),
                                 m=m, k=k, n=n, **{"pass": what}))
+        # The same forward under XLA's grouped-GEMM flag (a deviceless compile shows no change:
+        # only a GPU can say whether it runs a grouped GEMM).
+        grouped = fwd.lower(*sets[0]).compile({GROUPED_GEMM_FLAG: True})
+        row = measure(grouped, sets, 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
+                      label=f"ragged_dot {name} forward, grouped-GEMM flag", groups=name,
+                      group_sizes=sizes.tolist(), m=m, k=k, n=n, flag=GROUPED_GEMM_FLAG, **{"pass": "forward"})
+        if "error" not in row:
+            row["dense_dot"] = f"[{m},{g * k}]" in grouped.as_text().replace("{1,0}", "")
+        rows.append(row)
+    return rows
+
+
+GROUPED_GEMM_FLAG = "xla_gpu_experimental_use_ragged_dot_grouped_gemm"
+
+
+# ---------------------------------------------------------------------------- dispatch
+
+
+def dispatch(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, Any]]:
+    """GShard's dispatch ("btd,btec->ebcd") and combine ("ebcd,btec->btd") einsums, forward
+    and forward+backward, at Mixtral 8x7b's recipe shape on one GPU."""
+    import jax
+    import jax.numpy as jnp
+
+    b, s, d, e, c = (2, 64, 32, 4, 40) if quick else (4, 4096, 4096, 8, 1280)
+    dt = jnp.float32 if quick else jnp.bfloat16
+    keys = jax.random.split(jax.random.key(11), 6)
+    x_sets = [_normal(keys[i], (b, s, d), dt) for i in range(2)]
+    masks = [(jax.random.uniform(keys[2 + i], (b, s, e, c)) < 1.0 / c).astype(dt) for i in range(2)]
+    out_sets = [_normal(keys[4 + i], (e, b, c, d), dt) for i in range(2)]
+    flops = 2 * b * s * e * c * d
+    rows = []
+    for name, eqn, sets in (("dispatch", "btd,btec->ebcd", list(zip(x_sets, masks))),
+                            ("combine", "ebcd,btec->btd", list(zip(out_sets, masks)))):
+        fwd = jax.jit(lambda a, m, eqn=eqn: jnp.einsum(eqn, a, m))
+
+        def loss(a, m, eqn=eqn):  # noqa: ANN001, ANN202
+            return jnp.sum(jnp.einsum(eqn, a, m).astype(jnp.float32))
+
+        both = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        for what, fn, mult in (("forward", fwd, 1), ("forward+backward", both, 3)):
+            rows.append(measure(fn, sets, mult * flops, repeats=repeats, inner=inner, progress=progress,
+                                label=f"{name} {eqn} {what}", einsum=name, equation=eqn, batch=b, seq=s,
+                                experts=e, capacity=c, d_model=d, **{"pass": what}))
     return rows
 
 

@@ -109,8 +109,14 @@ def kernels_section(raw: dict[str, Any]) -> str:
                              f"| {'yes' if r.get('cublaslt_fp8') else 'no'} |")
     lines += ["", "| `jax.lax.ragged_dot` (Mixtral 8x7b up-projection: 8 experts, 16384 rows, 4096 -> 14336, bf16) "
               "| group sizes | pass | us (IQR) | TFLOP/s |", "|---|---|---|---|---|"]
-    lines += _rows(raw["ragged"], lambda r: f"| {r['groups']} | {r.get('group_sizes', '')} | {r['pass']} |",
+    lines += _rows(raw["ragged"], lambda r: f"| {r['groups']}{', grouped-GEMM flag' if r.get('flag') else ''} "
+                                            f"| {r.get('group_sizes', '')} | {r['pass']} |",
                    lambda r: f"{r['median_us']:.0f} ({r['iqr_us']:.0f}) | {r['tflops']:.0f} |")
+    if raw.get("dispatch"):
+        lines += ["", "| GShard einsum (Mixtral 8x7b recipe: 4 x 4096 tokens, 8 experts, 1280 slots, hidden 4096, bf16) "
+                  "| equation | pass | us (IQR) | TFLOP/s |", "|---|---|---|---|---|"]
+        lines += _rows(raw["dispatch"], lambda r: f"| {r['einsum']} | `{r['equation']}` | {r['pass']} |",
+                       lambda r: f"{r['median_us']:.0f} ({r['iqr_us']:.0f}) | {r['tflops']:.0f} |")
     return "\n".join(lines) + "\n\n" + KERNEL_FINDINGS
 
 

@@ -60,14 +60,18 @@ def test_the_probe_refuses_without_cupy(monkeypatch, capsys):
 
 def test_kernel_rates_flow_on_cpu(tmp_path):
     assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--parts", "fp8"]) == 2  # no GPU, no --allow-cpu
-    assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--allow-cpu", "--parts", "fp8,ragged",
+    assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--allow-cpu", "--parts", "fp8,ragged,dispatch",
                              "--repeats", "1", "--inner", "1"]) == 0
     raw = json.loads((tmp_path / "cpu_kernels.json").read_text())
-    assert {r["gemm"] for r in raw["fp8"]} == {"qkv", "o", "gate/up", "down"}
+    assert {r["gemm"] for r in raw["fp8"]} == {"qkv", "o", "gate/up", "down", "405b qkv", "405b o", "405b gate/up",
+                                               "405b down"}
     assert {r["dtype"] for r in raw["fp8"]} == {"bfloat16", "float8_e4m3fn", "fp8 delayed scaling (bf16 in)"}
     scaled = [r for r in raw["fp8"] if r["dtype"].startswith("fp8 delayed")]
     assert {r["pass"] for r in scaled} == {"forward", "forward+backward"} and all(r["f8_operands"] for r in scaled)
-    assert all("error" not in r and r["median_us"] > 0 for r in raw["fp8"] + raw["ragged"])
+    assert all("error" not in r and r["median_us"] > 0 for r in raw["fp8"] + raw["ragged"] + raw["dispatch"])
+    assert {r.get("flag") for r in raw["ragged"]} == {None, gpu_kernels.GROUPED_GEMM_FLAG}
+    assert {(r["einsum"], r["pass"]) for r in raw["dispatch"]} == {
+        (e, p) for e in ("dispatch", "combine") for p in ("forward", "forward+backward")}
     skewed = next(r for r in raw["ragged"] if r["groups"] == "skewed")
     assert sum(skewed["group_sizes"]) == skewed["m"] and skewed["group_sizes"][0] > skewed["group_sizes"][-1]
     with pytest.raises(SystemExit):
