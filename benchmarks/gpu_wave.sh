@@ -44,7 +44,7 @@ acc() {  # tag model config batch seq attention
 for p in $parts; do
   case $p in
     order) part order 80 $PY -m benchmarks.gpu_order --out "$W" ;;
-    kernels) part kernels 120 $PY -m benchmarks.gpu_kernels --out "$W" --parts "${KERNEL_PARTS:-attention,fp8,ragged,dispatch}" --repeats 10 --inner 4 ;;
+    kernels) part kernels 180 $PY -m benchmarks.gpu_kernels --out "$W" --parts "${KERNEL_PARTS:-attention,fp8,ragged,dispatch}" --repeats 10 --inner 4 ;;
     memory) XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 part memory 110 $PY -m benchmarks.gpu_kernels --out "$W/mem" --parts memory --memory-layers "${MEMORY_LAYERS:-6,10}" ;;
     gpt5b) acc gpt5b gpt2 "layers=2,d_model=4096,heads=32,d_ff=16384,max_len=2048" 4 2048 xla ;;
     llama2_7b) acc llama2_7b llama "layers=2,d_model=4096,heads=32,kv_heads=32,d_ff=11008,vocab=32000,max_len=4096" 2 4096 xla ;;
