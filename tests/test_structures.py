@@ -89,8 +89,7 @@ def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
     taken = {s.split("=")[0] for s, d in tuned.plan.decisions if d.startswith("taken")}
     assert taken <= {f.name for f in tuned.plan.flags}
     assert tuned.plan.makespan_us <= dict(tuned.plan.predicted_us)["xla-default"] * (1 + 1e-9)
-    text = job.compile_source(src, HW).text
-    hlo_only = job.run(job.HloSource(text, "compiled"), HW, structures=True, verify=False)
+    hlo_only = job.run(job.HloSource(tuned.compiled.text, "compiled"), HW, structures=True, verify=False)
     assert ("structure search", "not run: compiled cannot be compiled again here") in hlo_only.plan.decisions
 
 
