@@ -49,9 +49,7 @@ MARIN = "marin-community/marin issue #8054"
 # layers of 512 with every 6th global, 48 heads / 12 KV heads (6 on global layers), vocab
 # 128256), seq 4096 x batch 1024, pure FSDP over 64 GB200 of one NVL72 rack, recompute-all
 # remat; 18.101 s per step (median of steps 5-19) with NCCL's defaults.
-MARIN_MOE = dict(family="mixtral", layers=48, d_model=6144, heads=48, kv_heads=12, ffn=3072, vocab=128256,
-                 experts=128, top_k=4, shared_experts=2, capacity_factor=1.0, window=512, global_every=6,
-                 global_kv_heads=6, seq_len=4096, global_batch=1024, mesh={"fsdp": 64},
+MARIN_MOE = dict(family="mixtral", config="marin-moe", seq_len=4096, global_batch=1024, mesh={"fsdp": 64},
                  hardware="gb200-nvl72", remat="full")
 MARIN_NOTE = ("the family's marin-moe config; its stand-ins: GShard's one-hot dispatch for the sorted grouped "
               "GEMMs ('sonic' kernels), blocked einsums for FA4's windowed attention, no SConv/XSA/head "
@@ -139,7 +137,9 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
             base, new = gemm_beside_all_gather_ms(), gemm_beside_all_gather_ms(e.nccl_env)
             row.update(base_s=base / 1e3)
         elif e.how in ("nccl", "xla"):
-            kw = WORKLOADS[e.workload]
+            kw = dict(WORKLOADS[e.workload])
+            if "config" in kw:  # a named config of the family: its dimensions
+                kw.update(predict.config_dims(kw["family"], kw.pop("config")))
             if e.workload not in jobs:
                 jobs[e.workload] = predict.train_step_job(**kw, strategy="xla-default")
             job = jobs[e.workload]

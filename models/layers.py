@@ -26,6 +26,9 @@ from . import attention
 from .sharding import HEADS, HIDDEN, RESID, Layout
 
 
+QUANTIZATIONS = ("", "fp8")  # "fp8": models/fp8.py
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture hyper-parameters of one named configuration (e.g. GPT-2 124M)."""
@@ -81,7 +84,7 @@ class ModelConfig:
         if self.global_kv_heads and (not self.global_every or self.heads % self.global_kv_heads):
             raise ValueError(f"model config: global_kv_heads {self.global_kv_heads} needs global layers "
                              f"(global_every) and must divide heads {self.heads}")
-        if self.quantization not in ("", "fp8"):
+        if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"model config: quantization must be fp8 or empty, got {self.quantization!r}")
         if self.experts and not self.capacity_factor > 0:
             raise ValueError(f"model config: capacity_factor must be positive, got "

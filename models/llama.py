@@ -559,12 +559,6 @@ class Mixtral(Llama):
         # heads, intermediate 16384, vocab 32768, 8 experts, top-2, rope theta 1e6.
         "mixtral-8x22b": _moe(vocab=32768, d_model=6144, heads=48, kv_heads=8, d_ff=16384,
                               layers=56, max_len=65536, rope_theta=1e6, experts=8, top_k=2),
-        # DeepSeek-V3 shaped (arXiv 2412.19437 sec. 4.2; deepseek-ai/DeepSeek-V3 config.json):
-        # hidden 7168, 61 layers, the first 3 dense (intermediate 18432), then 256 routed
-        # experts of width 2048, top-8, and 1 shared expert; vocab 129280, 128 heads. MLA is
-        # not modelled: standard multi-head attention with 128 heads of dim 128 (q/k/v/o
-        # 7168 -> 16384) stands in; it has more attention weights than MLA's low-rank
-        # projections (q_lora 1536, kv_lora 512), and no multi-token prediction module.
         # marin-community/marin's FSDP MoE "hero" (experiments/grug/moe_hero_fsdp, issue #8054): hidden
         # 6144, 48 layers, 48 heads of 128; windowed layers of 512 positions with 12 KV heads, every
         # 6th layer global with 6; 128 routed experts of width 3072, top-4, and 2 shared experts of
@@ -575,6 +569,12 @@ class Mixtral(Llama):
         "marin-moe": _moe(vocab=128256, d_model=6144, heads=48, kv_heads=12, d_ff=3072, layers=48,
                           max_len=4096, experts=128, top_k=4, shared_experts=2, capacity_factor=1.0,
                           window=512, global_every=6, global_kv_heads=6),
+        # DeepSeek-V3 shaped (arXiv 2412.19437 sec. 4.2; deepseek-ai/DeepSeek-V3 config.json):
+        # hidden 7168, 61 layers, the first 3 dense (intermediate 18432), then 256 routed
+        # experts of width 2048, top-8, and 1 shared expert; vocab 129280, 128 heads. MLA is
+        # not modelled: standard multi-head attention with 128 heads of dim 128 (q/k/v/o
+        # 7168 -> 16384) stands in; it has more attention weights than MLA's low-rank
+        # projections (q_lora 1536, kv_lora 512), and no multi-token prediction module.
         "deepseek-v3": _moe(vocab=129280, d_model=7168, heads=128, kv_heads=128, d_ff=18432,
                             layers=61, max_len=4096, rope_theta=10000.0, experts=256, top_k=8,
                             shared_experts=1, expert_ffn=2048, dense_layers=3),

@@ -88,20 +88,20 @@ def test_an_fp8_step_compiles_to_fp8_gemms_and_is_predicted_faster():
               mesh={"fsdp": 8}, hardware="h100-sxm-8", remat="minimal_flash", strategy="xla-default")
     bf16 = predict.train_step_job("llama", **kw)
     fp8_job = predict.train_step_job("llama", quantization="fp8", **kw)
-    tasks = fp8_job.compiled.graph().compute_tasks
-    gemms = [t for t in tasks if t.kernel == "fp8-matmul"]
+    bf16_graph, fp8_graph = bf16.compiled.graph(), fp8_job.compiled.graph()
+    gemms = [t for t in fp8_graph.compute_tasks if t.kernel == "fp8-matmul"]
     # Each of a layer's seven dots runs as three fp8 GEMMs (forward, and the two of its
     # backward); under the layer scan each appears once in the loop bodies.
     assert len(gemms) >= 3 * 7
-    assert not any(t.kernel == "fp8-matmul" for t in bf16.compiled.graph().compute_tasks)
+    assert not any(t.kernel == "fp8-matmul" for t in bf16_graph.compute_tasks)
     # XLA quantizes the FSDP-sharded weights before gathering them: the all-gathers carry
     # fp8, half the bytes of bf16's, and the graph prices what they carry.
-    def gathered(job, dtype):
-        return sum(t.bytes for t in job.compiled.graph().collectives if t.kind == "all-gather" and t.dtype == dtype)
+    def gathered(graph, dtype):
+        return sum(t.bytes for t in graph.collectives if t.kind == "all-gather" and t.dtype == dtype)
 
-    assert gathered(fp8_job, "f8e4m3fn") > 0 and gathered(bf16, "f8e4m3fn") == 0
-    assert gathered(fp8_job, "bf16") + 2 * gathered(fp8_job, "f8e4m3fn") == pytest.approx(gathered(bf16, "bf16"),
-                                                                                         rel=0.05)
+    assert gathered(fp8_graph, "f8e4m3fn") > 0 and gathered(bf16_graph, "f8e4m3fn") == 0
+    assert gathered(fp8_graph, "bf16") + 2 * gathered(fp8_graph, "f8e4m3fn") == pytest.approx(
+        gathered(bf16_graph, "bf16"), rel=0.05)
     ratio = bf16.predicted_ms("xla-default") / fp8_job.predicted_ms("xla-default")
     # At bf16's rate the quantization's casts and amax reductions would make fp8 slower (< 1).
     assert 1.1 < ratio < 1.7

@@ -156,7 +156,7 @@ def test_report_has_one_row_per_tuner_key_with_the_instructions_it_covers():
     assert long_why.removeprefix("ring/Simple nc=4: ").rstrip() in plan.report(width=None)
 
 
-_TWO_ALL_REDUCES = """HloModule m
+_MODULE = """HloModule m
 %add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
   %b = f32[] parameter(1)
@@ -165,26 +165,17 @@ _TWO_ALL_REDUCES = """HloModule m
 ENTRY %e (p0: f32[262144], p1: f32[262144]) -> (f32[262144], f32[262144]) {
   %p0 = f32[262144]{0} parameter(0)
   %p1 = f32[262144]{0} parameter(1)
-  %r0 = f32[262144]{0} all-reduce(%p0), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
-  %r1 = f32[262144]{0} all-reduce(%p1), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
-  ROOT %t = (f32[262144]{0}, f32[262144]{0}) tuple(%r0, %r1)
+BODY
 }
 """
-_COMBINED = """HloModule m
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-ENTRY %e (p0: f32[262144], p1: f32[262144]) -> (f32[262144], f32[262144]) {
-  %p0 = f32[262144]{0} parameter(0)
-  %p1 = f32[262144]{0} parameter(1)
-  %r = (f32[262144]{0}, f32[262144]{0}) all-reduce(%p0, %p1), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
-  %g0 = f32[262144]{0} get-tuple-element(%r), index=0
-  %g1 = f32[262144]{0} get-tuple-element(%r), index=1
-  ROOT %t = (f32[262144]{0}, f32[262144]{0}) tuple(%g0, %g1)
-}
-"""
+_GROUPS = "replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add"
+_TWO_ALL_REDUCES = _MODULE.replace("BODY", f"""  %r0 = f32[262144]{{0}} all-reduce(%p0), {_GROUPS}
+  %r1 = f32[262144]{{0}} all-reduce(%p1), {_GROUPS}
+  ROOT %t = (f32[262144]{{0}}, f32[262144]{{0}}) tuple(%r0, %r1)""")
+_COMBINED = _MODULE.replace("BODY", f"""  %r = (f32[262144]{{0}}, f32[262144]{{0}}) all-reduce(%p0, %p1), {_GROUPS}
+  %g0 = f32[262144]{{0}} get-tuple-element(%r), index=0
+  %g1 = f32[262144]{{0}} get-tuple-element(%r), index=1
+  ROOT %t = (f32[262144]{{0}}, f32[262144]{{0}}) tuple(%g0, %g1)""")
 
 
 @pytest.mark.parametrize("predicted_text, compiles", [(_COMBINED, 1), (_TWO_ALL_REDUCES, 3)])

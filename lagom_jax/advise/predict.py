@@ -29,6 +29,7 @@ from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.cluster.nccl_env import NcclEnv
 from lagom_jax.plan.nccl_settings import SYMMETRIC_BUFFERS
 from lagom_jax.models import attention as attention_lib
+from lagom_jax.models.layers import QUANTIZATIONS
 from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile
 
 __all__ = ["COMPILE_PRICED_FLAGS", "RUNTIME_PRICED_FLAGS", "PricingWarning", "hlo_step_job", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
@@ -158,7 +159,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
         check_moe(experts=experts, top_k=top_k, expert_ways=int(mesh.get("expert", 1)), moe=moe,
                   expert_imbalance=expert_imbalance, shared_experts=shared_experts, expert_ffn=expert_ffn,
                   dense_layers=dense_layers, layers=layers)
-    if quantization not in ("", "fp8"):
+    if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be 'fp8' or '' (the compute dtype), got {quantization!r}")
     if quantization and family == "gpt":
         raise ValueError("quantization=fp8 is MaxText's fp8 path, built for llama and mixtral, not gpt")
@@ -183,16 +184,32 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
             dims["expert_imbalance"] = expert_imbalance
     if quantization:
         dims["quantization"] = quantization
-    attention_layout = dict(window=window, global_every=global_every, global_kv_heads=global_kv_heads)
-    if any(attention_layout.values()):
-        if family == "gpt":
-            raise ValueError("sliding-window and global layers are built for llama and mixtral, not gpt")
-        if window > seq_len or (window and seq_len % window):
-            raise ValueError(f"window {window} does not fit seq_len {seq_len}: it must divide the sequence")
-        dims.update({k: v for k, v in attention_layout.items() if v})
+    # The config and ``models.build`` check the layout (a window that divides the sequence).
+    dims.update({k: v for k, v in dict(window=window, global_every=global_every,
+                                       global_kv_heads=global_kv_heads).items() if v})
     config = ",".join(f"{k}={v}" for k, v in dims.items())
     return job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
                            remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))
+
+
+def config_dims(family: str, config: str) -> dict[str, Any]:
+    """The contract's keywords (``predict_train_step_ms``) of a built-in family's named config
+    (or ``"layers=..."`` dimensions): shape, and the MoE and attention-layout fields it sets."""
+    from lagom_jax.models.families import resolve_config
+
+    if family not in FAMILY_MODELS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
+    cfg = resolve_config(FAMILY_MODELS[family], config)
+    dims: dict[str, Any] = dict(layers=cfg.layers, d_model=cfg.d_model, heads=cfg.heads, kv_heads=cfg.kv,
+                                ffn=cfg.d_ff, vocab=cfg.vocab)
+    if cfg.experts:
+        dims.update(experts=cfg.experts, top_k=cfg.top_k, moe=cfg.moe, shared_experts=cfg.shared_experts,
+                    expert_ffn=cfg.expert_ffn, dense_layers=cfg.dense_layers, capacity_factor=cfg.capacity_factor,
+                    expert_imbalance=cfg.expert_imbalance)
+    for name in ("quantization", "window", "global_every", "global_kv_heads"):
+        if getattr(cfg, name):
+            dims[name] = getattr(cfg, name)
+    return dims
 
 
 def check_moe(*, experts: int, top_k: int, expert_ways: int = 1, moe: str = "dropping",

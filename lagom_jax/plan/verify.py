@@ -133,22 +133,22 @@ def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
     full = compile_fn(options) if options else baseline_text
     compiles = 1 if options else 0
     compiled = graph_lib.from_hlo_text(full)
-    as_predicted = (inventory(compiled) == inventory(predicted) and placement(compiled) == placement(predicted)
-                    and not _same_module(baseline_text, full))
+    changes = not _same_module(baseline_text, full)
+    result = Verification(
+        predicted=inventory(predicted), compiled=inventory(compiled),
+        predicted_placement=placement(predicted), compiled_placement=placement(compiled),
+        async_starts=sum(t.is_async for t in compiled.collectives), option_changed=(), compiles=compiles)
+    as_predicted = changes and result.inventory_matches and result.placement_matches
     changed: list[tuple[str, bool | None]] = []
     for name in options:
         if len(options) == 1:
-            changed.append((name, not _same_module(baseline_text, full)))
+            changed.append((name, changes))
         elif as_predicted:
             changed.append((name, None))
         else:
             without = compile_fn({k: v for k, v in options.items() if k != name})
             compiles += 1
             changed.append((name, not _same_module(without, full)))
-    result = Verification(
-        predicted=inventory(predicted), compiled=inventory(compiled),
-        predicted_placement=placement(predicted), compiled_placement=placement(compiled),
-        async_starts=sum(t.is_async for t in compiled.collectives),
-        option_changed=tuple(changed), compiles=compiles)
+    result = dataclasses.replace(result, option_changed=tuple(changed), compiles=compiles)
     kept = tuple(f for f in plan.flags if f.name not in result.dropped)
     return dataclasses.replace(plan, flags=kept, verification=result.lines()), result
