@@ -1,1 +1,1 @@
-"""The lagom-jax benchmark suite (run as ``python -m benchmarks.<name>``)."""
+"""The lagom-jax benchmark suite (run as ``python -m benchmarks.<group>.<name>``)."""

@@ -42,7 +42,7 @@ by ``xla_gpu_enable_pipelined_*`` and instructions with a ``combiner_key`` front
 attribute get keys of their own (GpuAllReduceCombiner and friends,
 xla/backends/gpu/transforms/collectives/). XLA also skips collectives that already have
 several operands (merged ones); a StepGraph does not record operand counts, so this pass
-may merge them again. ``benchmarks/combine_sweep.py`` checks the pass against deviceless
+may merge them again. ``benchmarks/predicted/combine_sweep.py`` checks the pass against deviceless
 XLA:GPU compiles.
 
 The combined collective depends on the union of its parts' producers (so it waits for the

@@ -1,6 +1,6 @@
 """The benchmark suite end to end on one tiny cell, and its command-line checks.
 
-The suite's main function runs exactly as ``python -m benchmarks.run`` would, with its
+The suite's main function runs exactly as ``python -m benchmarks.predicted.run`` would, with its
 output in a temporary folder (so RESULTS.md is not touched); the test then reads the JSON,
 Markdown and chart back and checks that the numbers agree with each other.
 """
@@ -20,7 +20,8 @@ import pytest
 # benchmarks/ is a folder of scripts beside the package, not installed: import it from the
 # checkout also when pytest runs from elsewhere.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from benchmarks import run, suite  # noqa: E402
+from benchmarks.predicted import run
+from benchmarks.predicted import suite  # noqa: E402
 from lagom_jax.cluster import hardware
 from lagom_jax.program import gpu_compile
 
@@ -149,9 +150,9 @@ def test_a_quick_run_leaves_the_tracked_results_alone():
 
 
 def test_every_workload_row_is_a_valid_contract_call():
-    """benchmarks/workloads.py: each published run maps onto the prediction contract (checked
+    """benchmarks/measured/workloads.py: each published run maps onto the prediction contract (checked
     without compiling): its step divides over its mesh and its flags are all priceable."""
-    from benchmarks import workloads
+    from benchmarks.measured import workloads
     from lagom_jax.advise import predict
     from lagom_jax.cluster import hardware
 
@@ -165,7 +166,7 @@ def test_every_workload_row_is_a_valid_contract_call():
 
 
 def test_flag_effects_rows_are_priced_settings_and_the_microbenchmark_is_judged():
-    from benchmarks import flag_effects
+    from benchmarks.measured import flag_effects
     from lagom_jax.advise import predict
     from lagom_jax.cluster.nccl_env import NcclEnv
 
@@ -183,10 +184,10 @@ def test_flag_effects_rows_are_priced_settings_and_the_microbenchmark_is_judged(
 
 
 def test_one_contention_model_agrees_with_every_measurement():
-    # benchmarks/contention.py: the same model (SMs per channel, HBM at the collective's own
+    # benchmarks/measured/contention.py: the same model (SMs per channel, HBM at the collective's own
     # rate, HBM pressure on matmuls) within 10% at the median of every source, and ISPASS'25's
     # average (18.9%) and worst (40%) slowdowns within a few points.
-    from benchmarks import contention
+    from benchmarks.measured import contention
 
     points = contention.copy_probe() + contention.echo() + contention.ispass() + contention.pytorch()
     by: dict[str, list[float]] = {}

@@ -8,7 +8,7 @@ The subset covers what the rules have to get right: bf16 and f32 all-reduces tha
 merge across element types or reductions (max vs add), collectives in loop bodies that
 must not merge across loops, mixed-dtype all-gathers that do merge, reduce-scatters held
 against the threshold by their result size, and a 4 KiB threshold that makes the byte
-limit bind. ``python -m benchmarks.combine_sweep`` runs the whole sweep.
+limit bind. ``python -m benchmarks.predicted.combine_sweep`` runs the whole sweep.
 
 The hand-built tests below pin each rule without compiling.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import combine_sweep
+from benchmarks.predicted import combine_sweep
 from lagom_jax.passes.combine import combine_groups
 from lagom_jax.program import gpu_compile, graph as graph_lib
 from lagom_jax.program.graph import StepGraph, Task

@@ -249,7 +249,7 @@ def test_xlas_triton_fp8_gemm_fusions_run_at_the_fp8_rate():
 
 @needs_gpu_compile
 def test_the_benchmark_row_of_a_module():
-    from benchmarks import xla_modules
+    from benchmarks.measured import xla_modules
 
     row = xla_modules.one(str(LLAMA), "h100-sxm-8", verify=False)
     assert row["stood_in"] == {"te_fused_attn_backward_ffi": 2, "te_fused_attn_forward_ffi": 2}

@@ -1,4 +1,4 @@
-"""The GPU scripts (benchmarks/gpu_hlo.py, benchmarks/gpu_accuracy.py) on the CPU.
+"""The GPU scripts (benchmarks/gpu/hlo.py, benchmarks/gpu/accuracy.py) on the CPU.
 
 What needs a GPU cannot be checked here: the mock GPU topology is never set on the CPU
 (the scripts refuse it; ``--allow-cpu`` runs on the 8 CPU devices instead), XLA:CPU has no
@@ -15,7 +15,9 @@ import jax
 import pytest
 from jax._src import xla_bridge
 
-from benchmarks import common, gpu_accuracy, gpu_hlo
+from benchmarks import common
+from benchmarks.gpu import accuracy as gpu_accuracy
+from benchmarks.gpu import hlo as gpu_hlo
 from lagom_jax.cluster import hardware
 from lagom_jax.passes.combine import combine
 from lagom_jax.program import graph as graph_lib, hlo

@@ -1,4 +1,4 @@
-"""The one-call GPU wave (benchmarks/gpu_order.py, gpu_kernels.py, gpu_wave_report.py) on the CPU.
+"""The one-call GPU wave (benchmarks/gpu/order.py, kernels.py, wave_report.py) on the CPU.
 
 The probes need an NVIDIA GPU and CuPy; here the parts that do not are checked: how a case's
 numbers are read, the kernels' flow on tiny shapes, the report built from the recorded raw
@@ -13,7 +13,10 @@ import shutil
 
 import pytest
 
-from benchmarks import gpu_accuracy, gpu_kernels, gpu_order, gpu_wave_report
+from benchmarks.gpu import accuracy as gpu_accuracy
+from benchmarks.gpu import kernels as gpu_kernels
+from benchmarks.gpu import order as gpu_order
+from benchmarks.gpu import wave_report as gpu_wave_report
 from lagom_jax.cluster import hardware
 
 WAVE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu" / "wave_2026-11-25"

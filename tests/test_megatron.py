@@ -198,7 +198,7 @@ def test_fidelity_replays_every_published_run():
     import sys
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from benchmarks import fidelity
+    from benchmarks.measured import fidelity
 
     rows = fidelity.load()
     assert len(rows) >= 130
@@ -388,12 +388,12 @@ def test_each_node_has_its_own_host():
 
 
 def test_the_host_constants_are_the_fit_of_megatrons_functional_tests():
-    """The defaults are what `benchmarks.fidelity --fit-host` finds (editing one without
+    """The defaults are what `benchmarks.measured.fidelity --fit-host` finds (editing one without
     refitting fails here) and predict the layouts they were not fitted on."""
     import sys
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from benchmarks import fidelity
+    from benchmarks.measured import fidelity
 
     ci = fidelity.load_ci()
     assert len(ci) >= 60

@@ -273,13 +273,13 @@ class Eager:
     the optimizer's launches, the logging of a step). All three were measured from Megatron-
     LM's own functional tests on one DGX A100 node (a 12-layer, hidden-512 GPT whose kernels
     are far shorter than its host work, so its iteration time is the host's:
-    ``benchmarks/data/megatron_ci_runs.md``; fitted by ``python -m benchmarks.fidelity
+    ``benchmarks/data/megatron_ci_runs.md``; fitted by ``python -m benchmarks.measured.fidelity
     --fit-host`` on three layouts and checked on the others) and are properties of that
     software and its host CPU (AMD EPYC 7742 on NVIDIA's Selene, Megatron-LM of 2023): a
     faster CPU or a newer PyTorch moves them (`HOPPER_EAGER`: the same tests on DGX H100).
 
     ``kernel_slowdown``: measured compute-kernel time over the kernel model's, fitted once
-    to the calibration runs of ``benchmarks/fidelity.py`` (Narayanan et al. 2021 and
+    to the calibration runs of ``benchmarks/measured/fidelity.py`` (Narayanan et al. 2021 and
     Korthikanti et al. 2022 on A100, rows whose micro-batch is printed) and checked on the
     held-out runs there. It stands for what the kernel model leaves out in a long eager
     run: unfused small kernels, allocator and stream synchronisation, clock variation.
@@ -308,7 +308,7 @@ class Eager:
 DEFAULT_EAGER = Eager()
 # The host of a DGX H100 (two Xeon Platinum 8480C) under the Megatron-LM of 2024 issues a
 # layer and a step faster than Selene's DGX A100 (two EPYC 7742) under that of 2023: the same
-# functional tests, fitted the same way (`benchmarks.fidelity --fit-host`).
+# functional tests, fitted the same way (`benchmarks.measured.fidelity --fit-host`).
 HOPPER_EAGER = dataclasses.replace(DEFAULT_EAGER, layer_host_us=HOPPER_LAYER_HOST_US,
                                    microbatch_host_us=HOPPER_MICROBATCH_HOST_US,
                                    step_host_us=HOPPER_STEP_HOST_US)

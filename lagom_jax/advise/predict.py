@@ -1,7 +1,7 @@
 """The prediction contract: the step time of a built-in family's training step on a cluster.
 
 ``predict_train_step_ms`` is the one call used to compare predictions with measured runs
-(``benchmarks/workloads.py``): it builds the family at the given dimensions on a mesh,
+(``benchmarks/measured/workloads.py``): it builds the family at the given dimensions on a mesh,
 compiles the train step with XLA's GPU pipeline for abstract GPUs of the cluster
 (deviceless: nothing runs), and predicts the step with the cost model, as XLA compiles it
 (``strategy="xla-default"``) or as lagom-jax would tune it (``"lagom"``). It is the

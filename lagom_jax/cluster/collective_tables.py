@@ -124,7 +124,7 @@ def anchor(table: str, kind: str, ranks: int, model_us) -> Anchor | None:  # noq
 
 
 # How far the (anchored) cost model is off on one collective's time: its median absolute error against
-# measured times it was not fitted to, by size band and span (benchmarks/collective_fidelity.py,
+# measured times it was not fitted to, by size band and span (benchmarks/measured/collective_fidelity.py,
 # RESULTS.md "collective_fidelity", the by-size-band table). Inside one node: sizes held out of XLA's
 # H100/B200 tables and Echo's A100 nccl-tests logs, and published bus bandwidths. Across nodes:
 # Echo's logs of 2-16 Azure ND A100 v4 VMs predicted on their own preset (``nd-a100-v4``), whose

@@ -72,7 +72,7 @@ class HardwareProfile:
     # overlaps. A NCCL CTA holds its SM but leaves registers, shared memory and warp slots
     # that co-resident compute CTAs use, so the share is well below 1. Fitted jointly with
     # ``CostConfig.hbm_pressure_exponent`` to every published measurement of compute beside
-    # communication (``benchmarks/contention.py``: the H100 copy-kernel probe, Echo-slowdown's
+    # communication (``benchmarks/measured/contention.py``: the H100 copy-kernel probe, Echo-slowdown's
     # A100 kernels, ISPASS'25 (arXiv 2507.03114), PyTorch's all-gather + GEMM
     # microbenchmark), not to one of them; `lagom-jax profile` measures it on a GPU.
     sm_share_per_channel: float = 0.2

@@ -123,7 +123,7 @@ class CostConfig:
     # With the launch-order rules (whole SMs from GEMMs that start beside resident CTAs,
     # ``HardwareProfile.resident_sm_share``) the exponent no longer stands in for the SMs:
     # 0.5 is the value of {0.2, 0.3, ..., 0.8} whose worst per-source median error over every
-    # source of ``benchmarks/contention.py`` is smallest (9.3%, ISPASS'25; 0.8 gave 14.4%,
+    # source of ``benchmarks/measured/contention.py`` is smallest (9.3%, ISPASS'25; 0.8 gave 14.4%,
     # 0.2 gave 14.3%), not a fit to one source. 0 turns the term off.
     hbm_pressure_exponent: float = 0.5
     # Compute keeps at least this share of HBM bandwidth however much comm wants.

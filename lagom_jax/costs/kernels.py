@@ -258,7 +258,7 @@ ATTENTION_RATES: dict[str, AttentionRates] = {
 # openxla/xla PR #31030; 1.095 s in fp8, PR #31375; 1.25x for the whole step). The llama
 # family's step built as MaxText's fp8 path (models/fp8.py: per-device batch 1, sequence 8192,
 # remat minimal_flash, fsdp=8) is predicted 1.25x faster than its bf16 step at 1.7 (1.10x at
-# 1.2, 1.32x at 2.0; benchmarks/workloads.py --part fp8). Published kernel rates agree: a bare
+# 1.2, 1.32x at 2.0; benchmarks/measured/workloads.py --part fp8). Published kernel rates agree: a bare
 # cuBLASLt fp8 GEMM reaches 1,599-1,630 TFLOP/s at 8192^3 on H100 (2.0x the profile's 792;
 # public cross-check report, gitea.d-robotics.cc/han.zhao/test_gpu_scripts,
 # reports_cublaslt_fp8_crosscheck_20260524.md), best-shape torch matmuls 1.77x (stas00/

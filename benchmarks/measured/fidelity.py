@@ -1,6 +1,6 @@
 """Predicted against measured iteration times of public Megatron-style GPT training runs.
 
-Run: ``python -m benchmarks.fidelity``. Replays every row of ``benchmarks/data/
+Run: ``python -m benchmarks.measured.fidelity``. Replays every row of ``benchmarks/data/
 megatron_runs.csv`` and ``megatron_small_runs.csv`` (sources and caveats in the ``.md``
 beside each) through
 ``lagom_jax.advise.configtuner.predict_step`` and reports, per set of rows:
@@ -47,9 +47,9 @@ from lagom_jax.advise import configtuner as advise, megatron
 from lagom_jax.cluster import hardware
 from lagom_jax.costs import cost
 
-from .common import machine_line, write_section
+from ..common import machine_line, write_section
 
-DATA = pathlib.Path(__file__).resolve().parent / "data" / "megatron_runs.csv"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "megatron_runs.csv"
 SMALL = DATA.parent / "megatron_small_runs.csv"
 TP_SWEEPS = DATA.parent / "megatron_tp_sweeps.csv"
 CI = DATA.parent / "megatron_ci_runs.csv"
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             "against the collective model under NCCL's own choices (error = predicted / measured - 1):", ""]
     out += collective_rows()
     out += ["", "Compute slowed by overlapping collectives (NetX-lab/Echo-slowdown and every other "
-            "measurement): section `contention` (`benchmarks/contention.py`)."]
+            "measurement): section `contention` (`benchmarks/measured/contention.py`)."]
     out += ["", "<details><summary>Every row</summary>", "",
             "| source | table | model (h x l) | GPUs | tp/dp/pp | micro-batch | global batch "
             "| measured s | predicted s | error | filled in |",

@@ -1,7 +1,7 @@
 """Which JAX releases the smoke subset passes on, and what each predicts for the same steps.
 
-    python -m benchmarks.jax_matrix ENV_PYTHON... [--write]
-    python -m benchmarks.jax_matrix --predict ENV_PYTHON... [--write]
+    python -m benchmarks.house.jax_matrix ENV_PYTHON... [--write]
+    python -m benchmarks.house.jax_matrix --predict ENV_PYTHON... [--write]
 
 Each ENV_PYTHON is the interpreter of an environment that holds one JAX (and a CUDA
 plugin), made beforehand, e.g. ``python -m venv v && v/bin/pip install 'jax==0.9.2'
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The same files as .ci/smoke_matrix.
 SMOKE_TESTS = ("tests/test_smoke.py", "tests/test_jax_internals.py", "tests/test_environment.py")
 _DESCRIBE = ("import platform; from lagom_jax.program import environment as e; "
@@ -119,7 +119,7 @@ def predict_in(python: str) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     described = _describe(python, env)
     installed = described[1] if described else python
-    proc = subprocess.run([python, "-W", "ignore", "-m", "benchmarks.jax_matrix", "--child-predict"],
+    proc = subprocess.run([python, "-W", "ignore", "-m", "benchmarks.house.jax_matrix", "--child-predict"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
     found = re.search(r"^LAGOM_PREDICT (.*)$", proc.stdout, re.M)
     if not found:

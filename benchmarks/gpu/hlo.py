@@ -2,7 +2,7 @@
 
 Run on a machine with one NVIDIA GPU::
 
-    python -m benchmarks.gpu_hlo --out tests/fixtures/hlo/gpu
+    python -m benchmarks.gpu.hlo --out tests/fixtures/hlo/gpu
 
 The flow (issue 9, part 2), one straight line:
 

@@ -4,7 +4,7 @@
 # log, so that one failing part loses nothing of the others. Writes everything under
 # $OUT/gpu and packs it into $OUT/gpu_wave.tgz.
 #
-#   OUT=/tmp/out bash benchmarks/gpu_wave.sh [part ...]
+#   OUT=/tmp/out bash benchmarks/gpu/wave.sh [part ...]
 #   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash (default: all)
 #
 # Needs: an NVIDIA GPU, JAX with its CUDA plugin, CuPy. lagom_jax is imported from this
@@ -36,16 +36,16 @@ part() {  # name limit_s command...
 }
 
 acc() {  # tag model config batch seq attention
-  part "acc_$1" "${ACC_LIMIT:-100}" $PY -m benchmarks.gpu_accuracy --out "$W" --tag "$1" --model "$2" --config "$3" \
+  part "acc_$1" "${ACC_LIMIT:-100}" $PY -m benchmarks.gpu.accuracy --out "$W" --tag "$1" --model "$2" --config "$3" \
     --batch-size "$4" --seq-len "$5" --attention "$6" --profile benchmarks/results/gpu/hardware.json \
     --warmup 2 --repeats 6
 }
 
 for p in $parts; do
   case $p in
-    order) part order 80 $PY -m benchmarks.gpu_order --out "$W" ;;
-    kernels) part kernels 180 $PY -m benchmarks.gpu_kernels --out "$W" --parts "${KERNEL_PARTS:-attention,fp8,ragged,dispatch}" --repeats 10 --inner 4 ;;
-    memory) XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 part memory 110 $PY -m benchmarks.gpu_kernels --out "$W/mem" --parts memory --memory-layers "${MEMORY_LAYERS:-6,10}" ;;
+    order) part order 80 $PY -m benchmarks.gpu.order --out "$W" ;;
+    kernels) part kernels 180 $PY -m benchmarks.gpu.kernels --out "$W" --parts "${KERNEL_PARTS:-attention,fp8,ragged,dispatch}" --repeats 10 --inner 4 ;;
+    memory) XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 part memory 110 $PY -m benchmarks.gpu.kernels --out "$W/mem" --parts memory --memory-layers "${MEMORY_LAYERS:-6,10}" ;;
     gpt5b) acc gpt5b gpt2 "layers=2,d_model=4096,heads=32,d_ff=16384,max_len=2048" 4 2048 xla ;;
     llama2_7b) acc llama2_7b llama "layers=2,d_model=4096,heads=32,kv_heads=32,d_ff=11008,vocab=32000,max_len=4096" 2 4096 xla ;;
     llama3_8b_flash) ACC_LIMIT=80 acc llama3_8b_flash llama "layers=2,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,max_len=8192" 1 8192 flash ;;

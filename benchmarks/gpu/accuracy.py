@@ -2,7 +2,7 @@
 
 Run on a machine with one NVIDIA GPU, after ``lagom-jax profile`` wrote a hardware.json::
 
-    python -m benchmarks.gpu_accuracy --profile benchmarks/results/gpu/hardware.json
+    python -m benchmarks.gpu.accuracy --profile benchmarks/results/gpu/hardware.json
 
 One single-device train step (``lagom_jax.models.build`` on one device) is compiled and
 run; after a warm-up, ``--repeats`` steps are each traced with ``jax.profiler.trace`` on

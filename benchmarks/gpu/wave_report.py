@@ -1,4 +1,4 @@
-"""RESULTS.md sections from a recorded GPU wave (``benchmarks/gpu_wave.sh``'s raw files).
+"""RESULTS.md sections from a recorded GPU wave (``benchmarks/gpu/wave.sh``'s raw files).
 
 The GPU runs write raw JSON (and the compiled modules) on the GPU machine; this script turns
 a folder of them into the ``gpu_order``, ``gpu_kernels``, ``gpu_memory`` and ``gpu_layers``
@@ -6,7 +6,7 @@ sections of RESULTS.md, on any machine. ``gpu_layers`` also rescores the recorde
 the cost model as it is now (``gpu_accuracy.rescore``), so a cost-model change shows its
 effect on the measured layers without a GPU::
 
-    python -m benchmarks.gpu_wave_report benchmarks/results/gpu/wave_2026-11-25
+    python -m benchmarks.gpu.wave_report benchmarks/results/gpu/wave_2026-11-25
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def order_section(runs: list[dict[str, Any]]) -> str:
     lines = [
         "## gpu_order (measured: who holds the SMs)", "",
         f"Machine: {first['device']}, {first['sms']} SMs, CuPy + NVRTC kernels, 2026-11-25 "
-        f"(`python -m benchmarks.gpu_order`, run {len(runs)} times; slowdowns of both runs shown).",
+        f"(`python -m benchmarks.gpu.order`, run {len(runs)} times; slowdowns of both runs shown).",
         f"A cuBLAS 8192^3 float16 GEMM alone: {first['gemm_alone_us']:.0f} us. One copy CTA moves "
         f"{first['copy_gbps_per_cta']:.0f} GB/s; `cudaMemcpyAsync` device-to-device {first['ce_gbps']:.0f} GB/s; "
         f"device-to-pinned-host {first['d2h_gbps']:.0f} GB/s. Stream priorities: normal {first['priorities']['normal']}, "
@@ -93,7 +93,7 @@ ORDER_FINDINGS = """What the probe says (both runs agree within 0.01-0.04 in slo
 def kernels_section(raw: dict[str, Any]) -> str:
     env = raw["environment"]
     lines = ["## gpu_kernels (measured: attention, fp8 GEMMs, ragged_dot)", "",
-             f"Machine: {machine(env)}. `python -m benchmarks.gpu_kernels`; median of 10 timed batches of 4 "
+             f"Machine: {machine(env)}. `python -m benchmarks.gpu.kernels`; median of 10 timed batches of 4 "
              "calls after warm-up, fresh inputs, IQR in parentheses. Causal attention FLOPs: half of "
              "4 b h s^2 d forward; forward+backward counted as 3.5x the forward (the backward as "
              "FlashAttention-2's 2.5x), whatever the kernel actually recomputes.", "",
@@ -200,7 +200,7 @@ def _robust(per_op: list[dict[str, Any]], total_us: float) -> dict[str, float]:
 
 
 def layers_section(directory: pathlib.Path) -> str:
-    from benchmarks import gpu_accuracy
+    from benchmarks.gpu import accuracy as gpu_accuracy
 
     runs = {p.stem.removeprefix("gpu_accuracy_"): json.loads(p.read_text())
             for p in sorted(directory.glob("gpu_accuracy_*.json"))}
@@ -220,7 +220,7 @@ def layers_section(directory: pathlib.Path) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     lines = ["## gpu_layers (measured: per-op time of 2-layer steps against the cost model)", "",
-             f"Machine: {machine(env)}. `benchmarks/gpu_wave.sh` runs `benchmarks.gpu_accuracy` on each "
+             f"Machine: {machine(env)}. `benchmarks/gpu/wave.sh` runs `benchmarks.gpu.accuracy` on each "
              "configuration (one device, command buffers off, 6 traced steps after 2 warm-ups, fresh "
              "batches); ops are matched to StepGraph tasks by name and each task is timed as the "
              "simulator times it alone (matmul shape, fused attention). Preset `h100-sxm-8`. MAPE is "
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     d = pathlib.Path(args.directory)
     if not d.is_dir():
-        print(f"gpu_wave_report: {d} is not a folder", file=sys.stderr)
+        print(f"wave_report: {d} is not a folder", file=sys.stderr)
         return 2
     orders = [json.loads(p.read_text()) for p in sorted(d.glob("gpu_order*.json"))]
     if orders:

@@ -4,7 +4,7 @@ Runs ``lagom_jax.costs.profile.run_profile`` on the default backend, prints a sh
 records the ``gpu_profile`` section of RESULTS.md. It refuses to record anything when the
 default backend is not a GPU, so that RESULTS.md never shows CPU numbers as GPU numbers.
 
-Run on the GPU machine: ``python -m benchmarks.gpu_profile --out benchmarks/results/gpu``
+Run on the GPU machine: ``python -m benchmarks.gpu.profile --out benchmarks/results/gpu``
 (add ``--quick`` for a shorter sweep).
 """
 

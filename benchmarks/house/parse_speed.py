@@ -4,7 +4,7 @@ The module is the train step of a GPT-like transformer (layers unrolled, not sca
 the text is as long as a real model's), compiled on 8 fake CPU devices with FSDP+TP
 sharding from abstract ``jax.ShapeDtypeStruct`` inputs, so nothing is allocated.
 
-Run: ``python -m benchmarks.parse_speed [--layers 32]``.
+Run: ``python -m benchmarks.house.parse_speed [--layers 32]``.
 """
 
 from __future__ import annotations

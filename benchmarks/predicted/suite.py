@@ -3,7 +3,7 @@
 A *cell* is one model under one sharding recipe on one mesh (``gpt2-124M dp+tp
 data=2,model=4``). For every cell and hardware preset the suite predicts the step time
 of each strategy from the HLO XLA compiled for that cell; where the backend has enough
-devices it also times the compiled step, untuned and tuned. ``benchmarks/run.py`` is the
+devices it also times the compiled step, untuned and tuned. ``benchmarks/predicted/run.py`` is the
 command line over these functions.
 
 Each cell is compiled once per preset, by XLA's GPU pipeline for abstract GPUs of that

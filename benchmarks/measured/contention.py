@@ -25,7 +25,7 @@ every public measurement of compute beside communication, each as published:
   with NCCL's SM kernels, 1.77 ms with copy engines (``NCCL_CTA_POLICY=2``); predicted by
   the simulator on the two-kernel step.
 
-    python -m benchmarks.contention [--no-record]
+    python -m benchmarks.measured.contention [--no-record]
 
 Error = predicted / measured - 1 of the slowdown (or of the step time for pytorch-ag-gemm).
 """
@@ -44,7 +44,7 @@ import sys
 from lagom_jax.cluster import hardware
 from lagom_jax.costs import cost
 
-HERE = pathlib.Path(__file__).resolve().parent
+HERE = pathlib.Path(__file__).resolve().parents[1]  # benchmarks/
 PROBE = HERE / "results" / "gpu" / "raw.json"
 ORDER_PROBE = HERE / "results" / "gpu" / "wave_2026-11-25" / "gpu_order_run1.json"
 # Threads per SM on Hopper and Ampere (CUDA C Programming Guide, compute capability tables):

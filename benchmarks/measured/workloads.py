@@ -25,7 +25,7 @@ each in a fresh process: llama3-70b on 256 H100 (FSDP), llama3.1-405b on 2048 H1
 (FSDP x data), mixtral-8x7b on 64 H100 (FSDP x expert); compile time, search time and the
 process's peak RSS.
 
-    python -m benchmarks.workloads [--part measured|fp8|scale|all] [--rows NAME,...] [--xla-modules DIR] [--no-record]
+    python -m benchmarks.measured.workloads [--part measured|fp8|scale|all] [--rows NAME,...] [--xla-modules DIR] [--no-record]
 
 Every step time here is *predicted* by the cost model except the "measured" column, which
 is the published measurement; nothing runs on a GPU.
@@ -43,7 +43,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.xla_modules import CALIBRATION
+from benchmarks.measured.xla_modules import CALIBRATION
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -260,7 +260,7 @@ def scale_one(case: Scale) -> dict[str, Any]:
 def _in_child(kind: str, name: str, *extra: str, timeout_s: float = 900) -> dict[str, Any]:
     from benchmarks.common import json_from_child
 
-    return json_from_child("benchmarks.workloads", "--child", kind, name, *extra, timeout_s=timeout_s)
+    return json_from_child("benchmarks.measured.workloads", "--child", kind, name, *extra, timeout_s=timeout_s)
 
 
 def measured_section(rows: list[Row], modules: list[ModuleRow] = (), folder: str | None = None) -> str:

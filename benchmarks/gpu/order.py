@@ -33,7 +33,7 @@ time axis. Reported per case: the GEMM slowdown (median of the GEMMs that ran en
 the collective did, over the median GEMM alone), how long the collective's CTAs waited after it
 was ready, and the collective's rate.
 
-Run on the GPU machine: ``python -m benchmarks.gpu_order --out DIR`` (needs CuPy).
+Run on the GPU machine: ``python -m benchmarks.gpu.order --out DIR`` (needs CuPy).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How good and how cheap the Lagom search is, under the cost model (predicted numbers).
 
-Run: ``python -m benchmarks.search_quality [--quick]``. Records, in benchmarks/RESULTS.md:
+Run: ``python -m benchmarks.predicted.search_quality [--quick]``. Records, in benchmarks/RESULTS.md:
 
 1. evaluations of ``lagom`` against N x K for N = 10 ... 1000 collectives (linear growth);
 2. the gap of ``lagom`` to ``exhaustive`` on 200 random steps of 2-6 collectives, both
@@ -20,7 +20,7 @@ from lagom_jax.cluster import collective_tables, hardware
 from lagom_jax.costs import cost
 from lagom_jax.program.synthetic import benchmark_graphs, random_graph
 
-from .common import machine_line, write_section
+from ..common import machine_line, write_section
 
 BASELINES = ("xla-default", "recipe", "autoccl")
 

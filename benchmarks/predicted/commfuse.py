@@ -1,6 +1,6 @@
 """CommFuse rings against the plain collectives on tensor-parallel-heavy cells (predicted).
 
-Run: ``python -m benchmarks.commfuse [--no-compile]``. Two parts, every number *predicted*
+Run: ``python -m benchmarks.predicted.commfuse [--no-compile]``. Two parts, every number *predicted*
 by the cost model (no multi-GPU machine here):
 
 1. **Per MLP, analytic** (`lagom_jax.costs.commfuse.choose`): the sequence-parallel MLP of GPT-2
@@ -24,7 +24,7 @@ from lagom_jax.models import FAMILIES, compiled
 from lagom_jax.plan import planning
 from lagom_jax.program import gpu_compile, graph as graph_lib
 
-from .common import machine_line, write_section
+from ..common import machine_line, write_section
 
 MLP_CELLS = (("gpt2", "1.5B"), ("t5", "base"))
 TP = ((8, 1), (16, 2))  # (tp, nodes)

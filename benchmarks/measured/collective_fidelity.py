@@ -1,7 +1,7 @@
 """Collective times: the cost model against measured collectives, per source, before and after
 the measured anchor.
 
-Run: ``python -m benchmarks.collective_fidelity`` (a few seconds). Every point is one
+Run: ``python -m benchmarks.measured.collective_fidelity`` (a few seconds). Every point is one
 collective timed under NCCL's own choice of parameters; the prediction is
 ``cost.default_time_us`` with the measured anchor off (``before``: NCCL's model alone) and
 on (``after``: ``collective_tables``). Sources:
@@ -37,9 +37,9 @@ from collections import defaultdict
 from lagom_jax.cluster import collective_tables, hardware
 from lagom_jax.costs import cost
 
-from .common import machine_line, write_section
+from ..common import machine_line, write_section
 
-DATA = pathlib.Path(__file__).resolve().parent / "data"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 BEFORE = cost.CostConfig(measured_tables=False)
 AFTER = cost.CostConfig()
 XLA_TABLES = {"sm_90": ("xla-h100", "h100-sxm-8"), "sm_100_B200": ("xla-b200", "b200-sxm-8")}

@@ -1,9 +1,9 @@
 """The benchmark suite: predicted (and, where devices exist, measured) speedups per cell.
 
-``python -m benchmarks.run [--quick] [--cells gpt2/dp,bert/fsdp] [--strategies ...]
+``python -m benchmarks.predicted.run [--quick] [--cells gpt2/dp,bert/fsdp] [--strategies ...]
 [--hardware h100-sxm-8,a40-pcie-8] [--no-measure]``
 
-For every cell (model x recipe x mesh, see ``benchmarks/suite.py``) and hardware preset it
+For every cell (model x recipe x mesh, see ``benchmarks/predicted/suite.py``) and hardware preset it
 compiles the cell's train step from abstract inputs, parses the HLO into a StepGraph and
 runs every strategy (xla-default, recipe, autoccl, lagom) under the cost model: predicted
 step time, speedup over xla-default and over autoccl, efficiency against the overlap
@@ -19,7 +19,7 @@ Where it runs
 *This machine* (CPU only): measurements use the ``tiny`` configs on 8 fake CPU devices,
 which shows the tuned executable runs; CPU timings say nothing about GPU overlap.
 
-*One multi-GPU host*: ``python -m benchmarks.run --quick`` (JAX sees all local GPUs; the
+*One multi-GPU host*: ``python -m benchmarks.predicted.run --quick`` (JAX sees all local GPUs; the
 cells whose mesh has at most that many devices are measured at their real size, and the
 plan predicts for ``--measure-hardware``, ``auto`` by default: the preset of the GPU model).
 
@@ -31,15 +31,15 @@ uses every device):
 - SLURM (JAX reads the allocation itself)::
 
       srun --nodes=2 --ntasks-per-node=1 --gpus-per-node=8 \\
-          python -m benchmarks.run --distributed --cells gpt2/dp/16,gpt2/dp+tp/16
+          python -m benchmarks.predicted.run --distributed --cells gpt2/dp/16,gpt2/dp+tp/16
 
 - ``mpirun`` (Open MPI; JAX reads ``OMPI_*``)::
 
-      mpirun -np 2 -H host1,host2 python -m benchmarks.run --distributed --cells gpt2/dp/16
+      mpirun -np 2 -H host1,host2 python -m benchmarks.predicted.run --distributed --cells gpt2/dp/16
 
 - plain environment variables, on each host (``JAX_COORDINATOR_ADDRESS`` is JAX's own)::
 
-      JAX_COORDINATOR_ADDRESS=host1:1234 python -m benchmarks.run --distributed \\
+      JAX_COORDINATOR_ADDRESS=host1:1234 python -m benchmarks.predicted.run --distributed \\
           --num-processes 2 --process-id 0    # 1 on host2
 
 NCCL reads its environment when the first communicator is created, so a tuned plan's
@@ -58,7 +58,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .common import RESULTS_DIR, machine_info, machine_line, write_section
+from ..common import RESULTS_DIR, machine_info, machine_line, write_section
 from .suite import (HARDWARE, STRATEGIES, CompileError, chart, check_names, compile_hlo,
                     full_matrix, markdown, measure, predict, quick_matrix, select)
 
@@ -68,7 +68,7 @@ def _csv(text: str) -> list[str]:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.predicted.run",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a representative subset (<= 10 min here)")
     p.add_argument("--cells", type=_csv, default=None, help="comma-separated cell ids, e.g. gpt2/dp+tp")
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     selection = "selected cells" if args.cells else "quick subset" if args.quick else "full matrix"
     report = {
         "name": name, "quick": args.quick, "selection": selection + (", tiny configs" if args.tiny else ""),
-        "command": " ".join(["python -m benchmarks.run", *argv]),
+        "command": " ".join(["python -m benchmarks.predicted.run", *argv]),
         "machine": info, "versions": _versions(), "strategies": list(strategies),
         "hardware": list(presets), "wall_s": time.perf_counter() - start,
         "rows": rows, "measured": measured,

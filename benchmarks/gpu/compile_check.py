@@ -2,7 +2,7 @@
 
 Run on a machine with one NVIDIA GPU::
 
-    python -m benchmarks.gpu_compile_check --out DIR
+    python -m benchmarks.gpu.compile_check --out DIR
 
 1. **Same step, two compiles.** GPT-2 (tiny, 124M) under ``dp`` on a mesh of one device is
    compiled on the real GPU (dumping its gemm autotuning results with
@@ -226,7 +226,7 @@ def flags_real_and_deviceless(out: pathlib.Path) -> dict[str, Any]:
     children = {}
     for topology, level in MOCK_RUNS:
         key = f"real_mock_{topology}_autotune_{'default' if level is None else level}"
-        cmd = [sys.executable, "-m", "benchmarks.gpu_compile_check", "--mock-child", topology,
+        cmd = [sys.executable, "-m", "benchmarks.gpu.compile_check", "--mock-child", topology,
                "--out", str(out / f"flags_{key}")]
         if level is not None:
             cmd += ["--autotune-level", str(level)]

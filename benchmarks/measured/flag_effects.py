@@ -22,13 +22,13 @@ Goal (issue: "Collectives and contention priced as measured", item 5): the right
 every effect the measurement tells apart from its noise, and the magnitude within 3
 percentage points. Nothing runs on a GPU; the measured column is the published number.
 
-    python -m benchmarks.flag_effects [--rows N,...] [--no-record]
-    python -m benchmarks.flag_effects --xla-modules DIR [--no-record]
-    python -m benchmarks.flag_effects --moe [--no-record]
+    python -m benchmarks.measured.flag_effects [--rows N,...] [--no-record]
+    python -m benchmarks.measured.flag_effects --xla-modules DIR [--no-record]
+    python -m benchmarks.measured.flag_effects --moe [--no-record]
 
 ``--xla-modules DIR`` predicts the SM-free settings on the one-node modules of XLA's GPU
 benchmark suite (openxla/xla ``xla/tools/benchmarks/hlo/``, downloaded to DIR as
-``benchmarks.xla_modules`` does; not kept here): each module is compiled deviceless once
+``benchmarks.measured.xla_modules`` does; not kept here): each module is compiled deviceless once
 and predicted again with zero-CTA collectives (``NCCL_CTA_POLICY=2`` on XLA's symmetric
 buffers) and with NVLS off. Their measured effects are kept aside to judge the model, so
 this part prints predictions only.
@@ -132,7 +132,7 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
         start = time.perf_counter()
         row: dict[str, Any] = {"effect": e, "how": e.how, "base_s": None, "predicted_pct": None}
         if e.how == "graph":
-            from benchmarks.contention import gemm_beside_all_gather_ms
+            from benchmarks.measured.contention import gemm_beside_all_gather_ms
 
             base, new = gemm_beside_all_gather_ms(), gemm_beside_all_gather_ms(e.nccl_env)
             row.update(base_s=base / 1e3)
@@ -255,7 +255,7 @@ def modules_section(rows: list[dict[str, Any]]) -> str:
     lines = ["## flag_effects_modules (SM-free settings on XLA's benchmark modules, predicted)", "",
              f"Machine: {machine_line()}. Each module of openxla/xla `xla/tools/benchmarks/hlo/` compiled deviceless "
              "for one node of 8 H100 (Transformer Engine attention stood in for the compile and priced from its "
-             "config, as `benchmarks.xla_modules` does) and predicted under XLA's and NCCL's defaults, then again "
+             "config, as `benchmarks.measured.xla_modules` does) and predicted under XLA's and NCCL's defaults, then again "
              "with the setting (it changes no program). Effect = (base - with the setting) / base, positive = "
              "faster. The measured effects are kept aside to judge the model; only predictions are shown.", "",
              "| module | setting | predicted base step | predicted with the setting | predicted effect |",
@@ -325,7 +325,7 @@ def moe_section(rows: list[dict[str, Any]]) -> str:
 
     lines = ["## flag_effects_moe (settings on the MoE steps MaxText's GPU recipes run, predicted)", "",
              f"Machine: {machine_line()}. Each step of MaxText's GPU configurations for Mixtral 8x7B (sources in "
-             "`benchmarks/flag_effects.py`, MOE_STEPS) built by the mixtral family, compiled deviceless by XLA's GPU pipeline "
+             "`benchmarks/measured/flag_effects.py`, MOE_STEPS) built by the mixtral family, compiled deviceless by XLA's GPU pipeline "
              "and predicted under XLA's and NCCL's defaults, then with the setting: NCCL variables change no "
              "program (the module is priced again), an XLA flag is compiled in. Effect = (base - with the "
              "setting) / base, positive = faster. No measurement of these steps is published: predictions "

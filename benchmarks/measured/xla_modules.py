@@ -21,7 +21,7 @@ RSS. Calibration: XLA's PR #31030 measured two of these one-node steps on H100
 (``CALIBRATION``); the table gives the model's error on them. The multi-node steps the
 same PRs report are held aside (not used here) to judge the model across nodes.
 
-Run: ``python -m benchmarks.xla_modules DIR [--modules NAME ...] [--hardware h100-sxm-8] [--record]``;
+Run: ``python -m benchmarks.measured.xla_modules DIR [--modules NAME ...] [--hardware h100-sxm-8] [--record]``;
 ``--rows LOG`` re-renders an earlier run's printed rows with ``--modules`` run again.
 """
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["--hardware", args.hardware] + (["--no-verify"] if args.no_verify else [])
         t = time.perf_counter()
         try:
-            row = common.json_from_child("benchmarks.xla_modules", "--one", str(p), *extra, timeout_s=args.timeout)
+            row = common.json_from_child("benchmarks.measured.xla_modules", "--one", str(p), *extra, timeout_s=args.timeout)
         except Exception as e:  # noqa: BLE001 - a timeout is a row too
             row = {"failed": f"{type(e).__name__}: {e}"}
         row.setdefault("module", p.stem)

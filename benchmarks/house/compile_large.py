@@ -12,7 +12,7 @@ and T5-base; GPT-2 1.5B has 25 heads, so tensor parallelism over 2/4/8 does not 
 and its hybrid uses FSDP instead. Sequences have the model's full length; the global
 batch is one sequence per device, or what the pipeline's microbatches need.
 
-Run: ``python -m benchmarks.compile_large [--devices 8 64] [--models gpt2:1.5B ...]``.
+Run: ``python -m benchmarks.house.compile_large [--devices 8 64] [--models gpt2:1.5B ...]``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def run_subprocess(devices: int, model: str, config: str, recipe: str, mesh: str
                    batch: int) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     args = (devices, model, config, recipe, mesh, batch)
-    code = f"from benchmarks.compile_large import _worker; _worker(*{args!r})"
+    code = f"from benchmarks.house.compile_large import _worker; _worker(*{args!r})"
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if proc.returncode:

@@ -6,7 +6,7 @@ tensor factorisation analytically, compiles the best ``--top-k`` train steps wit
 pipeline for 8 abstract GPUs of the preset (deviceless, from abstract inputs) and predicts their step time under XLA/NCCL defaults and
 after the lagom search. Every time in the tables is *predicted* by the cost model.
 
-Run: ``python -m benchmarks.advise [--top-k 4] [--batch 32]``. Records the ranked tables in
+Run: ``python -m benchmarks.predicted.advise [--top-k 4] [--batch 32]``. Records the ranked tables in
 benchmarks/RESULTS.md (section ``advise``) and the full advice as
 ``benchmarks/results/advise.json``.
 """
@@ -19,7 +19,7 @@ import math
 import sys
 import time
 
-from .common import RESULTS_DIR, machine_line, write_section
+from ..common import RESULTS_DIR, machine_line, write_section
 
 DEVICES = 8
 MODELS = (("gpt2", "355M", 1024), ("bert", "large", 512))  # (model, config, full seq_len)
@@ -112,14 +112,14 @@ def _child_rss_gib() -> float:
 
 
 def _published(jobs: int, say) -> tuple[list[str], list[dict]]:
-    """Every published run of benchmarks/workloads.py: its own configuration's memory from
+    """Every published run of benchmarks/measured/workloads.py: its own configuration's memory from
     XLA (with the run's flags, scan and attention) against the limits, and, for
     ``ADVISED_ROWS``, the advised alternative at fraction 0.9 with the run's flags."""
     import concurrent.futures
 
     from lagom_jax.advise import configtuner, memory, predict
 
-    from .workloads import ROWS
+    from ..measured.workloads import ROWS
 
     def own(row):
         kw = row.contract_kwargs()
@@ -219,7 +219,7 @@ def _scale(jobs: int, say) -> tuple[list[str], list[dict]]:
 
 
 def families_main(argv: list[str] | None = None) -> None:
-    """``python -m benchmarks.advise --families``: the section ``advise_families``."""
+    """``python -m benchmarks.predicted.advise --families``: the section ``advise_families``."""
     import os
 
     ap = argparse.ArgumentParser()
@@ -243,7 +243,7 @@ def families_main(argv: list[str] | None = None) -> None:
         "aliased + temporaries + code), against the GPU's memory (`device_memory_size` of XLA's target "
         "description) times the memory fraction; steps are predicted by the cost model (the contract's "
         "`predict_train_step_ms`, xla-default with the run's flags).", "",
-        "### Published runs (benchmarks/workloads.py): predicted to fit, and the advised alternative", "",
+        "### Published runs (benchmarks/measured/workloads.py): predicted to fit, and the advised alternative", "",
         "Each published configuration compiled as it ran (its flags, scan or not, attention); the reference "
         "does not list each run's `XLA_PYTHON_CLIENT_MEM_FRACTION`, so the fit is shown at JAX's default "
         "0.75 and at 0.9. The advised alternative (2 mesh finalists) is searched at 0.9 with the run's flags, "

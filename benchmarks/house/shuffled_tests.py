@@ -6,7 +6,7 @@ and runs the README's test command with the collected tests shuffled by a seed
 (``LAGOM_TEST_SHUFFLE``, ``tests/conftest.py``). It records, per run, the seed, pytest's
 summary line and the wall time, with the machine; a failed run keeps its log's last lines.
 
-    python -m benchmarks.shuffled_tests [--seeds 1,2,3,4,5] [--no-record]
+    python -m benchmarks.house.shuffled_tests [--seeds 1,2,3,4,5] [--no-record]
 
 The wall time is this machine's with whatever else ran beside it (the section says so);
 the suite's goal (issue 49): under 15 minutes alone on the 2-core machine.
@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the machine line imports JAX: no GPU plugin start-up
 
 
@@ -68,7 +68,7 @@ def section(runs: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.shuffled_tests", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.house.shuffled_tests", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated shuffle seeds, one run each")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     parser.add_argument("--no-record", action="store_true", help="print the section, leave RESULTS.md alone")

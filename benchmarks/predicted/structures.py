@@ -9,7 +9,7 @@ plan's verification: the step recompiled with the plan's options has the collect
 search predicted, in the places it predicted (outside loops, in loops of how many
 iterations), and each option changes the module.
 
-    python -m benchmarks.structures [--no-record]
+    python -m benchmarks.predicted.structures [--no-record]
 
 Every step time here is *predicted* by the cost model.
 """
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
              "`recipe` is the MaxText/JAX-Toolbox flag recipe as the passes model it.", ""]
     for w in WORKLOADS:
         print(f"[structures] {w[0]} ...", file=sys.stderr, flush=True)
-        r = json_from_child("benchmarks.structures", "--child", w[0])
+        r = json_from_child("benchmarks.predicted.structures", "--child", w[0])
         if "failed" in r:
             lines += [f"### {w[0]}", "", f"failed: {r['failed']}", ""]
             continue

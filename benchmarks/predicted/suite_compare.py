@@ -1,6 +1,6 @@
 """What changed between two runs of the benchmark suite: rows side by side, and a summary.
 
-``python -m benchmarks.suite_compare OLD.json NEW.json [--name suite_gpu_vs_cpu]
+``python -m benchmarks.predicted.suite_compare OLD.json NEW.json [--name suite_gpu_vs_cpu]
 [--old-label "XLA:CPU modules"] [--new-label "XLA:GPU modules"] [--differs "..."]``
 
 Made for the move from XLA:CPU modules to XLA:GPU deviceless modules

@@ -2,7 +2,7 @@
 
 Run from the repository root (no GPU needed)::
 
-    python -m benchmarks.combine_sweep [--models gpt2,bert,t5] [--recipes dp,fsdp,tp,dp+tp]
+    python -m benchmarks.predicted.combine_sweep [--models gpt2,bert,t5] [--recipes dp,fsdp,tp,dp+tp]
         [--dtypes bfloat16,float32] [--thresholds 0,4KiB,1MiB,8MiB,32MiB,default,1GiB]
         [--out benchmarks/results/combine_sweep.json] [--hlo-dir DIR [--reuse]]
 
@@ -18,7 +18,7 @@ Every step is compiled *deviceless* with XLA's real GPU pipeline for abstract GP
    call), with ``passes.combine.combine(uncombined, T)``.
 
 The comparison (``compare_combine``, ``KindAgreement``, ``collective_sizes``) is
-``benchmarks.gpu_hlo``'s. Threshold 0 needs no second compile: XLA's output is the
+``benchmarks.gpu.hlo``'s. Threshold 0 needs no second compile: XLA's output is the
 uncombined module itself. The tiny configs keep each compile to seconds; their collectives
 are a few KiB, so the 4 KiB threshold is the one that makes the byte limit bind.
 
@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.gpu_hlo import KindAgreement, _bytes, compare_combine, threshold_options
+from benchmarks.gpu.hlo import KindAgreement, _bytes, compare_combine, threshold_options
 from lagom_jax.program import graph as graph_lib
 
 KIB = 1 << 10
@@ -51,9 +51,9 @@ DEFAULT_RECIPES = ("dp", "fsdp", "tp", "dp+tp")
 DEFAULT_DTYPES = ("bfloat16", "float32")
 # None: no threshold option at all (XLA's default, 30 MiB + 7, and its default-only heuristics).
 DEFAULT_THRESHOLDS: tuple[int | None, ...] = (0, 4 * KIB, MIB, 8 * MIB, 32 * MIB, None, GIB)
-DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results" / "combine_sweep.json"
+DEFAULT_OUT = pathlib.Path(__file__).resolve().parents[1] / "results" / "combine_sweep.json"
 # Mesh of each recipe. The tiny configs have 4 attention heads, so pure tensor parallelism
-# runs on 4 GPUs (benchmarks.gpu_hlo's model=8 does not divide them).
+# runs on 4 GPUs (benchmarks.gpu.hlo's model=8 does not divide them).
 MESHES = {"dp": "data=8", "fsdp": "fsdp=8", "tp": "model=4", "dp+tp": "data=4,model=2"}
 KIND_ORDER = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 

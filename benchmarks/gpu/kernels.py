@@ -25,7 +25,7 @@ Parts (``--parts``, comma-separated):
 Every time is the median of ``--repeats`` timed batches (each ``--inner`` calls, fresh
 inputs per call set, after warm-up) with the interquartile range. Run on the GPU machine::
 
-    python -m benchmarks.gpu_kernels --out DIR
+    python -m benchmarks.gpu.kernels --out DIR
 
 ``--allow-cpu --quick`` runs the flow on the CPU with tiny shapes, for tests; nothing it prints
 is a GPU number.

@@ -1,0 +1,1 @@
+"""Run on a machine with one NVIDIA GPU: kernel rates, compile checks and the GPU wave."""

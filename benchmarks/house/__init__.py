@@ -1,0 +1,1 @@
+"""The project itself: the test suite's time, the JAX releases it reads, parse and compile speed."""

@@ -1,0 +1,1 @@
+"""Predictions against measurements: published runs and this project's own GPU runs."""

@@ -1,0 +1,1 @@
+"""Predicted suites: the cost model and the search on built-in cells, with no measurement."""
