@@ -329,6 +329,16 @@ def test_the_work_left_only_falls_as_the_search_goes(monkeypatch):
     assert to_go[-1] == 0
 
 
+def test_the_time_left_rises_only_by_work_newly_found():
+    # The mean compile time moves as compiles finish (a probe at batch 1 is quicker than a finalist
+    # at batch 8); the figure shown must not rise with it, only with work the search newly found.
+    left = adv.TimeLeft()
+    shown = [left(n, 20, each) for n, each in ((19, 10.0), (18, 30.0), (17, 5.0), (16, 40.0))]
+    assert shown == [190.0, 190.0, 85.0, 85.0]
+    assert left(15, 25, 40.0) == 85.0 + 5 * 40.0  # five compiles found: their time is added
+    assert left(0, 25, 40.0) == 0.0
+
+
 def test_tied_candidates_are_one_row_with_their_alternatives(monkeypatch):
     # The fake compile gives remat "full" and "minimal" the same memory and time: XLA would
     # compile them to one step, so the table shows one rank and names both.

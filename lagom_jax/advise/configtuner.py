@@ -1075,6 +1075,24 @@ def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_nod
     return keep, out
 
 
+class TimeLeft:
+    """The seconds left that a progress line shows: the compiles left times the mean compile
+    time so far, never more than the last figure shown plus the work found since. (The mean
+    moves as compiles of other sizes finish; a figure that rose with it would say the search
+    got longer when it only got better measured.)"""
+
+    def __init__(self) -> None:
+        self.shown: float | None = None
+        self.planned = 0
+
+    def __call__(self, left: int, planned: int, seconds_each: float) -> float:
+        estimate = left * seconds_each
+        if self.shown is not None:
+            estimate = min(estimate, self.shown + max(0, planned - self.planned) * seconds_each)
+        self.shown, self.planned = estimate, planned
+        return estimate
+
+
 def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
                       vocab: int, experts: int = 0, top_k: int = 0, gpus: int,
                       hardware: str | hardware_lib.HardwareProfile, global_batch: int, seq_len: int,
@@ -1208,6 +1226,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     failures: dict[tuple, str] = {}
     workers = max(1, jobs or os.cpu_count() or 1)
     planned = {"n": 0}
+    time_left = TimeLeft()
     searched: set[tuple] = set()  # what the search evaluated (the user's own configuration aside)
 
     def local_batch(m: Mapping[str, int]) -> int:
@@ -1263,7 +1282,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             done = counts["compiles"]
             per = counts["seconds"] / max(1, done - counts["cached"])
             left = max(0, planned["n"] - done)
-        say(f"[{done} compiled, ~{left} to go, {time.monotonic() - start:.0f} s, ~{left * per / workers:.0f} s "
+            seconds_left = time_left(left, planned["n"], per / workers)
+        say(f"[{done} compiled, ~{left} to go, {time.monotonic() - start:.0f} s, ~{seconds_left:.0f} s "
             f"left] {cand.label()}: {'fits' if fits else 'does not fit'} {peak / gib:.1f} GiB, "
             f"{step_ms:.1f} ms")
         return cand
