@@ -26,6 +26,18 @@ if settings is not None:
     settings.load_profile("deterministic")
 
 
+# The README runs the suite with pytest-xdist's ``-n auto --dist loadfile``: a file's tests share
+# their module's compiled steps, so each file runs in one worker. Workers: one per CPU, but no
+# more than one per 4 GiB of memory (a worker holds a few deviceless GPU compiles at a time).
+def pytest_xdist_auto_num_workers(config):
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError, AttributeError):
+        return cpus
+    return max(1, min(cpus, int(gib // 4)))
+
+
 # Random order, to show no test leans on another's leftovers: LAGOM_TEST_SHUFFLE=SEED runs
 # the collected tests shuffled by that seed (the header names it; rerun with it to repeat).
 def pytest_report_header(config):

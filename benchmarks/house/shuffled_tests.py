@@ -23,6 +23,8 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The README's test command after ``python -m pytest``.
+README_ARGS = ("-q", "-n", "auto", "--dist", "loadfile")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the machine line imports JAX: no GPU plugin start-up
 
 
@@ -36,14 +38,16 @@ def one_run(seed: str, timeout_s: float) -> dict:
         env = {**os.environ, "LAGOM_TEST_SHUFFLE": seed, "PYTHONPATH": str(clone)}
         start = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=clone,
-                                  env=env, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run([sys.executable, "-m", "pytest", *README_ARGS, "-p", "no:cacheprovider"],
+                                  cwd=clone, env=env, capture_output=True, text=True, timeout=timeout_s)
             out, rc = proc.stdout + proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as err:
             out, rc = f"{err.stdout or ''}{err.stderr or ''}\ntimed out after {timeout_s:.0f} s", -1
         wall = time.perf_counter() - start
     lines = [ln for ln in out.strip().splitlines() if ln.strip()]
-    summary = lines[-1] if lines else "(no output)"
+    # pytest's summary (xdist's workers may print to stderr after it)
+    summary = next((ln for ln in reversed(lines) if " in " in ln and any(
+        w in ln for w in (" passed", " failed", " error", "timed out"))), lines[-1] if lines else "(no output)")
     return {"seed": seed, "commit": commit, "rc": rc, "wall_s": wall, "summary": summary,
             "tail": lines[-15:] if rc else []}
 
@@ -54,7 +58,7 @@ def section(runs: list[dict]) -> str:
     ok = sum(r["rc"] == 0 for r in runs)
     lines = ["## tests (the suite on a clean clone, in random order)", "",
              f"Machine: {machine_line()}. Each run: `git clone` of the committed HEAD, the README's "
-             "`python -m pytest -q` with the tests shuffled (`LAGOM_TEST_SHUFFLE=seed`, tests/conftest.py), "
+             "`python -m pytest " + " ".join(README_ARGS) + "` with the tests shuffled (`LAGOM_TEST_SHUFFLE=seed`, tests/conftest.py), "
              "the project imported from the clone. Wall times are this shared machine's, with whatever ran "
              "beside the suite.", "",
              "| seed | commit | result | wall |", "|---|---|---|---:|"]
