@@ -11,6 +11,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -29,6 +30,7 @@ if settings is not None:
 # The README runs the suite with pytest-xdist's ``-n auto --dist loadfile``: a file's tests share
 # their module's compiled steps, so each file runs in one worker. Workers: one per CPU, but no
 # more than one per 4 GiB of memory (a worker holds a few deviceless GPU compiles at a time).
+@pytest.hookimpl(optionalhook=True)  # a hook only where pytest-xdist is installed (not the smoke subset's envs)
 def pytest_xdist_auto_num_workers(config):
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
