@@ -250,12 +250,19 @@ def test_search_takes_the_largest_batch_that_fits_and_says_how_it_pruned(monkeyp
     assert advice.gain(best) == pytest.approx(advice.current.step_ms / best.step_ms)
     report = advice.report()
     assert "Pruning:" in report and "MaxText-style config" in report
+    assert "The closed-form screen against the 1 compiled probes" in report  # the screen's error, said
     assert "gradient_accumulation_steps" in adv.maxtext_fragment(best, 8, 8)
     # The fragment names the attention kernel the step was priced with: MaxText's GPU
     # "flash" is JAX's Pallas mha, the kernel the families compile; cuDNN's is another.
     for attention, key in (("flash", "attention: flash "), ("xla", "attention: dot_product ")):
         text = adv.maxtext_fragment(dataclasses.replace(best, attention=attention), 8, 8)
         assert key in text and "cudnn_flash_te " not in text.split("#")[0]
+
+
+def test_the_screens_error_against_the_compiled_probes_is_said():
+    text = adv.screen_agreement({"fsdp=8": (90.0, 100.0), "data=2,fsdp=4": (130.0, 100.0), "data=8": (105.0, 100.0)})
+    assert "median +5%" in text and "worst +30% (data=2,fsdp=4)" in text and "2 of 3 within 10%" in text
+    assert "not checked" in adv.screen_agreement({})
 
 
 def test_bad_input_for_the_family_advisor():

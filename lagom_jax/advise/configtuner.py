@@ -1075,6 +1075,21 @@ def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_nod
     return keep, out
 
 
+def screen_agreement(pairs: Mapping[str, tuple[float, float]]) -> str:
+    """How far the closed-form screen (``mesh_screen_us``) is from the compiled prediction of the
+    same meshes: ``pairs`` is mesh -> (screen ms, compiled ms). A sentence for the output: the
+    screen only orders the meshes to probe, and the user should see how well it does."""
+    if not pairs:
+        return "No probe compiled, so the screen was not checked against a compiled prediction."
+    errors = sorted((screen / compiled - 1, mesh) for mesh, (screen, compiled) in pairs.items())
+    worst = max(errors, key=lambda e: abs(e[0]))
+    within = sum(abs(e) <= 0.10 for e, _ in errors)
+    return (f"The closed-form screen against the {len(errors)} compiled probes: median "
+            f"{errors[len(errors) // 2][0]:+.0%}, worst {worst[0]:+.0%} ({worst[1]}), {within} of "
+            f"{len(errors)} within 10%; it only orders the meshes to probe, every number in the table "
+            "is the compiled prediction.")
+
+
 class TimeLeft:
     """The seconds left that a progress line shows: the compiles left times the mean compile
     time so far, never more than the last figure shown plus the work found since. (The mean
@@ -1335,6 +1350,10 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             planned["n"] -= finalist_reserve - sum(budget(m) for m in finalists)
         pruning.append(f"{len(survivors)} probed at per-device batch 1 with {probe_remat} remat, "
                        f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further.")
+        pruning.append(screen_agreement(
+            {_mesh_str(c.mesh): (mesh_screen_us(family, dims, c.mesh, hw, global_batch=global_batch,
+                                                seq_len=seq_len) / 1e3, c.step_ms)
+             for c in probes.values() if c is not None}))
 
         # 3. per finalist mesh: the largest per-device batch that fits, per remat policy
         def search_mesh(m: dict[str, int]) -> None:
