@@ -12,8 +12,12 @@ import os
 import pathlib
 import platform
 
-RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
-RESULTS_MD = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
+# Where the scripts' folders keep what they share, whichever folder a script sits in.
+BENCHMARKS_DIR = pathlib.Path(__file__).resolve().parent
+ROOT = BENCHMARKS_DIR.parent  # the repository
+DATA_DIR = BENCHMARKS_DIR / "data"  # published measurements the scripts read
+RESULTS_DIR = BENCHMARKS_DIR / "results"
+RESULTS_MD = BENCHMARKS_DIR / "RESULTS.md"
 
 
 def machine_info() -> dict[str, str]:

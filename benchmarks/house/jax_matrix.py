@@ -29,9 +29,8 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.common import ROOT
 # The same files as .ci/smoke_matrix.
 SMOKE_TESTS = ("tests/test_smoke.py", "tests/test_jax_internals.py", "tests/test_environment.py")
 _DESCRIBE = ("import platform; from lagom_jax.program import environment as e; "

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from benchmarks.common import ROOT
 # The README's test command after ``python -m pytest``.
 README_ARGS = ("-q", "-n", "auto", "--dist", "loadfile")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the machine line imports JAX: no GPU plugin start-up

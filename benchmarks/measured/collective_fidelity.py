@@ -30,16 +30,14 @@ import argparse
 import csv
 import dataclasses
 import math
-import pathlib
 import statistics
 from collections import defaultdict
 
 from lagom_jax.cluster import collective_tables, hardware
 from lagom_jax.costs import cost
 
-from ..common import machine_line, write_section
+from ..common import DATA_DIR as DATA, machine_line, write_section
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 BEFORE = cost.CostConfig(measured_tables=False)
 AFTER = cost.CostConfig()
 XLA_TABLES = {"sm_90": ("xla-h100", "h100-sxm-8"), "sm_100_B200": ("xla-b200", "b200-sxm-8")}

@@ -37,20 +37,20 @@ import contextlib
 import csv
 import dataclasses
 import json
-import pathlib
 import statistics
 import sys
 
 from lagom_jax.cluster import hardware
 from lagom_jax.costs import cost
 
-HERE = pathlib.Path(__file__).resolve().parents[1]  # benchmarks/
-PROBE = HERE / "results" / "gpu" / "raw.json"
-ORDER_PROBE = HERE / "results" / "gpu" / "wave_2026-11-25" / "gpu_order_run1.json"
+from ..common import DATA_DIR, RESULTS_DIR
+
+PROBE = RESULTS_DIR / "gpu" / "raw.json"
+ORDER_PROBE = RESULTS_DIR / "gpu" / "wave_2026-11-25" / "gpu_order_run1.json"
 # Threads per SM on Hopper and Ampere (CUDA C Programming Guide, compute capability tables):
 # how many of the probe's 512-thread CTAs one SM takes when they arrive together.
 THREADS_PER_SM = 2048
-KERNELS = HERE / "data" / "a100_kernels.csv"
+KERNELS = DATA_DIR / "a100_kernels.csv"
 GEMM = 8192
 
 

@@ -47,13 +47,13 @@ from lagom_jax.advise import configtuner as advise, megatron
 from lagom_jax.cluster import hardware
 from lagom_jax.costs import cost
 
-from ..common import machine_line, write_section
+from ..common import DATA_DIR, machine_line, write_section
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "megatron_runs.csv"
-SMALL = DATA.parent / "megatron_small_runs.csv"
-TP_SWEEPS = DATA.parent / "megatron_tp_sweeps.csv"
-CI = DATA.parent / "megatron_ci_runs.csv"
-NCCL_TESTS = DATA.parent / "nccl_tests_a100.csv"
+DATA = DATA_DIR / "megatron_runs.csv"
+SMALL = DATA_DIR / "megatron_small_runs.csv"
+TP_SWEEPS = DATA_DIR / "megatron_tp_sweeps.csv"
+CI = DATA_DIR / "megatron_ci_runs.csv"
+NCCL_TESTS = DATA_DIR / "nccl_tests_a100.csv"
 
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
 # Narayanan et al.'s split and micro-batch sweeps (Figures 13-16), read from the plots.

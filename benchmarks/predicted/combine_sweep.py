@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from benchmarks.common import RESULTS_DIR
 from benchmarks.gpu.hlo import KindAgreement, _bytes, compare_combine, threshold_options
 from lagom_jax.program import graph as graph_lib
 
@@ -51,7 +52,7 @@ DEFAULT_RECIPES = ("dp", "fsdp", "tp", "dp+tp")
 DEFAULT_DTYPES = ("bfloat16", "float32")
 # None: no threshold option at all (XLA's default, 30 MiB + 7, and its default-only heuristics).
 DEFAULT_THRESHOLDS: tuple[int | None, ...] = (0, 4 * KIB, MIB, 8 * MIB, 32 * MIB, None, GIB)
-DEFAULT_OUT = pathlib.Path(__file__).resolve().parents[1] / "results" / "combine_sweep.json"
+DEFAULT_OUT = RESULTS_DIR / "combine_sweep.json"
 # Mesh of each recipe. The tiny configs have 4 attention heads, so pure tensor parallelism
 # runs on 4 GPUs (benchmarks.gpu.hlo's model=8 does not divide them).
 MESHES = {"dp": "data=8", "fsdp": "fsdp=8", "tp": "model=4", "dp+tp": "data=4,model=2"}
