@@ -785,6 +785,9 @@ GRAD_ACCUM_BYTES = 4  # the float32 gradient accumulator a step with grad_accum 
 DEFAULT_MESH_FINALISTS = 3
 DEFAULT_TOP = 10
 DEFAULT_MAX_PROBES = 10
+# A mesh the calibrated screen puts this much slower than the finalist-th fastest probe is not
+# probed (the calibrated screen is within 10% of the compiled steps it is fitted on).
+PROBE_MARGIN = 0.10
 
 
 class NothingFits(ValueError):
@@ -1014,37 +1017,123 @@ def _mesh_str(mesh: Mapping[str, int]) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "data=1"
 
 
-def mesh_screen_us(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
-                   *, global_batch: int, seq_len: int) -> float:
-    """A closed-form step of ``mesh`` (us) that only orders the meshes to probe: compute at
-    the GPU's achieved rate; per layer the tensor-parallel all-reduces of the activations
-    (2 forward, 2 backward, 2 more for the recomputed forward of ``full`` remat) and the
-    expert all-to-alls (2 each way), which sit between dependent matmuls; the fsdp weight
-    all-gathers (forward and backward) and gradient reduce-scatter and the data-parallel
-    all-reduce, float32, hidden up to 2/3 of the compute. The whole local batch is taken as
-    one micro-step (the search finds the real split)."""
+def _recomputed_flops_per_token(family: str, dims: Mapping[str, int], seq_len: int, remat: str) -> float:
+    """Forward FLOPs per token a remat policy computes again in the backward pass: the matmuls
+    whose outputs the policy does not keep and the backward needs (an output projection's or
+    the MLP's last matmul's output goes to the residual and is never needed). ``full``: the
+    q/k/v projections, attention and the MLP's input matmuls; ``save_qkv_proj``,
+    ``save_dot_except_mlp(wi)``: attention and the MLP's input matmuls (attention's output
+    is the output projection's input); ``minimal``: attention; ``minimal_flash``, ``none``:
+    nothing."""
+    L, d, h, kv, ff = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn"))
+    hd = d // h
+    k = dims.get("top_k") or 1
+    qkv = 2 * d * (h + 2 * kv) * hd
+    attention = 2 * seq_len * h * hd  # causal: half of QK^T and PV
+    wi = 2 * (1 if family == "gpt" else 2) * d * ff * k
+    per_layer = {"full": qkv + attention + wi, "save_qkv_proj": attention + wi,
+                 "save_dot_except_mlp": attention + wi, "save_dot_except_mlpwi": attention + wi,
+                 "minimal": attention}.get(remat, 0)
+    return L * per_layer
+
+
+def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
+                 *, global_batch: int, seq_len: int, per_device_batch: int | None = None,
+                 remat: str = "full") -> dict[str, float]:
+    """The closed-form parts of one configuration's step (ms), before calibration (``Screen``).
+
+    ``compute``: the training FLOPs plus what ``remat`` recomputes, at the GPU's achieved
+    matmul rate; ``exposed``: per micro-step and layer the tensor-parallel all-reduces of the
+    activations (2 forward, 2 backward, 2 more where the forward is recomputed) and the expert
+    all-to-alls (2 each way), which sit between dependent matmuls; ``weights``: per micro-step
+    the fsdp weight all-gathers (forward and backward) and gradient reduce-scatter and the
+    data-parallel gradient all-reduce, in float32, which overlap compute. A step of ``g``
+    micro-steps (``g`` = local batch / ``per_device_batch``, default 1 sequence) repeats the
+    micro-step's collectives ``g`` times, as the compiled step of ``g`` micro-steps does."""
     d, f, t, e = (mesh.get(a, 1) for a in ("data", "fsdp", "model", "expert"))
     L, dm = dims["layers"], dims["d_model"]
     gpn = hw.gpus_per_node
+    local = global_batch // (d * f * e)
+    b = per_device_batch or 1
+    g = max(1, local // b)
     tokens_gpu = global_batch * seq_len / (d * f * t * e)
-    compute = model_flops_per_token(family, dims, seq_len) * tokens_gpu * 4 / 3 / (hw.achieved_tflops * 1e12) * 1e6
-    local_tokens = global_batch * seq_len / (d * f * e)
-    act = local_tokens * dm * 2
+    flops = (model_flops_per_token(family, dims, seq_len)
+             + _recomputed_flops_per_token(family, dims, seq_len, remat)) * tokens_gpu
+    act = b * seq_len * dm * 2
     exposed = 0.0
     if t > 1:
-        exposed += 6 * L * _coll_us("all-reduce", act, t, 1, hw)
+        exposed += (6 if remat == "full" else 4) * L * _coll_us("all-reduce", act, t, 1, hw)
     if e > 1:
         exposed += 4 * L * _coll_us("all-to-all", act * max(1, dims.get("top_k") or 1), e, 1, hw)
     layer_bytes = state_bytes_per_gpu(family, dims, {"fsdp": 1, "model": t, "expert": e}) / STATE_BYTES * 4 / L
-    hidden = 0.0
+    weights = 0.0
     if f > 1:
         fn = max(1, min(-(-f * t * e // gpn), -(-d * f * t * e // gpn)))
-        hidden += L * (2 * _coll_us("all-gather", layer_bytes, f, fn, hw)
-                       + _coll_us("reduce-scatter", layer_bytes, f, fn, hw))
+        weights += L * (2 * _coll_us("all-gather", layer_bytes, f, fn, hw)
+                        + _coll_us("reduce-scatter", layer_bytes, f, fn, hw))
     if d > 1:
         dn = max(1, -(-d * f * t * e // gpn) // max(1, -(-f * t * e // gpn)))
-        hidden += _coll_us("all-reduce", L * layer_bytes / f, d, dn, hw)
-    return compute + exposed + max(0.0, hidden - 2 / 3 * compute)
+        weights += _coll_us("all-reduce", L * layer_bytes / f, d, dn, hw)
+    return {"compute": flops / (hw.achieved_tflops * 1e12) * 1e3, "exposed": g * exposed / 1e3,
+            "weights": g * weights / 1e3}
+
+
+SCREEN_TERMS = ("compute", "exposed", "weights")
+# Shares of the compute under which the weights' traffic may hide, tried by the calibration.
+_HIDDEN_SHARES = tuple(i / 8 for i in range(13))
+
+
+@dataclasses.dataclass(frozen=True)
+class Screen:
+    """A step time from ``screen_terms``: ``a x compute + b x exposed + c x max(0, weights -
+    hidden x compute)``. Uncalibrated (``UNCALIBRATED``): the compute at the achieved rate, the
+    exposed collectives as priced, the weights' traffic past 2/3 of the compute.
+    ``Screen.fit`` calibrates it on compiled predictions of the same configurations."""
+    compute: float = 1.0
+    exposed: float = 1.0
+    weights: float = 1.0
+    hidden: float = 2 / 3
+    fitted_on: int = 0
+
+    def __call__(self, terms: Mapping[str, float]) -> float:
+        return (self.compute * terms["compute"] + self.exposed * terms["exposed"]
+                + self.weights * max(0.0, terms["weights"] - self.hidden * terms["compute"]))
+
+    @classmethod
+    def fit(cls, pairs: Sequence[tuple[Mapping[str, float], float]]) -> Screen:
+        """The calibration closest to ``pairs`` (terms, compiled ms) in relative error: for each
+        hidden share, the non-negative least-squares weights of the three parts (every subset
+        of parts solved exactly; three parts, at most seven solves), the best of all. With
+        fewer pairs than parts the parts a pair does not tell apart keep their ratio."""
+        import numpy as np
+
+        if not pairs:
+            return cls()
+        y = np.array([ms for _, ms in pairs])
+        best: tuple[float, Screen] | None = None
+        for hidden in _HIDDEN_SHARES:
+            cols = np.array([[t["compute"], t["exposed"], max(0.0, t["weights"] - hidden * t["compute"])]
+                             for t, _ in pairs]) / y[:, None]
+            for mask in range(1, 8):
+                use = [i for i in range(3) if mask >> i & 1]
+                coef, *_ = np.linalg.lstsq(cols[:, use], np.ones(len(y)), rcond=None)
+                if (coef < 0).any():
+                    continue
+                full = np.zeros(3)
+                full[use] = coef
+                err = float(((cols @ full - 1) ** 2).sum())
+                if best is None or err < best[0] - 1e-12:
+                    best = (err, cls(*map(float, full), hidden, len(pairs)))
+        return best[1] if best is not None else cls()
+
+
+UNCALIBRATED = Screen()
+
+
+def mesh_screen_us(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
+                   *, global_batch: int, seq_len: int) -> float:
+    """The uncalibrated screen of ``mesh`` at per-device batch 1 with ``full`` remat (us)."""
+    return UNCALIBRATED(screen_terms(family, dims, mesh, hw, global_batch=global_batch, seq_len=seq_len)) * 1e3
 
 
 def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_node: int,
@@ -1075,19 +1164,19 @@ def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_nod
     return keep, out
 
 
-def screen_agreement(pairs: Mapping[str, tuple[float, float]]) -> str:
-    """How far the closed-form screen (``mesh_screen_us``) is from the compiled prediction of the
-    same meshes: ``pairs`` is mesh -> (screen ms, compiled ms). A sentence for the output: the
-    screen only orders the meshes to probe, and the user should see how well it does."""
+def screen_agreement(pairs: Mapping[str, tuple[float, float]], screen: Screen) -> str:
+    """How far the calibrated screen is from the compiled prediction of the candidates it was
+    calibrated on: ``pairs`` is label -> (screen ms, compiled ms). A sentence for the output."""
     if not pairs:
-        return "No probe compiled, so the screen was not checked against a compiled prediction."
-    errors = sorted((screen / compiled - 1, mesh) for mesh, (screen, compiled) in pairs.items())
+        return "No candidate compiled that fits, so the screen was not calibrated."
+    errors = sorted((est / compiled - 1, label) for label, (est, compiled) in pairs.items())
     worst = max(errors, key=lambda e: abs(e[0]))
     within = sum(abs(e) <= 0.10 for e, _ in errors)
-    return (f"The closed-form screen against the {len(errors)} compiled probes: median "
-            f"{errors[len(errors) // 2][0]:+.0%}, worst {worst[0]:+.0%} ({worst[1]}), {within} of "
-            f"{len(errors)} within 10%; it only orders the meshes to probe, every number in the table "
-            "is the compiled prediction.")
+    return (f"The screen, calibrated on the {len(errors)} compiled candidates that fit without XLA's "
+            f"rematerialization ({screen.compute:.2f} x compute + {screen.exposed:.2f} x exposed "
+            f"collectives + {screen.weights:.2f} x weight traffic past {screen.hidden:.2f} x compute): "
+            f"{within} of {len(errors)} within 10%, median {errors[len(errors) // 2][0]:+.0%}, worst "
+            f"{worst[0]:+.1%} ({worst[1]}). Every number in the table is the compiled prediction.")
 
 
 class TimeLeft:
@@ -1133,16 +1222,24 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
        inside a node whose sizes divide heads, kv heads, ffn, vocab (model), d_model (fsdp),
        experts (expert) and the global batch (data x fsdp x expert); then those whose float32
        weights and Adam moments alone exceed the limit are rejected;
-    2. a probe of each mesh (compiled; the ``max_probes`` meshes a closed-form screen,
-       ``mesh_screen_us``, puts fastest): per-device batch 1 with ``full`` remat, the least
-       memory any configuration of that mesh needs: a mesh where it does not fit is out;
+    2. a probe of each mesh (compiled; the ``max_probes`` meshes the uncalibrated screen,
+       ``screen_terms``, puts fastest, fastest first): per-device batch 1 with ``full`` remat,
+       the least memory any configuration of that mesh needs: a mesh where it does not fit is
+       out. Once ``mesh_finalists`` probes fit, the screen is calibrated on the compiled
+       candidates (``Screen.fit``) after each compile, and a mesh it puts more than
+       ``PROBE_MARGIN`` slower than the ``mesh_finalists``-th fastest probe is not probed;
     3. the ``mesh_finalists`` meshes of fastest probe, searched: for each remat policy from
        least memory to most (``REMAT_ORDER``), the largest per-device batch that fits, found by
        bisection over the divisors of the per-rank batch (memory rises with the batch, and a
        policy saving more cannot fit a larger batch than one saving less, so each policy's
        bisection starts at or below the last); every compiled configuration that fits is ranked;
     4. the other attention implementation (XLA's materialised scores, where flash applies)
-       at the best configurations found.
+       at the best configuration found.
+
+    The screen's calibration on every compiled candidate that fits, and how far it is from
+    each, is the last pruning line. A configuration asked for twice (the user's own and a
+    probe) is compiled once; two that lower to the same program share one XLA compile
+    (``memory.compile_step``).
 
     A micro-step is compiled deviceless and predicted as ``predict_train_step_ms`` would
     (same step, ``xla-default``); a step of ``grad_accum`` micro-steps is predicted as that
@@ -1239,6 +1336,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     counts = {"compiles": 0, "cached": 0, "seconds": 0.0}
     results: dict[tuple, TrainCandidate] = {}
     failures: dict[tuple, str] = {}
+    pending: dict[tuple, threading.Event] = {}  # set once the configuration's answer is in
     workers = max(1, jobs or os.cpu_count() or 1)
     planned = {"n": 0}
     time_left = TimeLeft()
@@ -1251,13 +1349,22 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                  ) -> TrainCandidate | None:
         """Compile and predict one configuration (cached in ``results``)."""
         key = (tuple(sorted(m.items())), b, g, remat, attention)
-        if not note:
-            with lock:
+        with lock:
+            if not note:
                 searched.add(key)
-        if key in results:
-            return results[key]
-        if key in failures:
-            return None
+            running = pending.get(key)
+            if running is None:
+                pending[key] = threading.Event()
+        if running is not None:  # asked for again (or compiling in another thread): one compile
+            running.wait()
+            return results.get(key)
+        try:
+            return compile_one(key, m, b, g, remat, attention, note)
+        finally:
+            pending[key].set()
+
+    def compile_one(key: tuple, m: Mapping[str, int], b: int, g: int, remat: str, attention: str,
+                    note: str) -> TrainCandidate | None:
         ways = math.prod(m.get(a, 1) for a in ("data", "fsdp", "expert"))
         try:
             src = predict.train_step_source(family, layers=layers, d_model=d_model, heads=heads,
@@ -1337,23 +1444,58 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         # Every later stage's most compiles are counted now, so that the time left only falls
         # as the search goes (each stage hands back what it did not use).
         finalist_reserve = sum(sorted((budget(m) for m in survivors), reverse=True)[:mesh_finalists])
-        attention_reserve = 3 * len(others)
+        attention_reserve = len(others)
         planned["n"] += len(survivors) + finalist_reserve + attention_reserve
         say(f"screened {screened} meshes: {len(survivors)} pass arithmetic; probing each at per-device "
             f"batch 1, remat {probe_remat} ({workers} parallel compiles)")
-        probes = dict(zip(map(_mesh_str, survivors), pool.map(
-            lambda m: evaluate(m, 1, local_batch(m), probe_remat, probe_attn), survivors)))
+        def terms(m: Mapping[str, int], b: int, remat: str) -> dict[str, float]:
+            return screen_terms(family, dims, m, hw, global_batch=global_batch, seq_len=seq_len,
+                                per_device_batch=b, remat=remat)
+
+        def calibration() -> Screen:
+            """The screen fitted on every compiled candidate that fits without XLA's
+            rematerialization (a step XLA had to shrink is not what the screen prices)."""
+            with lock:
+                done = [c for c in results.values() if c.fits and not c.xla_remat and c.attention == probe_attn]
+            return Screen.fit([(terms(c.mesh, c.per_device_batch, c.remat), c.step_ms) for c in done])
+
+        # Probe the meshes fastest-first by the screen; once three probes fit, the screen is
+        # calibrated on them after every compile, and a mesh it puts more than PROBE_MARGIN
+        # slower than the finalist-th fastest probe is not probed: it would not be a finalist.
+        queue = list(survivors)
+        probes: dict[str, TrainCandidate | None] = {}
+        running: dict[concurrent.futures.Future, dict[str, int]] = {}
+        skipped: list[tuple[str, float, float]] = []  # (mesh, calibrated screen ms, bar ms)
+        while queue or running:
+            while queue and len(running) < workers:
+                m = queue.pop(0)
+                running[pool.submit(evaluate, m, 1, local_batch(m), probe_remat, probe_attn)] = m
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                probes[_mesh_str(running.pop(fut))] = fut.result()
+            fitting = sorted(c.step_ms for c in probes.values() if c is not None and c.fits)
+            if len(fitting) >= max(3, mesh_finalists):
+                screen = calibration()
+                bar = fitting[mesh_finalists - 1] * (1 + PROBE_MARGIN)
+                for m in list(queue):
+                    guess = screen(terms(m, 1, probe_remat))
+                    if guess > bar:
+                        queue.remove(m)
+                        skipped.append((_mesh_str(m), guess, bar))
+                        with lock:
+                            planned["n"] -= 1
         fit_probes = sorted((c for c in probes.values() if c is not None and c.fits),
                             key=lambda c: c.step_ms)
         finalists = [c.mesh for c in fit_probes[:mesh_finalists]]
         with lock:
             planned["n"] -= finalist_reserve - sum(budget(m) for m in finalists)
-        pruning.append(f"{len(survivors)} probed at per-device batch 1 with {probe_remat} remat, "
-                       f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further.")
-        pruning.append(screen_agreement(
-            {_mesh_str(c.mesh): (mesh_screen_us(family, dims, c.mesh, hw, global_batch=global_batch,
-                                                seq_len=seq_len) / 1e3, c.step_ms)
-             for c in probes.values() if c is not None}))
+        pruning.append(f"{len(probes)} probed at per-device batch 1 with {probe_remat} remat, "
+                       f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further."
+                       + (f" Not probed: {len(skipped)} meshes the calibrated screen puts over "
+                          f"{PROBE_MARGIN:.0%} slower than the {mesh_finalists}th-fastest probe ("
+                          + ", ".join(f"{m} {g / 1e3:.2f} s" for m, g, _ in skipped[:4])
+                          + (", ..." if len(skipped) > 4 else "") + f"; bar {skipped[-1][2] / 1e3:.2f} s)."
+                          if skipped else ""))
 
         # 3. per finalist mesh: the largest per-device batch that fits, per remat policy
         def search_mesh(m: dict[str, int]) -> None:
@@ -1391,15 +1533,15 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                        "batch below the last policy's largest fit (memory rises with the batch and along "
                        "the policies).")
 
-        # 4. the other attention implementation at the best configurations
-        best = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:3] if others else []
+        # 4. the other attention implementation at the best configuration
+        best = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:1] if others else []
         with lock:
             planned["n"] -= attention_reserve - len(best) * len(others)
         if others:
             list(pool.map(lambda ca: evaluate(ca[0].mesh, ca[0].per_device_batch, ca[0].grad_accum,
                                               ca[0].remat, ca[1]),
                           [(c, a) for c in best for a in others]))
-            pruning.append(f"Attention {', '.join(others)} tried at the {len(best)} best configurations.")
+            pruning.append(f"Attention {', '.join(others)} tried at the best configuration.")
         cur = cur_future.result() if cur_future is not None else None
     finally:
         pool.shutdown(wait=True)
@@ -1425,6 +1567,10 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             f"with full remat was tried on every mesh; use about "
             f"{hw.gpus_per_node * max(1, -(-math.ceil(gpus * smallest / limit) // hw.gpus_per_node))} GPUs, "
             f"a shorter sequence or a larger --memory-fraction")
+    final = calibration()
+    pruning.append(screen_agreement(
+        {c.label(): (final(terms(c.mesh, c.per_device_batch, c.remat)), c.step_ms)
+         for c in results.values() if c.fits and not c.xla_remat and c.attention == probe_attn}, final))
     tuned = None
     if tune:
         b = fitting[0]

@@ -24,7 +24,11 @@ with that suffix); the advisor says so.
 The compile and the prediction (the contract's: ``job.plan_compiled`` with
 ``xla-default``, as ``predict_train_step_ms`` prices a step) both run in the child, so
 several children run in parallel; answers are cached on disk by a fingerprint of what was
-compiled (``LAGOM_JAX_CACHE``, default ``~/.cache/lagom-jax``, ``advise/``).
+asked (``LAGOM_JAX_CACHE``, default ``~/.cache/lagom-jax``, ``advise/``) and, one level down, by a
+fingerprint of the program JAX lowered (``advise/programs/``): two configurations that lower to
+the same program (e.g. two remat policies that save the same values, as MaxText's
+``save_dot_except_mlp`` and ``save_dot_except_mlpwi`` do for a Llama layer, whose MLP output is
+never needed by the backward pass) share one XLA compile.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ class StepMemory:
     remat_instructions: int
     step_ms: float
     where: str
+    reused: bool = False  # the answer of an earlier compile of the same lowered program
 
     @property
     def peak_bytes(self) -> int:
@@ -160,6 +165,8 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
             return StepMemory(**json.loads(path.read_text())), True
         except (ValueError, TypeError):
             pass  # a corrupt entry is compiled again
+    if cache:
+        spec = {**spec, "programs": str(_cache_dir() / "programs")}
     what = f"{model} {config} {mesh} batch {batch_size} remat {remat} {attention}"
     try:
         out = gpu_compile.run_isolated("lagom_jax.advise.memory", spec, timeout_s=timeout_s)
@@ -175,7 +182,7 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(dataclasses.asdict(answer)))
-    return answer, False
+    return answer, answer.reused
 
 
 def _devices(hw: hardware_lib.HardwareProfile, n: int, limit_bytes: int) -> list[Any]:
@@ -201,16 +208,35 @@ def _compile_and_predict(spec: Mapping[str, Any]) -> StepMemory:
     built = models.build(spec["model"], spec["config"], recipe, shape, batch_size=spec["batch_size"],
                          seq_len=spec["seq_len"], dtype=spec["dtype"], devices=devices,
                          remat=spec["remat"], scan=spec.get("scan", True), attention=spec["attention"])
-    compiled = built.lower().compile(compiler_options={**spec.get("options", {}), **LIMIT_OPTIONS})
+    lowered = built.lower()
+    options = {**spec.get("options", {}), **LIMIT_OPTIONS}
+    program = None
+    if spec.get("programs"):
+        # What XLA is given (the lowered program, the flags, the target with its memory) and
+        # what prices it (the cluster, the cost model's version) decide the answer.
+        blob = json.dumps({"program": lowered.as_text(), "options": options, "limit": spec["limit_bytes"],
+                           "hardware": spec["hardware"], "target": _target_text(hw.xla_target),
+                           "v": CACHE_VERSION, "lagom": planning.VERSION}, sort_keys=True, default=str)
+        program = pathlib.Path(spec["programs"]) / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
+        if program.exists():
+            try:
+                return dataclasses.replace(StepMemory(**json.loads(program.read_text())), reused=True)
+            except (ValueError, TypeError):
+                pass  # a corrupt entry is compiled again
+    compiled = lowered.compile(compiler_options=options)
     text = compiled.as_text()
     mem = compiled.memory_analysis()
     where = f"XLA:GPU deviceless compile for {n}x {hw.gpu}"
     done = job_lib.plan_compiled(job_lib.Compiled(text, where, hw), strategy="xla-default",
                                  baselines=("xla-default",), verify=False)
-    return StepMemory(int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
-                      int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes),
-                      int(mem.generated_code_size_in_bytes), remat_count(text),
-                      done.predicted_ms("xla-default"), where)
+    answer = StepMemory(int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
+                        int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes),
+                        int(mem.generated_code_size_in_bytes), remat_count(text),
+                        done.predicted_ms("xla-default"), where)
+    if program is not None:
+        program.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(program, json.dumps(dataclasses.asdict(answer)))
+    return answer
 
 
 def _child(spec_path: str) -> None:
