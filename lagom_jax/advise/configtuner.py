@@ -788,6 +788,9 @@ DEFAULT_MAX_PROBES = 10
 # A mesh the calibrated screen puts this much slower than the finalist-th fastest probe is not
 # probed (the calibrated screen is within 10% of the compiled steps it is fitted on).
 PROBE_MARGIN = 0.10
+# A remat policy that keeps more is compiled on a finalist only if the calibrated screen puts it
+# this much faster than the finalist's best so far.
+REMAT_GAIN = 0.01
 
 
 class NothingFits(ValueError):
@@ -1019,21 +1022,30 @@ def _mesh_str(mesh: Mapping[str, int]) -> str:
 
 def _recomputed_flops_per_token(family: str, dims: Mapping[str, int], seq_len: int, remat: str) -> float:
     """Forward FLOPs per token a remat policy computes again in the backward pass: the matmuls
-    whose outputs the policy does not keep and the backward needs (an output projection's or
-    the MLP's last matmul's output goes to the residual and is never needed). ``full``: the
-    q/k/v projections, attention and the MLP's input matmuls; ``save_qkv_proj``,
-    ``save_dot_except_mlp(wi)``: attention and the MLP's input matmuls (attention's output
-    is the output projection's input); ``minimal``: attention; ``minimal_flash``, ``none``:
-    nothing."""
+    whose outputs the policy does not keep and the backward needs. A dense layer's output
+    projection and MLP output go to the residual and are never needed; attention's output is
+    the output projection's input. So ``full`` recomputes the q/k/v projections, attention
+    and the MLP's input matmuls; ``save_qkv_proj`` and ``save_dot_except_mlp(wi)`` attention
+    and the MLP's input matmuls; ``minimal`` (every matmul without batch dimensions kept)
+    attention; ``minimal_flash`` and ``none`` nothing. In a MoE layer the router's gradient
+    needs each expert's output, so the experts' output matmul is recomputed too unless kept
+    (``save_dot_except_mlpwi`` keeps it), and the expert matmuls carry the expert as a batch
+    dimension, so ``minimal`` and ``minimal_flash`` recompute them."""
     L, d, h, kv, ff = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn"))
     hd = d // h
     k = dims.get("top_k") or 1
     qkv = 2 * d * (h + 2 * kv) * hd
     attention = 2 * seq_len * h * hd  # causal: half of QK^T and PV
     wi = 2 * (1 if family == "gpt" else 2) * d * ff * k
-    per_layer = {"full": qkv + attention + wi, "save_qkv_proj": attention + wi,
-                 "save_dot_except_mlp": attention + wi, "save_dot_except_mlpwi": attention + wi,
-                 "minimal": attention}.get(remat, 0)
+    if dims.get("experts"):
+        mlp = wi + 2 * d * ff * k
+        per_layer = {"full": qkv + attention + mlp, "save_qkv_proj": attention + mlp,
+                     "save_dot_except_mlp": attention + mlp, "save_dot_except_mlpwi": attention + wi,
+                     "minimal": attention + mlp, "minimal_flash": mlp}.get(remat, 0)
+    else:
+        per_layer = {"full": qkv + attention + wi, "save_qkv_proj": attention + wi,
+                     "save_dot_except_mlp": attention + wi, "save_dot_except_mlpwi": attention + wi,
+                     "minimal": attention}.get(remat, 0)
     return L * per_layer
 
 
@@ -1101,14 +1113,34 @@ class Screen:
 
     @classmethod
     def fit(cls, pairs: Sequence[tuple[Mapping[str, float], float]]) -> Screen:
-        """The calibration closest to ``pairs`` (terms, compiled ms) in relative error: for each
-        hidden share, the non-negative least-squares weights of the three parts (every subset
-        of parts solved exactly; three parts, at most seven solves), the best of all. With
-        fewer pairs than parts the parts a pair does not tell apart keep their ratio."""
-        import numpy as np
-
+        """The calibration closest to ``pairs`` (terms, compiled ms) in relative error, of two
+        forms: one scale of the uncalibrated screen, or a weight per part (``_fit_parts``).
+        The form is chosen by leave-one-out error (each pair priced by the fit to the others),
+        so a few pairs that cannot tell the parts apart get one scale, not a law that fits
+        them and nothing else."""
         if not pairs:
             return cls()
+        forms = (cls._fit_scale, cls._fit_parts)
+        if len(pairs) < 3:
+            return cls._fit_scale(pairs)
+
+        def held_out(form: Callable[[Sequence[tuple[Mapping[str, float], float]]], Screen]) -> float:
+            return sum((form([*pairs[:i], *pairs[i + 1:]])(t) / ms - 1) ** 2 for i, (t, ms) in enumerate(pairs))
+
+        return min(forms, key=held_out)(pairs)
+
+    @classmethod
+    def _fit_scale(cls, pairs: Sequence[tuple[Mapping[str, float], float]]) -> Screen:
+        ratios = [UNCALIBRATED(t) / ms for t, ms in pairs]
+        k = sum(ratios) / sum(r * r for r in ratios)
+        return cls(k, k, k, UNCALIBRATED.hidden, len(pairs))
+
+    @classmethod
+    def _fit_parts(cls, pairs: Sequence[tuple[Mapping[str, float], float]]) -> Screen:
+        """For each hidden share, the non-negative least-squares weights of the three parts in
+        relative error (every subset of parts solved exactly: at most seven solves); the best."""
+        import numpy as np
+
         y = np.array([ms for _, ms in pairs])
         best: tuple[float, Screen] | None = None
         for hidden in _HIDDEN_SHARES:
@@ -1124,7 +1156,7 @@ class Screen:
                 err = float(((cols @ full - 1) ** 2).sum())
                 if best is None or err < best[0] - 1e-12:
                     best = (err, cls(*map(float, full), hidden, len(pairs)))
-        return best[1] if best is not None else cls()
+        return best[1] if best is not None else cls._fit_scale(pairs)
 
 
 UNCALIBRATED = Screen()
@@ -1452,12 +1484,18 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             return screen_terms(family, dims, m, hw, global_batch=global_batch, seq_len=seq_len,
                                 per_device_batch=b, remat=remat)
 
+        fitted: dict[tuple, Screen] = {}
+
         def calibration() -> Screen:
             """The screen fitted on every compiled candidate that fits without XLA's
             rematerialization (a step XLA had to shrink is not what the screen prices)."""
             with lock:
-                done = [c for c in results.values() if c.fits and not c.xla_remat and c.attention == probe_attn]
-            return Screen.fit([(terms(c.mesh, c.per_device_batch, c.remat), c.step_ms) for c in done])
+                done = sorted((c for c in results.values() if c.fits and not c.xla_remat
+                               and c.attention == probe_attn), key=TrainCandidate.key)
+            key = tuple(c.key() for c in done)
+            if key not in fitted:
+                fitted[key] = Screen.fit([(terms(c.mesh, c.per_device_batch, c.remat), c.step_ms) for c in done])
+            return fitted[key]
 
         # Probe the meshes fastest-first by the screen; once three probes fit, the screen is
         # calibrated on them after every compile, and a mesh it puts more than PROBE_MARGIN
@@ -1466,6 +1504,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         probes: dict[str, TrainCandidate | None] = {}
         running: dict[concurrent.futures.Future, dict[str, int]] = {}
         skipped: list[tuple[str, float, float]] = []  # (mesh, calibrated screen ms, bar ms)
+        skipped_configs: list[str] = []  # finalists' configurations the calibrated screen ruled out
         while queue or running:
             while queue and len(running) < workers:
                 m = queue.pop(0)
@@ -1492,7 +1531,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         pruning.append(f"{len(probes)} probed at per-device batch 1 with {probe_remat} remat, "
                        f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further."
                        + (f" Not probed: {len(skipped)} meshes the calibrated screen puts over "
-                          f"{PROBE_MARGIN:.0%} slower than the {mesh_finalists}th-fastest probe ("
+                          f"{PROBE_MARGIN:.0%} slower than the probe ranked {mesh_finalists} ("
                           + ", ".join(f"{m} {g / 1e3:.2f} s" for m, g, _ in skipped[:4])
                           + (", ..." if len(skipped) > 4 else "") + f"; bar {skipped[-1][2] / 1e3:.2f} s)."
                           if skipped else ""))
@@ -1508,6 +1547,26 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                 with lock:
                     planned["n"] -= budget(m) - used[0]
 
+        def best_ms(m: Mapping[str, int] | None = None) -> float:
+            """The fastest fitting configuration searched so far (of mesh ``m``, if given)."""
+            with lock:
+                return min((c.step_ms for k, c in results.items() if k in searched and c.fits
+                            and (m is None or c.mesh == m)), default=math.inf)
+
+        def not_worth(m: Mapping[str, int], b: int, remat: str) -> bool:
+            """Whether the calibrated screen puts this configuration over PROBE_MARGIN slower than
+            the best found, or not REMAT_GAIN faster than the best of its own mesh (a policy that
+            keeps more for no predicted gain only adds memory)."""
+            screen = calibration()
+            if screen.fitted_on < 3:
+                return False  # too few compiled steps to trust a calibration
+            guess = screen(terms(m, b, remat))
+            if guess > best_ms() * (1 + PROBE_MARGIN) or guess > best_ms(m) * (1 - REMAT_GAIN):
+                with lock:
+                    skipped_configs.append(f"{_mesh_str(m)} b={b} {remat}")
+                return True
+            return False
+
         def walk(m: dict[str, int], lb: int, sizes: list[int], hi: int, used: list[int]) -> None:
             for remat in policies:
                 def fits(i: int) -> bool:
@@ -1515,23 +1574,31 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                     c = evaluate(m, sizes[i], lb // sizes[i], remat, probe_attn)
                     return c is not None and c.fits
 
-                # The largest batch allowed first (it fits where memory is plenty), then bisect.
-                best = hi if fits(hi) else None
-                lo, up = 0, (hi - 1 if best is None else -1)
+                # The largest batch allowed first (it fits where memory is plenty), then bisect
+                # for the largest that fits. A batch the screen rules out rules out every smaller
+                # one too (more micro-steps repeat the weights' traffic), so the search moves up.
+                best, cut, lo, up = None, False, 0, hi
+                first = True
                 while lo <= up:
-                    mid = (lo + up + 1) // 2
-                    if fits(mid):
+                    mid, first = (up if first else (lo + up + 1) // 2), False
+                    if not_worth(m, sizes[mid], remat):
+                        cut, lo = True, mid + 1
+                    elif fits(mid):
                         best, lo = mid, mid + 1
                     else:
                         up = mid - 1
-                if best is None:
+                if best is None and not cut:
                     return  # this policy fits no batch: the ones saving more cannot either
-                hi = best
+                hi = best if best is not None else up  # the largest batch not known to be over
 
         list(pool.map(search_mesh, finalists))
         pruning.append(f"Per finalist, each remat policy ({', '.join(policies)}) bisects the per-device "
                        "batch below the last policy's largest fit (memory rises with the batch and along "
-                       "the policies).")
+                       "the policies)"
+                       + (f"; {len(skipped_configs)} configurations not compiled, the calibrated screen putting "
+                          f"them over {PROBE_MARGIN:.0%} slower than the best found or under {REMAT_GAIN:.0%} "
+                          f"faster than their mesh's best ({', '.join(skipped_configs[:4])}"
+                          + (", ..." if len(skipped_configs) > 4 else "") + ")." if skipped_configs else "."))
 
         # 4. the other attention implementation at the best configuration
         best = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:1] if others else []
