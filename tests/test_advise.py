@@ -319,6 +319,27 @@ def test_xla_memory_rises_with_the_batch_and_falls_with_remat(advise_cache):
     assert peaks[(2, "full")] < peaks[(2, "none")]
 
 
+def test_configurations_that_lower_to_one_program_share_one_compile(tmp_path):
+    """MaxText's save_dot_except_mlp and save_dot_except_mlpwi keep the same values of a Llama
+    layer (its MLP output goes to the residual and the backward never needs it): one XLA compile,
+    the second answer is the first's, marked reused. full remat lowers to another program."""
+    hw = H100.with_nodes(1)
+    limit = int(0.75 * memory.gpu_memory_bytes(hw))
+
+    def step(remat):
+        src = adv_predict.train_step_source("llama", **TINY_LLAMA, seq_len=16, global_batch=2, mesh={"fsdp": 2},
+                                            remat=remat, attention="xla")
+        return memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=2, seq_len=16, remat=remat,
+                                   attention="xla", limit_bytes=limit, cache=False, programs=tmp_path)
+
+    first, reused_first = step("save_dot_except_mlp")
+    second, reused_second = step("save_dot_except_mlpwi")
+    assert not reused_first and reused_second and second.reused
+    assert (second.peak_bytes, second.step_ms) == (first.peak_bytes, first.step_ms)
+    assert len(list(tmp_path.iterdir())) == 1
+    assert not step("full")[1] and len(list(tmp_path.iterdir())) == 2
+
+
 def test_ranked_by_the_contract_prediction(advise_cache):
     """A configuration is ranked by the number predict_train_step_ms gives it."""
     import lagom_jax

@@ -1286,6 +1286,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     """
     import concurrent.futures
     import os
+    import tempfile
     import threading
     import time
 
@@ -1406,7 +1407,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             t0 = time.monotonic()
             step, hit = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=b * ways,
                                             seq_len=seq_len, remat=remat, attention=attention,
-                                            limit_bytes=limit, options=options, cache=cache)
+                                            limit_bytes=limit, options=options, cache=cache,
+                                            programs=None if cache else programs.name)
         except (ValueError, memory.CompileFailed) as err:
             with lock:
                 failures[key] = str(err)
@@ -1443,6 +1445,9 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         return cand
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    # Without the cache, configurations that lower to the same program still share a compile
+    # within this run.
+    programs = tempfile.TemporaryDirectory(prefix="lagom-advise-")
     try:
         cur_future = None
         if current is not None:
@@ -1612,6 +1617,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         cur = cur_future.result() if cur_future is not None else None
     finally:
         pool.shutdown(wait=True)
+        programs.cleanup()
 
     if current is not None and cur is None:
         key = next(iter(k for k in failures), None)

@@ -151,11 +151,14 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
                  batch_size: int, seq_len: int, dtype: str = "bfloat16", remat: str = "full",
                  attention: str = "flash", limit_bytes: int, scan: bool = True,
                  options: Mapping[str, Any] | None = None, timeout_s: float = 1800.0,
-                 cache: bool = True) -> tuple[StepMemory, bool]:
+                 cache: bool = True, programs: str | os.PathLike | None = None) -> tuple[StepMemory, bool]:
     """The step compiled deviceless in a fresh process, its memory and predicted step;
-    (answer, whether it came from the cache). ``options``: XLA flags of the run (compile
-    options; the slop factor of ``LIMIT_OPTIONS`` is added). Raises ValueError when
-    ``models.build`` refuses the step and CompileFailed when XLA cannot compile it."""
+    (answer, whether it came from the cache or an earlier compile of the same program).
+    ``options``: XLA flags of the run (compile options; the slop factor of ``LIMIT_OPTIONS``
+    is added). ``programs``: where answers by lowered program are kept (default: beside the
+    cache when ``cache``; a caller that wants no cache across runs can still share compiles
+    within one by naming a folder of its own). Raises ValueError when ``models.build``
+    refuses the step and CompileFailed when XLA cannot compile it."""
     spec = _spec(hw, model, config, mesh, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
                  remat=remat, attention=attention, limit_bytes=limit_bytes, scan=scan,
                  options=options or {})
@@ -165,8 +168,8 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
             return StepMemory(**json.loads(path.read_text())), True
         except (ValueError, TypeError):
             pass  # a corrupt entry is compiled again
-    if cache:
-        spec = {**spec, "programs": str(_cache_dir() / "programs")}
+    if programs is not None or cache:
+        spec = {**spec, "programs": str(programs if programs is not None else _cache_dir() / "programs")}
     what = f"{model} {config} {mesh} batch {batch_size} remat {remat} {attention}"
     try:
         out = gpu_compile.run_isolated("lagom_jax.advise.memory", spec, timeout_s=timeout_s)
