@@ -135,8 +135,11 @@ def test_end_to_end_gpt2_tiny_on_8_devices():
     # compiled candidates come first, ranked by the tuned prediction, then the rest by estimate
     assert advice.candidates[:2] == tuple(compiled)
     assert compiled[0].tuned_ms <= compiled[1].tuned_ms
-    rest = [c.analytic_ms for c in advice.candidates[2:]]
+    rest = [c.screen_ms for c in advice.candidates[2:]]  # the screen calibrated on the compiled two
     assert rest == sorted(rest)
+    for c in compiled:  # calibrated on them: within a third of each (a scale from two steps)
+        assert c.screen_ms == pytest.approx(c.untuned_ms, rel=0.35)
+    assert "The screen, calibrated on the 2 compiled steps" in advice.report()
     for c in compiled:
         # lagom searches from the defaults and accepts only gains
         assert 0 < c.tuned_ms <= c.untuned_ms * (1 + 1e-9)

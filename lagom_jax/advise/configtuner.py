@@ -78,7 +78,9 @@ ANALYTIC_VS_COMPILED = (
     "FLOPs at the GPU's rate plus the collectives, to rank every configuration cheaply; the "
     "compiled columns replay the step XLA compiled, op by op, which adds every memory-bound "
     "kernel (attention scores, softmax, layer norms, optimizer) and launch overheads. Rank by "
-    "the compiled columns; the screen only chose which configurations to compile.")
+    "the compiled columns; the screen only chose which configurations to compile. The calibrated "
+    "screen is the analytic one fitted to the compiled steps (one scale, or a weight per part), "
+    "and ranks the configurations that were not compiled.")
 # Adam training state per parameter: f32 weight, f32 gradient, two f32 moments
 # (models/build.py keeps weights and optimizer state in float32).
 STATE_BYTES_PER_PARAM = 16
@@ -171,6 +173,12 @@ class Estimate:
         busy = self.compute_us + self.bubble_us
         return self.bubble_us / busy if busy > 0 else 0.0
 
+    def terms(self) -> dict[str, float]:
+        """The parts as ``Screen`` calibrates them (ms): compute with the pipeline's bubble,
+        the exposed tensor and pipeline traffic, the data-parallel traffic."""
+        return {"compute": (self.compute_us + self.bubble_us) / 1e3,
+                "exposed": (self.tp_comm_us + self.pp_comm_us) / 1e3, "weights": self.dp_comm_us / 1e3}
+
     def describe(self) -> str:
         return (f"analytic {self.step_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f}"
                 f" + bubble {self.bubble_us / 1e3:.2f} + tp {self.tp_comm_us / 1e3:.2f}"
@@ -190,6 +198,7 @@ class Candidate:
     memory_gb: float
     why: str
     compiled_by: str | None = None  # which compiler made the step; None when not compiled
+    screen_ms: float | None = None  # the screen calibrated on the compiled steps (``Screen``)
 
     @property
     def mesh(self) -> str:
@@ -220,7 +229,7 @@ class Candidate:
         return {"recipe": self.recipe, "mesh": self.mesh, "microbatches": self.microbatches,
                 "analytic_ms": self.analytic_ms, "untuned_ms": self.untuned_ms,
                 "tuned_ms": self.tuned_ms, "compiled_dtype": self.compiled_dtype,
-                "compiled_by": self.compiled_by,
+                "compiled_by": self.compiled_by, "screen_ms": self.screen_ms,
                 "memory_gb": self.memory_gb, "why": self.why,
                 "estimate": dataclasses.asdict(self.estimate)}
 
@@ -252,6 +261,7 @@ class Advice:
     dtype: str
     candidates: tuple[Candidate, ...]
     rejected: tuple[Rejected, ...]
+    screen: str = ""  # how far the calibrated screen is from the compiled steps (a sentence)
 
     @property
     def recommendation(self) -> Candidate:
@@ -263,12 +273,13 @@ class Advice:
     def table(self) -> str:
         """Markdown table of the candidates (predicted numbers; "(f32)" marks a step that
         was compiled in float32 because the requested dtype crashed XLA's compiler)."""
-        rows = ["| rank | recipe | mesh | micro-batches | analytic ms | untuned ms | tuned ms "
-                "| memory GB/device |", "|---|---|---|---|---|---|---|---|"]
+        rows = ["| rank | recipe | mesh | micro-batches | analytic ms | screen ms (calibrated) | untuned ms "
+                "| tuned ms | memory GB/device |", "|---|---|---|---|---|---|---|---|---|"]
         for i, c in enumerate(self.candidates, 1):
             mark = " (f32)" if c.compiled_dtype not in (None, self.dtype) else ""
             rows.append(f"| {i} | {c.recipe} | {c.mesh} | {c.microbatches} | {c.analytic_ms:.2f} "
-                        f"| {_ms(c.untuned_ms)}{mark} | {_ms(c.tuned_ms)}{mark} | {c.memory_gb:.1f} |")
+                        f"| {_ms(c.screen_ms)} | {_ms(c.untuned_ms)}{mark} | {_ms(c.tuned_ms)}{mark} "
+                        f"| {c.memory_gb:.1f} |")
         return "\n".join(rows)
 
     def report(self) -> str:
@@ -281,6 +292,8 @@ class Advice:
             lines += [f"Compiled steps: {'; '.join(compilers)}.", ""]
         if any(c.untuned_ms is not None for c in self.candidates):
             lines += [ANALYTIC_VS_COMPILED, ""]
+        if self.screen:
+            lines += [self.screen, ""]
         if self.candidates:
             best = self.recommendation
             lines.append(f"Recommendation: {best.config.label()}: {best.why}")
@@ -295,6 +308,7 @@ class Advice:
                                            "global_batch", "seq_len", "dtype")}
         d["candidates"] = [c.to_dict() for c in self.candidates]
         d["rejected"] = [r.to_dict() for r in self.rejected]
+        d["screen"] = self.screen
         d["recommendation"] = self.candidates[0].to_dict() if self.candidates else None
         return json.dumps(d, indent=2)
 
@@ -664,12 +678,18 @@ def advise(model: str, config: str, num_devices: int,
             crashed[pc] = str(e)
             say(f"  {e}")
     feasible = [(pc, est) for pc, est in feasible if pc not in build_rejected]
+    # The screen calibrated on the compiled steps (XLA's defaults, as the screen prices NCCL's)
+    # ranks what was not compiled, in the compiled model's numbers.
+    screen = Screen.fit([(est.terms(), compiled[pc].untuned_ms) for pc, est in feasible if pc in compiled])
+    screen_line = screen_agreement({pc.label(): (screen(est.terms()), compiled[pc].untuned_ms)
+                                    for pc, est in feasible if pc in compiled}, screen,
+                                   "compiled steps (XLA's defaults)") if compiled else ""
 
     def rank_key(ce: tuple[ParallelConfig, Estimate]) -> tuple:
         pc, est = ce
         if pc in compiled:
             return (0, compiled[pc].tuned_ms, pc)
-        return (1, est.step_us, pc)
+        return (1, screen(est.terms()), pc)
 
     feasible.sort(key=rank_key)
     best_tuned = min((p.tuned_ms for p in compiled.values()), default=None)
@@ -689,9 +709,10 @@ def advise(model: str, config: str, num_devices: int,
         candidates.append(Candidate(pc, est, pred and pred.untuned_ms, pred and pred.tuned_ms,
                                     pred.compiled_dtype if pred else None,
                                     est.memory_bytes / 1e9, why,
-                                    pred.compiled_by if pred else None))
+                                    pred.compiled_by if pred else None,
+                                    screen(est.terms()) if compiled else None))
     return Advice(model, config, num_devices, hw.name, hw.nodes, global_batch, seq_len, dtype,
-                  tuple(candidates), tuple(rejected))
+                  tuple(candidates), tuple(rejected), screen_line)
 
 
 # ------------------------------------------------------------- Megatron-terms prediction
@@ -1196,7 +1217,8 @@ def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_nod
     return keep, out
 
 
-def screen_agreement(pairs: Mapping[str, tuple[float, float]], screen: Screen) -> str:
+def screen_agreement(pairs: Mapping[str, tuple[float, float]], screen: Screen,
+                     fitted_on: str = "compiled candidates that fit without XLA's rematerialization") -> str:
     """How far the calibrated screen is from the compiled prediction of the candidates it was
     calibrated on: ``pairs`` is label -> (screen ms, compiled ms). A sentence for the output."""
     if not pairs:
@@ -1204,8 +1226,7 @@ def screen_agreement(pairs: Mapping[str, tuple[float, float]], screen: Screen) -
     errors = sorted((est / compiled - 1, label) for label, (est, compiled) in pairs.items())
     worst = max(errors, key=lambda e: abs(e[0]))
     within = sum(abs(e) <= 0.10 for e, _ in errors)
-    return (f"The screen, calibrated on the {len(errors)} compiled candidates that fit without XLA's "
-            f"rematerialization ({screen.compute:.2f} x compute + {screen.exposed:.2f} x exposed "
+    return (f"The screen, calibrated on the {len(errors)} {fitted_on} ({screen.compute:.2f} x compute + {screen.exposed:.2f} x exposed "
             f"collectives + {screen.weights:.2f} x weight traffic past {screen.hidden:.2f} x compute): "
             f"{within} of {len(errors)} within 10%, median {errors[len(errors) // 2][0]:+.0%}, worst "
             f"{worst[0]:+.1%} ({worst[1]}). Every number in the table is the compiled prediction.")
