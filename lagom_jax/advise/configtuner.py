@@ -1043,11 +1043,13 @@ def _mesh_str(mesh: Mapping[str, int]) -> str:
 
 def _recomputed_flops_per_token(family: str, dims: Mapping[str, int], seq_len: int, remat: str) -> float:
     """Forward FLOPs per token a remat policy computes again in the backward pass: the matmuls
-    whose outputs the policy does not keep and the backward needs. A dense layer's output
-    projection and MLP output go to the residual and are never needed; attention's output is
-    the output projection's input. So ``full`` recomputes the q/k/v projections, attention
-    and the MLP's input matmuls; ``save_qkv_proj`` and ``save_dot_except_mlp(wi)`` attention
-    and the MLP's input matmuls; ``minimal`` (every matmul without batch dimensions kept)
+    whose outputs the policy does not keep and the backward needs. The backward needs every
+    matmul's input (for its weight gradient): attention's output (the output projection's
+    input) and the output projection's (through the residual and the norm, the MLP's input).
+    The MLP's last output only goes to the next layer, whose input is kept. So ``full``
+    recomputes the q/k/v and output projections, attention and the MLP's input matmuls;
+    ``save_qkv_proj`` all but the q/k/v projections; ``save_dot_except_mlp(wi)`` attention and
+    the MLP's input matmuls; ``minimal`` (every matmul without batch dimensions kept)
     attention; ``minimal_flash`` and ``none`` nothing. In a MoE layer the router's gradient
     needs each expert's output, so the experts' output matmul is recomputed too unless kept
     (``save_dot_except_mlpwi`` keeps it), and the expert matmuls carry the expert as a batch
@@ -1056,18 +1058,14 @@ def _recomputed_flops_per_token(family: str, dims: Mapping[str, int], seq_len: i
     hd = d // h
     k = dims.get("top_k") or 1
     qkv = 2 * d * (h + 2 * kv) * hd
+    out = 2 * h * hd * d
     attention = 2 * seq_len * h * hd  # causal: half of QK^T and PV
     wi = 2 * (1 if family == "gpt" else 2) * d * ff * k
-    if dims.get("experts"):
-        mlp = wi + 2 * d * ff * k
-        per_layer = {"full": qkv + attention + mlp, "save_qkv_proj": attention + mlp,
-                     "save_dot_except_mlp": attention + mlp, "save_dot_except_mlpwi": attention + wi,
-                     "minimal": attention + mlp, "minimal_flash": mlp}.get(remat, 0)
-    else:
-        per_layer = {"full": qkv + attention + wi, "save_qkv_proj": attention + wi,
-                     "save_dot_except_mlp": attention + wi, "save_dot_except_mlpwi": attention + wi,
-                     "minimal": attention}.get(remat, 0)
-    return L * per_layer
+    wo = 2 * d * ff * k if dims.get("experts") else 0  # an expert's output, for the router
+    per_layer = {"full": qkv + attention + out + wi + wo, "save_qkv_proj": attention + out + wi + wo,
+                 "save_dot_except_mlp": attention + wi + wo, "save_dot_except_mlpwi": attention + wi,
+                 "minimal": attention + (wi + wo if wo else 0), "minimal_flash": wi + wo if wo else 0}
+    return L * per_layer.get(remat, 0)
 
 
 def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
