@@ -28,19 +28,21 @@ SHOWN = 8  # ranked rows per table
 
 
 def _gap(dump: list[dict]) -> str:
-    """The known gap between the screen and the compiled prediction, with this run's numbers."""
+    """The gap between the uncalibrated screen and the compiled prediction, with this run's
+    numbers, and how far the calibrated screen is."""
     for advice in dump:
         for c in advice["candidates"]:
             if c["recipe"] == "dp" and c["untuned_ms"] is not None:
                 return (
-                    f"Known gap: the compiled predictions stay above the analytic screen "
+                    f"The analytic screen alone stays below the compiled predictions "
                     f"({advice['model']} {advice['config']} dp on {advice['num_devices']} x "
-                    f"{advice['hardware']}: {c['untuned_ms']:.1f} ms against {c['analytic_ms']:.1f} ms), "
-                    "most for pipelined steps. Both time the matmuls by shape (`lagom_jax.costs.kernels`); "
-                    "the rest is memory traffic the screen leaves out: the compiled step writes and "
-                    "reads the attention scores of every layer (no fused attention in these models) "
-                    "and runs every element-wise and optimizer kernel. Which is closer to a real step "
-                    "awaits a measurement.\n\n")
+                    f"{advice['hardware']}: {c['analytic_ms']:.1f} ms against {c['untuned_ms']:.1f} ms): "
+                    "both time the matmuls by shape (`lagom_jax.costs.kernels`); the rest is memory "
+                    "traffic the screen leaves out (the compiled step writes and reads the attention "
+                    "scores of every layer and runs every element-wise and optimizer kernel). *screen* is "
+                    "that screen calibrated on the compiled steps of the same run (`Screen.fit`), which "
+                    "ranks the rows not compiled; how far it is from each compiled step is said under "
+                    "each table. Which is closer to a real step awaits a measurement.\n\n")
     return ""
 
 
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"compiled and predicted; advise wall time {wall:.0f} s (measured, this machine).\n\n"
                 f"{a.table().splitlines()[0]}\n{a.table().splitlines()[1]}\n"
                 + "\n".join(a.table().splitlines()[2:2 + SHOWN])
+                + (f"\n\n{a.screen}" if a.screen else "")
                 + f"\n\n**Recommendation (predicted):** `{best.recipe}` on `{best.mesh}`"
                 + (f", {best.microbatches} micro-batches" if best.config.stage > 1 else "")
                 + f" -- {best.why}\n")
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         "## advise\n\n"
         f"Machine: {machine_line()}\n\n"
         "ConfigTuner (`lagom_jax.advise.configtuner`): hybrid-parallel configurations ranked without running "
-        "them. *analytic* is the closed-form screen; *untuned* and *tuned* are the cost model's "
+        "them. *analytic* is the closed-form screen, *screen* the same calibrated on the compiled steps; *untuned* and *tuned* are the cost model's "
         "predictions of the really compiled step (" + "; ".join(sorted(compilers)) + ") "
         "under XLA/NCCL defaults and after the lagom search. All step times are "
         "**predicted** for the GPU preset, in ms; memory is the analytic estimate per "
