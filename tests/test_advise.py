@@ -396,6 +396,20 @@ def test_the_time_left_rises_only_by_work_newly_found():
     assert left(0, 25, 40.0) == 0.0
 
 
+def test_xla_attention_is_tried_where_its_scores_fit(monkeypatch):
+    """XLA's attention holds at least one layer's scores (batch x heads x seq^2, float32 and
+    bfloat16: 24 GiB at b=8, 3 at b=1 for llama2-7b at 4096); the best step (b=8, 51.7 GiB of
+    59.3) has no room for them, the next compiled (the probe, b=1) has: it is tried there."""
+    calls: list[dict] = []
+    monkeypatch.setattr(memory, "compile_step", _fake_compile(calls, temp_per_seq=20 * 2 ** 30))
+    advice = adv.advise_train_step("llama", **LLAMA2_7B, gpus=8, hardware="h100-sxm-8", global_batch=64,
+                                   seq_len=4096, meshes=[{"fsdp": 8}], remats=("full",), jobs=1)
+    line = next(p for p in advice.pruning if p.startswith("Attention xla"))
+    assert "tried at [data=1,fsdp=8,model=1,expert=1] b=1 x8 full" in line, line
+    xla = [c for c in advice.candidates if c.attention == "xla"]
+    assert [c.per_device_batch for c in xla] == [1]
+
+
 def test_tied_candidates_are_one_row_with_their_alternatives(monkeypatch):
     # The fake compile gives remat "full" and "minimal" the same memory and time: XLA would
     # compile them to one step, so the table shows one rank and names both.

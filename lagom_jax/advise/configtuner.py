@@ -1624,15 +1624,29 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                           f"faster than their mesh's best ({', '.join(skipped_configs[:4])}"
                           + (", ..." if len(skipped_configs) > 4 else "") + ")." if skipped_configs else "."))
 
-        # 4. the other attention implementation at the best configuration
-        best = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:1] if others else []
+        # 4. the other attention implementation at the best configuration it can fit in: XLA's
+        # attention holds at least one layer's scores of the micro-batch, float32 and bfloat16.
+        def scores_bytes(c: TrainCandidate, attention: str) -> float:
+            if attention != "xla":
+                return 0.0
+            return c.per_device_batch * (heads // c.mesh.get("model", 1)) * seq_len ** 2 * 6
+
+        leaders = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:3] if others else []
+        tries = [(c, a) for a in others
+                 for c in [next((c for c in leaders if c.peak_bytes + scores_bytes(c, a) <= limit), None)] if c]
         with lock:
-            planned["n"] -= attention_reserve - len(best) * len(others)
-        if others:
-            list(pool.map(lambda ca: evaluate(ca[0].mesh, ca[0].per_device_batch, ca[0].grad_accum,
-                                              ca[0].remat, ca[1]),
-                          [(c, a) for c in best for a in others]))
-            pruning.append(f"Attention {', '.join(others)} tried at the best configuration.")
+            planned["n"] -= attention_reserve - len(tries)
+        list(pool.map(lambda ca: evaluate(ca[0].mesh, ca[0].per_device_batch, ca[0].grad_accum, ca[0].remat, ca[1]),
+                      tries))
+        for a in others:
+            where = next((c for c, b in tries if b == a), None)
+            if where is not None:
+                pruning.append(f"Attention {a} tried at {where.label()}, the best configuration with room for it.")
+            elif leaders:
+                pruning.append(
+                    f"Attention {a} not tried: at the {len(leaders)} best configurations one layer's attention scores "
+                    f"alone (at least {min(scores_bytes(c, a) for c in leaders) / gib:.1f} GiB) do not fit in the "
+                    f"memory the step leaves (at most {max(limit - c.peak_bytes for c in leaders) / gib:.1f} GiB).")
         cur = cur_future.result() if cur_future is not None else None
     finally:
         pool.shutdown(wait=True)
