@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -394,6 +395,36 @@ def test_the_time_left_rises_only_by_work_newly_found():
     assert shown == [190.0, 190.0, 85.0, 85.0]
     assert left(15, 25, 40.0) == 85.0 + 5 * 40.0  # five compiles found: their time is added
     assert left(0, 25, 40.0) == 0.0
+
+
+def test_the_calibrated_screen_prunes_probes_and_finalist_steps(monkeypatch):
+    """Compiled steps that are 1.5 x the uncalibrated screen: the calibration finds the scale,
+    agrees with every compiled step, and a mesh or configuration it puts over 10% behind is
+    never compiled (each named in the pruning lines)."""
+    dims = dict(LLAMA2_7B, seq_len=4096)
+    hw = adv.predict._cluster("h100-sxm-8", 16)  # noqa: SLF001
+    compiled: list[tuple] = []
+
+    def compile_step(hw_, model, config, mesh, *, batch_size, seq_len, remat, attention, limit_bytes, **_):
+        ways = math.prod(mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
+        b = batch_size // ways
+        compiled.append((adv._mesh_str(mesh), b, remat))  # noqa: SLF001
+        terms = adv.screen_terms("llama", dims, mesh, hw, global_batch=64, seq_len=seq_len, per_device_batch=b,
+                                 remat=remat)
+        step = 1.5 * adv.UNCALIBRATED(terms) / (64 // ways // b)  # a micro-step
+        return memory.StepMemory(10 ** 9, 10 ** 9, 10 ** 9, b * 2 ** 30, 0, 0, step, "fake"), False
+
+    monkeypatch.setattr(memory, "compile_step", compile_step)
+    advice = adv.advise_train_step("llama", **LLAMA2_7B, gpus=16, hardware="h100-sxm-8", global_batch=64,
+                                   seq_len=4096, attentions=("flash",), jobs=1)
+    probes = {m for m, b, remat in compiled if b == 1 and remat == "full"}
+    line = next(p for p in advice.pruning if "Not probed:" in p)
+    skipped = line.split("(", 1)[1].split(";")[0].split(", ")
+    assert skipped and all(entry.rsplit(" ", 2)[0] not in probes for entry in skipped if entry != "...")
+    assert any("model=2" in entry for entry in skipped)  # the tensor-parallel meshes pay exposed all-reduces
+    agreement = advice.pruning[-1]
+    assert "1.50 x compute + 1.50 x exposed" in agreement and re.search(r"worst [+-]0\.0%", agreement), agreement
+    assert "configurations not compiled" in next(p for p in advice.pruning if p.startswith("Per finalist"))
 
 
 def test_xla_attention_is_tried_where_its_scores_fit(monkeypatch):
