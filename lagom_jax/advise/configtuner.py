@@ -1110,6 +1110,9 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
 
 
 SCREEN_TERMS = ("compute", "exposed", "weights")
+# The most a calibration may scale one part: the compiled step adds memory-bound kernels and
+# overheads to each part, but a part priced at a tenth of what it costs is a fit to noise.
+MAX_PART_WEIGHT = 10.0
 # Shares of the compute under which the weights' traffic may hide, tried by the calibration.
 _HIDDEN_SHARES = tuple(i / 8 for i in range(13))
 
@@ -1156,8 +1159,9 @@ class Screen:
 
     @classmethod
     def _fit_parts(cls, pairs: Sequence[tuple[Mapping[str, float], float]]) -> Screen:
-        """For each hidden share, the non-negative least-squares weights of the three parts in
-        relative error (every subset of parts solved exactly: at most seven solves); the best."""
+        """For each hidden share, the least-squares weights of the three parts in relative error,
+        each between 0 and ``MAX_PART_WEIGHT`` (every subset of parts solved exactly: at most seven
+        solves); the best."""
         import numpy as np
 
         y = np.array([ms for _, ms in pairs])
@@ -1168,7 +1172,7 @@ class Screen:
             for mask in range(1, 8):
                 use = [i for i in range(3) if mask >> i & 1]
                 coef, *_ = np.linalg.lstsq(cols[:, use], np.ones(len(y)), rcond=None)
-                if (coef < 0).any():
+                if (coef < 0).any() or (coef > MAX_PART_WEIGHT).any():
                     continue
                 full = np.zeros(3)
                 full[use] = coef
