@@ -1558,7 +1558,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             planned["n"] -= finalist_reserve - sum(budget(m) for m in finalists)
         pruning.append(f"{len(probes)} probed at per-device batch 1 with {probe_remat} remat, "
                        f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further."
-                       + (f" Not probed: {len(skipped)} meshes the calibrated screen puts over "
+                       + (f" Not probed: {len(skipped)} mesh{'es' if len(skipped) > 1 else ''} the calibrated screen puts over "
                           f"{PROBE_MARGIN:.0%} slower than the probe ranked {mesh_finalists} ("
                           + ", ".join(f"{m} {g / 1e3:.2f} s" for m, g, _ in skipped[:4])
                           + (", ..." if len(skipped) > 4 else "") + f"; bar {skipped[-1][2] / 1e3:.2f} s)."
