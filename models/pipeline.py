@@ -70,7 +70,16 @@ def scan_layers(layer: LayerFn, params: Any, x: jax.Array, enc: jax.Array | None
 
 
 def _split(x: jax.Array, m: int) -> jax.Array:
-    return x.reshape(m, x.shape[0] // m, *x.shape[1:])
+    """``x``'s batch as ``m`` microbatches, microbatch ``i`` holding rows ``i, i + m, ...``: a
+    strided split keeps the batch's data-parallel sharding on the rows of every microbatch
+    (a split into contiguous blocks would put it on the microbatch axis, and each tick would
+    gather one whole microbatch to every data rank and compute it there again)."""
+    return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _join(xs: jax.Array) -> jax.Array:
+    """The inverse of ``_split``."""
+    return xs.swapaxes(0, 1).reshape(xs.shape[0] * xs.shape[1], *xs.shape[2:])
 
 
 # jax 0.12 refuses BERT's stage under check_vma: a ``polynomial`` primitive in its layer
@@ -117,8 +126,7 @@ class Pipeline:
 
         run = jax.shard_map(staged, mesh=self.mesh, in_specs=(P("stage"), P(), P(), P()),
                             out_specs=P(), axis_names={"stage"}, check_vma=_CHECK_VMA)
-        out = run(params, xs, encs, bias)
-        return out.reshape(x.shape)
+        return _join(run(params, xs, encs, bias))
 
 
 @dataclasses.dataclass(frozen=True)

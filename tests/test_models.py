@@ -110,6 +110,10 @@ def test_collectives_match_recipe(model: str, recipe: str, mesh: str) -> None:
     if "pp" in parts:
         # Activations (forward) and their gradients (backward) move between stages.
         assert in_loops["collective-permute"] >= 2, loops
+        if not parts & {"fsdp", "sp"}:
+            # Each data rank runs its own rows of every microbatch: no tick gathers a microbatch
+            # across data (a contiguous split did, and computed it on every data rank again).
+            assert in_loops["all-gather"] == 0, loops
     if "cf" in parts:
         # The MLP's all-gather and reduce-scatter became rings of permutes in the layer loops.
         assert in_loops["collective-permute"] >= 2, loops
