@@ -1109,7 +1109,6 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
             "weights": g * weights / 1e3}
 
 
-SCREEN_TERMS = ("compute", "exposed", "weights")
 # The most a calibration may scale one part: the compiled step adds memory-bound kernels and
 # overheads to each part, but a part priced at a tenth of what it costs is a fit to noise.
 MAX_PART_WEIGHT = 10.0
@@ -1142,9 +1141,9 @@ class Screen:
         them and nothing else."""
         if not pairs:
             return cls()
-        forms = (cls._fit_scale, cls._fit_parts)
         if len(pairs) < 3:
             return cls._fit_scale(pairs)
+        forms = (cls._fit_scale, cls._fit_parts)
 
         def held_out(form: Callable[[Sequence[tuple[Mapping[str, float], float]]], Screen]) -> float:
             return sum((form([*pairs[:i], *pairs[i + 1:]])(t) / ms - 1) ** 2 for i, (t, ms) in enumerate(pairs))
@@ -1228,8 +1227,9 @@ def screen_agreement(pairs: Mapping[str, tuple[float, float]], screen: Screen,
     errors = sorted((est / compiled - 1, label) for label, (est, compiled) in pairs.items())
     worst = max(errors, key=lambda e: abs(e[0]))
     within = sum(abs(e) <= 0.10 for e, _ in errors)
-    return (f"The screen, calibrated on the {len(errors)} {fitted_on} ({screen.compute:.2f} x compute + {screen.exposed:.2f} x exposed "
-            f"collectives + {screen.weights:.2f} x weight traffic past {screen.hidden:.2f} x compute): "
+    return (f"The screen, calibrated on the {len(errors)} {fitted_on} ({screen.compute:.2f} x compute + "
+            f"{screen.exposed:.2f} x exposed collectives + {screen.weights:.2f} x weight traffic past "
+            f"{screen.hidden:.2f} x compute): "
             f"{within} of {len(errors)} within 10%, median {errors[len(errors) // 2][0]:+.0%}, worst "
             f"{worst[0]:+.1%} ({worst[1]}). Every number in the table is the compiled prediction.")
 
@@ -1431,7 +1431,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             step, hit = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=b * ways,
                                             seq_len=seq_len, remat=remat, attention=attention,
                                             limit_bytes=limit, options=options, cache=cache,
-                                            programs=None if cache else programs.name)
+                                            programs=programs and programs.name)
         except (ValueError, memory.CompileFailed) as err:
             with lock:
                 failures[key] = str(err)
@@ -1470,7 +1470,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
     # Without the cache, configurations that lower to the same program still share a compile
     # within this run.
-    programs = tempfile.TemporaryDirectory(prefix="lagom-advise-")
+    programs = None if cache else tempfile.TemporaryDirectory(prefix="lagom-advise-")
     try:
         cur_future = None
         if current is not None:
@@ -1514,12 +1514,16 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
 
         fitted: dict[tuple, Screen] = {}
 
-        def calibration() -> Screen:
-            """The screen fitted on every compiled candidate that fits without XLA's
-            rematerialization (a step XLA had to shrink is not what the screen prices)."""
+        def calibrated_on() -> list[TrainCandidate]:
+            """Every compiled candidate that fits without XLA's rematerialization (a step XLA
+            had to shrink is not what the screen prices), at the attention the screen prices."""
             with lock:
-                done = sorted((c for c in results.values() if c.fits and not c.xla_remat
+                return sorted((c for c in results.values() if c.fits and not c.xla_remat
                                and c.attention == probe_attn), key=TrainCandidate.key)
+
+        def calibration() -> Screen:
+            """The screen fitted on ``calibrated_on()``."""
+            done = calibrated_on()
             key = tuple(c.key() for c in done)
             if key not in fitted:
                 fitted[key] = Screen.fit([(terms(c.mesh, c.per_device_batch, c.remat), c.step_ms) for c in done])
@@ -1654,7 +1658,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         cur = cur_future.result() if cur_future is not None else None
     finally:
         pool.shutdown(wait=True)
-        programs.cleanup()
+        if programs is not None:
+            programs.cleanup()
 
     if current is not None and cur is None:
         key = next(iter(k for k in failures), None)
@@ -1679,8 +1684,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             f"a shorter sequence or a larger --memory-fraction")
     final = calibration()
     pruning.append(screen_agreement(
-        {c.label(): (final(terms(c.mesh, c.per_device_batch, c.remat)), c.step_ms)
-         for c in results.values() if c.fits and not c.xla_remat and c.attention == probe_attn}, final))
+        {c.label(): (final(terms(c.mesh, c.per_device_batch, c.remat)), c.step_ms) for c in calibrated_on()}, final))
     tuned = None
     if tune:
         b = fitting[0]

@@ -163,11 +163,8 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
                  remat=remat, attention=attention, limit_bytes=limit_bytes, scan=scan,
                  options=options or {})
     path = _cache_dir() / f"{_fingerprint(spec)}.json"
-    if cache and path.exists():
-        try:
-            return StepMemory(**json.loads(path.read_text())), True
-        except (ValueError, TypeError):
-            pass  # a corrupt entry is compiled again
+    if cache and (known := _read_answer(path)) is not None:
+        return known, True
     if programs is not None or cache:
         spec = {**spec, "programs": str(programs if programs is not None else _cache_dir() / "programs")}
     what = f"{model} {config} {mesh} batch {batch_size} remat {remat} {attention}"
@@ -183,9 +180,21 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
         raise CompileFailed(f"XLA failed to compile {what}: {out['crash'][:500]}")
     answer = StepMemory(**out["result"])
     if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(dataclasses.asdict(answer)))
+        _write_answer(path, answer)
     return answer, answer.reused
+
+
+def _read_answer(path: pathlib.Path) -> StepMemory | None:
+    """A cached answer, or None where there is none (a corrupt entry is compiled again)."""
+    try:
+        return StepMemory(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write_answer(path: pathlib.Path, answer: StepMemory) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(dataclasses.asdict(dataclasses.replace(answer, reused=False))))
 
 
 def _devices(hw: hardware_lib.HardwareProfile, n: int, limit_bytes: int) -> list[Any]:
@@ -221,11 +230,8 @@ def _compile_and_predict(spec: Mapping[str, Any]) -> StepMemory:
                            "hardware": spec["hardware"], "target": _target_text(hw.xla_target),
                            "v": CACHE_VERSION, "lagom": planning.VERSION}, sort_keys=True, default=str)
         program = pathlib.Path(spec["programs"]) / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
-        if program.exists():
-            try:
-                return dataclasses.replace(StepMemory(**json.loads(program.read_text())), reused=True)
-            except (ValueError, TypeError):
-                pass  # a corrupt entry is compiled again
+        if (known := _read_answer(program)) is not None:
+            return dataclasses.replace(known, reused=True)
     compiled = lowered.compile(compiler_options=options)
     text = compiled.as_text()
     mem = compiled.memory_analysis()
@@ -237,8 +243,7 @@ def _compile_and_predict(spec: Mapping[str, Any]) -> StepMemory:
                         int(mem.generated_code_size_in_bytes), remat_count(text),
                         done.predicted_ms("xla-default"), where)
     if program is not None:
-        program.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(program, json.dumps(dataclasses.asdict(answer)))
+        _write_answer(program, answer)
     return answer
 
 
