@@ -8,6 +8,13 @@ import pathlib
 import tempfile
 
 
+def cache_root() -> pathlib.Path:
+    """Where lagom-jax keeps what it can find again: ``LAGOM_JAX_CACHE``, else
+    ``~/.cache/lagom-jax``."""
+    root = os.environ.get("LAGOM_JAX_CACHE")
+    return pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "lagom-jax"
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` so that readers see the old file or the new one, never a torn one."""
     path = pathlib.Path(path)

@@ -10,6 +10,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
+# Caches (plans, advise answers, the flags the installed XLA accepted) in a folder of this
+# run, not the user's ~/.cache/lagom-jax: each run checks against XLA afresh.
+if "LAGOM_JAX_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["LAGOM_JAX_CACHE"] = tempfile.mkdtemp(prefix="lagom-jax-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LAGOM_JAX_CACHE"], True)
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

@@ -103,3 +103,30 @@ def test_a_step_is_planned_at_the_stream_priority_its_compile_gives_collectives(
     assert job._as_compiled_for(hw, {}).comm_high_priority is True
     monkeypatch.delenv("XLA_FLAGS")
     assert bool_setting(name) is None and job._as_compiled_for(hw, {}) is hw
+
+
+def test_what_the_installed_xla_accepted_is_checked_once_and_a_rejection_every_time(monkeypatch, tmp_path):
+    import subprocess
+
+    monkeypatch.setenv("LAGOM_JAX_CACHE", str(tmp_path))
+    calls = []
+    real_run = subprocess.run
+
+    def counting_run(*args, **kwargs):
+        calls.append(kwargs.get("env", {}).get("XLA_FLAGS"))
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(flags.subprocess, "run", counting_run)
+    good, bad = "--xla_gpu_enable_latency_hiding_scheduler=true", "--xla_gpu_bogus_flag_xyz=1"
+    for _ in range(2):
+        flags._validate_cached.cache_clear()
+        flags.validate(good)
+        with pytest.raises(flags.FlagError, match="xla_gpu_bogus_flag_xyz"):
+            flags.validate(bad)
+    assert calls == [good, bad, bad]  # the accepted flags from disk the second time
+    assert len(list((tmp_path / "flags").glob("*.ok"))) == 1
+    # Another XLA (here: another jaxlib file identity) is asked again.
+    monkeypatch.setattr(flags, "_installed_xla", lambda: "another jaxlib")
+    flags._validate_cached.cache_clear()
+    flags.validate(good)
+    assert calls[-1] == good and len(calls) == 4

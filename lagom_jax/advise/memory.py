@@ -46,7 +46,7 @@ from typing import Any
 
 from lagom_jax import job as job_lib, models
 from lagom_jax.cluster import hardware as hardware_lib
-from lagom_jax.files import atomic_write_text
+from lagom_jax.files import atomic_write_text, cache_root
 from lagom_jax.plan import planning
 from lagom_jax.program import gpu_compile
 
@@ -138,9 +138,7 @@ def _fingerprint(spec: Mapping[str, Any]) -> str:
 
 
 def _cache_dir() -> pathlib.Path:
-    root = os.environ.get("LAGOM_JAX_CACHE")
-    base = pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "lagom-jax"
-    return base / "advise"
+    return cache_root() / "advise"
 
 
 class CompileFailed(RuntimeError):

@@ -12,15 +12,19 @@ CHECK instead of raising.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 
+from lagom_jax.files import atomic_write_text, cache_root
 from lagom_jax.program import environment, jax_internals
 
 FlagValue = bool | int | str
@@ -318,8 +322,32 @@ def _explain_failure(output: str) -> str:
     return f"XLA rejected the flags:\n{tail}"
 
 
+def _installed_xla() -> str:
+    """Which XLA this process would check flags against: JAX's and jaxlib's versions and the
+    file of jaxlib's compiled extension (its path, size and modification time)."""
+    import jax
+    import jaxlib
+
+    ext = next(iter(sorted(pathlib.Path(jaxlib.__file__).parent.glob("_jax*"))), None)
+    stat = ext.stat() if ext is not None else None
+    return json.dumps([sys.executable, jax.__version__, jaxlib.__version__, str(ext),
+                       stat and stat.st_size, stat and stat.st_mtime_ns])
+
+
+def _accepted_marker(xla_flags: str, options_json: str) -> pathlib.Path:
+    """The file that records that the installed XLA accepted these flags and options."""
+    key = hashlib.sha256(json.dumps([_installed_xla(), xla_flags, options_json]).encode()).hexdigest()[:32]
+    return cache_root() / "flags" / f"{key}.ok"
+
+
 @functools.lru_cache(maxsize=64)
 def _validate_cached(xla_flags: str, options_json: str) -> None:
+    """Check with a child process, once per installed XLA: what it accepted is remembered on
+    disk (``cache_root()/flags``), keyed by the XLA it was checked against; a rejection is
+    checked again next time."""
+    marker = _accepted_marker(xla_flags, options_json)
+    if marker.exists():
+        return
     env = dict(os.environ)
     env["XLA_FLAGS"] = xla_flags
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -334,6 +362,8 @@ def _validate_cached(xla_flags: str, options_json: str) -> None:
     )
     if proc.returncode != 0 or "LAGOM_FLAGS_OK" not in proc.stdout:
         raise FlagError(_explain_failure(proc.stderr + proc.stdout))
+    with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next check
+        atomic_write_text(marker, "")
 
 
 def validate(xla_flags: str = "", options: Mapping[str, FlagValue] | None = None) -> None:
