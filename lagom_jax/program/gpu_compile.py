@@ -35,6 +35,7 @@ import importlib.resources
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -357,25 +358,35 @@ def run_isolated(module: str, spec: Mapping[str, Any], *, timeout_s: float) -> d
 
     XLA's compilers abort the whole process on some inputs, which must cost the child, not
     the caller. Raises TimeoutError past ``timeout_s`` and ChildAborted when the child ends
-    without an answer (``detail``: glog's fatal line, else the end of its stderr).
+    without an answer (``detail``: glog's fatal line, else the end of its stderr). The child
+    is forked from a server that has JAX and lagom-jax imported (``fork_server``), else, where
+    no server runs, started as a new interpreter.
     """
+    from lagom_jax.program import fork_server
+
     with tempfile.TemporaryDirectory(prefix="lagom-compile-") as tmp:
         path = os.path.join(tmp, "spec.json")
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(spec, fh)
+        err_path = os.path.join(tmp, "stderr.txt")
         # The child never needs a real GPU; on a GPU host this also keeps it off the GPUs.
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}
         try:
-            proc = subprocess.run([sys.executable, "-c", f"from {module} import _child; _child({path!r})"],
-                                  env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"the child took over {timeout_s:.0f} s") from None
+            status = fork_server.run_child(module, path, err_path, env, timeout_s)
+            stderr = pathlib.Path(err_path).read_text(errors="replace") if os.path.exists(err_path) else ""
+        except fork_server.ServerGone:
+            try:
+                proc = subprocess.run([sys.executable, "-c", f"from {module} import _child; _child({path!r})"],
+                                      env=env, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"the child took over {timeout_s:.0f} s") from None
+            status, stderr = proc.returncode, proc.stderr
         out_path = path + ".out"
-        if proc.returncode or not os.path.exists(out_path):
+        if status or not os.path.exists(out_path):
             # glog's fatal line: "F1122 03:20:49.438142 18858 file.cc:1615] message"
-            fatal = next((ln.partition("] ")[2] for ln in proc.stderr.splitlines()
+            fatal = next((ln.partition("] ")[2] for ln in stderr.splitlines()
                           if ln.startswith("F") and "] " in ln), "")
-            raise ChildAborted(proc.returncode, fatal or proc.stderr[-300:])
+            raise ChildAborted(status, fatal or stderr[-300:])
         with open(out_path, encoding="utf-8") as fh:
             return json.load(fh)
 
