@@ -458,3 +458,26 @@ def test_tied_candidates_are_one_row_with_their_alternatives(monkeypatch):
     assert any(r.endswith(("(x2)", "(x3)")) for r in ranks)  # x3: the fake prices XLA's attention the same too
     note = next(line for line in table.splitlines() if "predicted the same" in line)
     assert " full" in note and " minimal" in note
+
+
+def test_a_batch_a_compiled_one_shows_over_memory_is_not_compiled(monkeypatch):
+    """80 GiB of temporaries per sequence (full remat keeps 0.3 of it): full fits 2 of the 8
+    sequences, none no batch. Batch 8 with full at 196 GiB shows batch 4 over the limit even if
+    all its temporaries grew with the batch (100 GiB), and none at batch 2 shows batch 1 over
+    (84 GiB): neither is compiled, and the pruning says which compile showed it."""
+    compiled: list[tuple] = []
+
+    def compile_step(hw, model, config, mesh, *, batch_size, remat, **kw):
+        compiled.append((batch_size // 8, remat))
+        return fake(hw, model, config, mesh, batch_size=batch_size, remat=remat, **kw)
+
+    fake = _fake_compile([], temp_per_seq=80 * 2 ** 30)
+    monkeypatch.setattr(memory, "compile_step", compile_step)
+    advice = adv.advise_train_step("llama", **LLAMA2_7B, gpus=8, hardware="h100-sxm-8", global_batch=64,
+                                   seq_len=4096, meshes=[{"fsdp": 8}], remats=("full", "none"), attentions=("flash",),
+                                   jobs=1)
+    assert advice.best.remat == "full" and advice.best.per_device_batch == 2
+    assert sorted(compiled) == [(1, "full"), (2, "full"), (2, "none"), (8, "full")]
+    line = next(p for p in advice.pruning if p.startswith("Per finalist"))
+    assert "2 not compiled" in line
+    assert "fsdp=8 b=4 full, shown by b=8 full at 196 GiB; fsdp=8 b=1 none, shown by b=2 none at 167 GiB" in line

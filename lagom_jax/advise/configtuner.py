@@ -812,6 +812,9 @@ PROBE_MARGIN = 0.10
 # A remat policy that keeps more is compiled on a finalist only if the calibrated screen puts it
 # this much faster than the finalist's best so far.
 REMAT_GAIN = 0.01
+# How far a configuration's memory, bounded below from a compiled one, must be over the limit
+# before it is not compiled (the bound assumes the policies' order and the state estimate).
+MEMORY_MARGIN = 0.10
 
 
 class NothingFits(ValueError):
@@ -837,6 +840,8 @@ class TrainCandidate:
     mfu: float
     xla_remat: int  # instructions XLA's rematerialization pass added to meet the limit
     why: str
+    temp_bytes: int = 0  # of peak_bytes, XLA's temporaries of one micro-step
+
 
     def label(self) -> str:
         mesh = ",".join(f"{a}={n}" for a, n in self.mesh.items())
@@ -1451,7 +1456,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                + (f"; XLA rematerialized {step.remat_instructions} instructions"
                   if step.remat_instructions else "") + (f"; {note}" if note else ""))
         cand = TrainCandidate(dict(m), b, g, remat, attention, fits, peak, limit, step_ms, step.step_ms,
-                              tps, mfu, step.remat_instructions, why)
+                              tps, mfu, step.remat_instructions, why, step.temp_bytes)
         with lock:
             results[key] = cand
             counts["compiles"] += 1
@@ -1537,6 +1542,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         running: dict[concurrent.futures.Future, dict[str, int]] = {}
         skipped: list[tuple[str, float, float]] = []  # (mesh, calibrated screen ms, bar ms)
         skipped_configs: list[str] = []  # finalists' configurations the calibrated screen ruled out
+        over_memory: list[str] = []  # finalists' configurations a compiled one shows over the limit
         while queue or running:
             while queue and len(running) < workers:
                 m = queue.pop(0)
@@ -1599,9 +1605,28 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                 return True
             return False
 
+        def known_over(m: Mapping[str, int], b: int, remat: str) -> bool:
+            """Whether a compiled configuration of mesh ``m`` shows that batch ``b`` with ``remat``
+            cannot fit: one at a batch of ``b`` or more, with a policy keeping no more (earlier
+            in ``policies``), whose peak with its temporaries scaled down to ``b`` (they hold a
+            part that grows with the batch and one that does not) is still over the limit by
+            ``MEMORY_MARGIN``."""
+            with lock:
+                known = [c for c in results.values() if c.mesh == m and c.attention == probe_attn
+                         and c.per_device_batch >= b and policies.index(c.remat) <= policies.index(remat)]
+            for c in known:
+                if c.peak_bytes - c.temp_bytes * (1 - b / c.per_device_batch) > limit * (1 + MEMORY_MARGIN):
+                    with lock:
+                        over_memory.append(f"{_mesh_str(m)} b={b} {remat}, shown by b={c.per_device_batch} "
+                                           f"{c.remat} at {c.peak_bytes / gib:.0f} GiB")
+                    return True
+            return False
+
         def walk(m: dict[str, int], lb: int, sizes: list[int], hi: int, used: list[int]) -> None:
             for remat in policies:
                 def fits(i: int) -> bool:
+                    if known_over(m, sizes[i], remat):
+                        return False
                     used[0] += 1
                     c = evaluate(m, sizes[i], lb // sizes[i], remat, probe_attn)
                     return c is not None and c.fits
@@ -1630,7 +1655,11 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                        + (f"; {len(skipped_configs)} configurations not compiled, the calibrated screen putting "
                           f"them over {PROBE_MARGIN:.0%} slower than the best found or under {REMAT_GAIN:.0%} "
                           f"faster than their mesh's best ({', '.join(skipped_configs[:4])}"
-                          + (", ..." if len(skipped_configs) > 4 else "") + ")." if skipped_configs else "."))
+                          + (", ..." if len(skipped_configs) > 4 else "") + ")." if skipped_configs else ".")
+                       + (f" {len(over_memory)} not compiled, a compiled configuration of the same mesh with as "
+                          f"large a batch and a policy keeping no more showing them over the limit "
+                          f"({'; '.join(over_memory[:3])}" + ("; ..." if len(over_memory) > 3 else "") + ")."
+                          if over_memory else ""))
 
         # 4. the other attention implementation at the best configuration it can fit in: XLA's
         # attention holds at least one layer's scores of the micro-batch, float32 and bfloat16.
