@@ -54,3 +54,8 @@ def test_a_server_that_died_is_started_again():
     while any(s.alive for s in fork_server._servers.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gpu_compile.run_isolated("fork_children", {"do": "echo"}, timeout_s=60)["pid"]
+
+
+def test_the_childrens_peak_memory_is_known():
+    gpu_compile.run_isolated("fork_children", {"do": "echo"}, timeout_s=60)
+    assert fork_server.largest_child_rss_bytes() > 50 * 2 ** 20  # a child with JAX imported

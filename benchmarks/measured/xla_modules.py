@@ -40,9 +40,10 @@ NAME = "xla_modules"
 
 
 def _rss_gb() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(own, children) / 1e6  # KiB -> GB
+    from lagom_jax.program import fork_server
+
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return max(own, fork_server.largest_child_rss_bytes()) / 1e9
 
 
 def one(path: str, hardware: str, verify: bool) -> dict:

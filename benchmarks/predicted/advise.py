@@ -109,9 +109,9 @@ SCALE_RUNS = (  # (name, config, family, current mesh, seq, global batch, curren
 
 
 def _child_rss_gib() -> float:
-    import resource
+    from lagom_jax.program import fork_server
 
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20
+    return fork_server.largest_child_rss_bytes() / 2 ** 30
 
 
 def _published(jobs: int, say) -> tuple[list[str], list[dict]]:

@@ -9,7 +9,8 @@ imports done and is still a process of its own, whose abort or timeout costs onl
 
 The protocol is one JSON line per message over the server's stdin and stdout: a request
 ``{"id", "module", "spec", "err", "env", "path"}``, answered ``{"id", "pid"}`` once forked and
-``{"id", "status"}`` (``os.waitpid``'s exit code, negative for a signal) once the child ended.
+``{"id", "status", "maxrss_kib"}`` (the exit code, negative for a signal, and the child's peak
+resident memory, from ``os.wait4``) once the child ended.
 The child writes its stdout and stderr to ``err`` and runs ``module._child(spec)`` with the
 caller's environment and ``sys.path`` of the moment (``XLA_FLAGS`` is read when the child's
 backend starts).
@@ -30,7 +31,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ServerGone", "run_child"]
+__all__ = ["ServerGone", "largest_child_rss_bytes", "run_child"]
 
 # What the server imports once for every child.
 PRELOAD = ("jax", "lagom_jax.advise.memory", "lagom_jax.models.compiled", "lagom_jax.program.hlo_compile")
@@ -73,12 +74,13 @@ def serve() -> None:
                 replies.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
         while children:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            replies.write(json.dumps({"id": children.pop(pid), "status": os.waitstatus_to_exitcode(status)}) + "\n")
+            replies.write(json.dumps({"id": children.pop(pid), "status": os.waitstatus_to_exitcode(status),
+                                      "maxrss_kib": usage.ru_maxrss}) + "\n")
 
 
 def _child(request: Mapping[str, Any]) -> None:
@@ -123,6 +125,7 @@ class _Server:
         threading.Thread(target=self._read, daemon=True, name="lagom-fork-server").start()
 
     def _read(self) -> None:
+        global _largest_rss_kib
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             message = json.loads(line)
@@ -134,6 +137,7 @@ class _Server:
                 slot["pid"] = message["pid"]
             else:
                 slot["status"] = message["status"]
+                _largest_rss_kib = max(_largest_rss_kib, int(message.get("maxrss_kib", 0)))
                 slot["done"].set()
         with self._lock:
             self.alive = False
@@ -173,6 +177,7 @@ class _Server:
 
 
 _servers: dict[tuple, _Server] = {}
+_largest_rss_kib = 0  # the largest peak resident memory of a child this process had forked
 _servers_lock = threading.Lock()
 
 
@@ -189,3 +194,12 @@ def run_child(module: str, spec_path: str, err_path: str, env: Mapping[str, str]
             except OSError as err:
                 raise ServerGone(f"the fork server could not start: {err}") from None
     return server.run(module, spec_path, err_path, env, timeout_s)
+
+
+def largest_child_rss_bytes() -> int:
+    """The largest peak resident memory of any compile child of this process so far (bytes):
+    the fork server's children as ``os.wait4`` reported them, and children waited for here."""
+    import resource
+
+    own_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return 1024 * max(_largest_rss_kib, own_children)
