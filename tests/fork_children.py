@@ -16,4 +16,4 @@ def _child(spec_path: str) -> None:
         time.sleep(60)
     with open(spec_path + ".out", "w") as fh:
         json.dump({"pid": os.getpid(), "xla_flags": os.environ.get("XLA_FLAGS"),
-                   "jax_imported": "jax" in __import__("sys").modules}, fh)
+                   "jax_imported": "jax" in sys.modules, "cwd": os.getcwd()}, fh)

@@ -9,11 +9,14 @@ import pytest
 from lagom_jax.program import fork_server, gpu_compile
 
 
-def test_each_child_is_a_fresh_process_with_the_imports_done_and_the_environment_of_the_moment(monkeypatch):
+def test_each_child_is_a_fresh_process_with_the_imports_done_and_the_environment_of_the_moment(
+        monkeypatch, tmp_path):
     monkeypatch.setenv("XLA_FLAGS", "--xla_first=1")
     first = gpu_compile.run_isolated("fork_children", {"do": "echo"}, timeout_s=60)
     monkeypatch.setenv("XLA_FLAGS", "--xla_second=1")
+    monkeypatch.chdir(tmp_path)
     second = gpu_compile.run_isolated("fork_children", {"do": "echo"}, timeout_s=60)
+    assert second["cwd"] == str(tmp_path) != first["cwd"]
     assert (first["xla_flags"], second["xla_flags"]) == ("--xla_first=1", "--xla_second=1")
     assert first["pid"] != second["pid"] and os.getpid() not in (first["pid"], second["pid"])
     assert first["jax_imported"] and second["jax_imported"]  # the server's imports, before the child ran

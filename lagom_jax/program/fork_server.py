@@ -8,14 +8,14 @@ the CPU, no backend started) and forks a child per compile: the child starts wit
 imports done and is still a process of its own, whose abort or timeout costs only itself.
 
 The protocol is one JSON line per message over the server's stdin and stdout: a request
-``{"id", "module", "spec", "err", "env", "path"}``, answered ``{"id", "pid"}`` once forked and
-``{"id", "status", "maxrss_kib"}`` (the exit code, negative for a signal, and the child's peak
-resident memory, from ``os.wait4``) once the child ended.
-The child writes its stdout and stderr to ``err`` and runs ``module._child(spec)`` with the
-caller's environment and ``sys.path`` of the moment (``XLA_FLAGS`` is read when the child's
-backend starts).
-A server is started per set of ``JAX_*`` variables (JAX reads those when it is imported).
-When the caller exits, the server's stdin closes and the server kills its children and ends.
+``{"id", "module", "spec", "err", "env", "path", "cwd"}``, answered ``{"id", "pid"}`` once
+forked and ``{"id", "status", "maxrss_kib"}`` (the exit code, negative for a signal, and the
+child's peak resident memory, from ``os.wait4``) once the child ended. The child writes its
+stdout and stderr to ``err`` and runs ``module._child(spec)`` with the caller's environment,
+``sys.path`` and working folder of the moment (``XLA_FLAGS`` is read when the child's backend
+starts). A server is started per set of ``JAX_*`` variables (JAX reads those when it is
+imported). When the caller exits, the server's stdin closes and the server kills its children
+and ends.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ def _child(request: Mapping[str, Any]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path[:] = request["path"]
+        os.chdir(request["cwd"])
         module = __import__(request["module"], fromlist=["_child"])
         module._child(request["spec"])  # noqa: SLF001 - the module's child entry
         code = 0
@@ -153,7 +154,7 @@ class _Server:
             key = str(self._next)
             slot = self._waiting[key] = {"done": threading.Event(), "pid": None, "status": None}
             request = {"id": key, "module": module, "spec": spec_path, "err": err_path, "env": dict(env),
-                       "path": list(sys.path)}
+                       "path": list(sys.path), "cwd": os.getcwd()}
             try:
                 assert self._proc.stdin is not None
                 self._proc.stdin.write((json.dumps(request) + "\n").encode())
