@@ -429,18 +429,16 @@ def test_the_calibrated_screen_prunes_probes_and_finalist_steps(monkeypatch):
 
 def test_xla_attention_is_tried_where_its_scores_fit(monkeypatch):
     """XLA's attention holds at least one layer's scores (batch x heads x seq^2, float32 and
-    bfloat16: 24 GiB at b=8, 3 GiB per sequence for llama2-7b at 4096); the best step (b=8,
-    51.7 GiB of 59.3, 6 GiB of temporaries per sequence) has no room for them, nor has any other
-    compiled step: it is tried at the largest batch of the best with room (b=4: about 28 GiB of
-    step, 12 of scores, 3.3 of gradient accumulator)."""
+    bfloat16: 24 GiB at b=8, 3 at b=1 for llama2-7b at 4096); the best step (b=8, 51.7 GiB of
+    59.3) has no room for them, the next compiled (the probe, b=1) has: it is tried there."""
     calls: list[dict] = []
     monkeypatch.setattr(memory, "compile_step", _fake_compile(calls, temp_per_seq=20 * 2 ** 30))
     advice = adv.advise_train_step("llama", **LLAMA2_7B, gpus=8, hardware="h100-sxm-8", global_batch=64,
                                    seq_len=4096, meshes=[{"fsdp": 8}], remats=("full",), jobs=1)
     line = next(p for p in advice.pruning if p.startswith("Attention xla"))
-    assert "tried at fsdp=8 b=4 full" in line, line
+    assert "tried at [data=1,fsdp=8,model=1,expert=1] b=1 x8 full" in line, line
     xla = [c for c in advice.candidates if c.attention == "xla"]
-    assert [c.per_device_batch for c in xla] == [4]
+    assert [c.per_device_batch for c in xla] == [1]
 
 
 def test_tied_candidates_are_one_row_with_their_alternatives(monkeypatch):
@@ -464,8 +462,7 @@ def test_tied_candidates_are_one_row_with_their_alternatives(monkeypatch):
 
 def test_a_batch_a_compiled_one_shows_over_memory_is_not_compiled(monkeypatch):
     """80 GiB of temporaries per sequence (full remat keeps 0.3 of it): full fits 2 of the 8
-    sequences, none no batch. The probe (full at batch 8, what the closed form fits) is over at
-    196 GiB, so batch 1 is probed; batch 8 shows batch 4 over the limit even if
+    sequences, none no batch. Batch 8 with full at 196 GiB shows batch 4 over the limit even if
     all its temporaries grew with the batch (100 GiB), and none at batch 2 shows batch 1 over
     (84 GiB): neither is compiled, and the pruning says which compile showed it."""
     compiled: list[tuple] = []

@@ -1283,11 +1283,9 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
        experts (expert) and the global batch (data x fsdp x expert); then those whose float32
        weights and Adam moments alone exceed the limit are rejected;
     2. a probe of each mesh (compiled; the ``max_probes`` meshes the uncalibrated screen,
-       ``screen_terms``, puts fastest, fastest first): ``full`` remat at the largest per-device
-       batch whose weights, gradients, Adam state, layer inputs and logits are under the limit
-       in closed form (the finalist's walk then starts there without a compile of its own),
-       and where that does not fit, batch 1, the least memory any configuration of that mesh
-       needs: a mesh where it does not fit is out. Once ``mesh_finalists`` probes fit, the screen is calibrated on the compiled
+       ``screen_terms``, puts fastest, fastest first): per-device batch 1 with ``full`` remat,
+       the least memory any configuration of that mesh needs: a mesh where it does not fit is
+       out. Once ``mesh_finalists`` probes fit, the screen is calibrated on the compiled
        candidates (``Screen.fit``) after each compile, and a mesh it puts more than
        ``PROBE_MARGIN`` slower than the ``mesh_finalists``-th fastest probe is not probed;
     3. the ``mesh_finalists`` meshes of fastest probe, searched: for each remat policy from
@@ -1499,58 +1497,10 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                                      current.get("attention", "flash" if flash_ok else "xla"),
                                      "your configuration")
 
-        # 2. probes: full remat (the least memory of a mesh's batch), at the largest batch the
-        # closed form puts under the limit, else batch 1 (the least memory of a mesh)
+        # 2. probes: per-device batch 1, full remat (the least memory of a mesh)
         probe_attn = "flash" if "flash" in attns else attns[0]
         probe_remat = policies[0]
         others = [a for a in attns if a != probe_attn]
-        skipped_configs: list[str] = []  # finalists' configurations the calibrated screen ruled out
-        over_memory: list[str] = []  # configurations a compiled one shows over the limit
-        fallbacks: list[str] = []  # meshes probed again at batch 1
-
-        def probe_batch(m: Mapping[str, int]) -> int:
-            """The per-device batch mesh ``m`` is probed at: the largest divisor of its per-rank
-            batch whose float32 weights, gradients and Adam state and full remat's activations
-            (each layer's bfloat16 input and the logits, per sequence) are under the limit; 1
-            at least. A probe there that fits is also the first step of a finalist's walk."""
-            fixed = state_bytes_per_gpu(family, dims, m) * (STATE_BYTES + GRAD_ACCUM_BYTES) / STATE_BYTES
-            per_sequence = layers * seq_len * d_model * 2 + seq_len * vocab * 6 / m.get("model", 1)
-            return max([1] + [b for b in _divisors_upto(local_batch(m)) if fixed + b * per_sequence <= limit])
-
-        def known_over(m: Mapping[str, int], b: int, remat: str) -> bool:
-            """Whether a compiled configuration of mesh ``m`` shows that batch ``b`` with ``remat``
-            cannot fit: one at a batch of ``b`` or more, with a policy keeping no more (earlier
-            in ``policies``), whose peak with its temporaries scaled down to ``b`` (they hold a
-            part that grows with the batch and one that does not) is still over the limit by
-            ``MEMORY_MARGIN``."""
-            with lock:
-                known = [c for c in results.values() if c.mesh == m and c.attention == probe_attn
-                         and c.per_device_batch >= b and policies.index(c.remat) <= policies.index(remat)
-                         and (c.per_device_batch, c.remat) != (b, remat)]  # itself: already known
-            for c in known:
-                if c.peak_bytes - c.temp_bytes * (1 - b / c.per_device_batch) > limit * (1 + MEMORY_MARGIN):
-                    with lock:
-                        over_memory.append(f"{_mesh_str(m)} b={b} {remat}, shown by b={c.per_device_batch} "
-                                           f"{c.remat} at {c.peak_bytes / gib:.0f} GiB")
-                    return True
-            return False
-
-        def probe(m: dict[str, int]) -> TrainCandidate | None:
-            """The mesh's probe at ``probe_batch``, and at batch 1 where that does not fit
-            (unless the first shows batch 1 over the limit too)."""
-            b = probe_batch(m)
-            c = evaluate(m, b, local_batch(m) // b, probe_remat, probe_attn)
-            again = b > 1 and (c is None or not c.fits) and not known_over(m, 1, probe_remat)
-            if not again:
-                with lock:
-                    planned["n"] -= int(b > 1)  # the batch-1 probe kept in reserve
-                return c
-            with lock:
-                fallbacks.append(_mesh_str(m))
-            return evaluate(m, 1, local_batch(m), probe_remat, probe_attn)
-
-        def probe_compiles(m: Mapping[str, int]) -> int:
-            return 2 if probe_batch(m) > 1 else 1
 
         def budget(m: dict[str, int]) -> int:
             """The most compiles a finalist's batch search takes: one try and a bisection per policy."""
@@ -1560,9 +1510,9 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         # as the search goes (each stage hands back what it did not use).
         finalist_reserve = sum(sorted((budget(m) for m in survivors), reverse=True)[:mesh_finalists])
         attention_reserve = len(others)
-        planned["n"] += sum(probe_compiles(m) for m in survivors) + finalist_reserve + attention_reserve
-        say(f"screened {screened} meshes: {len(survivors)} pass arithmetic; probing each with remat "
-            f"{probe_remat} at the largest per-device batch the closed form fits ({workers} parallel compiles)")
+        planned["n"] += len(survivors) + finalist_reserve + attention_reserve
+        say(f"screened {screened} meshes: {len(survivors)} pass arithmetic; probing each at per-device "
+            f"batch 1, remat {probe_remat} ({workers} parallel compiles)")
         def terms(m: Mapping[str, int], b: int, remat: str) -> dict[str, float]:
             return screen_terms(family, dims, m, hw, global_batch=global_batch, seq_len=seq_len,
                                 per_device_batch=b, remat=remat)
@@ -1591,10 +1541,12 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         probes: dict[str, TrainCandidate | None] = {}
         running: dict[concurrent.futures.Future, dict[str, int]] = {}
         skipped: list[tuple[str, float, float]] = []  # (mesh, calibrated screen ms, bar ms)
+        skipped_configs: list[str] = []  # finalists' configurations the calibrated screen ruled out
+        over_memory: list[str] = []  # finalists' configurations a compiled one shows over the limit
         while queue or running:
             while queue and len(running) < workers:
                 m = queue.pop(0)
-                running[pool.submit(probe, m)] = m
+                running[pool.submit(evaluate, m, 1, local_batch(m), probe_remat, probe_attn)] = m
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 probes[_mesh_str(running.pop(fut))] = fut.result()
@@ -1603,20 +1555,18 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                 screen = calibration()
                 bar = fitting[mesh_finalists - 1] * (1 + PROBE_MARGIN)
                 for m in list(queue):
-                    guess = screen(terms(m, probe_batch(m), probe_remat))
+                    guess = screen(terms(m, 1, probe_remat))
                     if guess > bar:
                         queue.remove(m)
                         skipped.append((_mesh_str(m), guess, bar))
                         with lock:
-                            planned["n"] -= probe_compiles(m)
+                            planned["n"] -= 1
         fit_probes = sorted((c for c in probes.values() if c is not None and c.fits),
                             key=lambda c: c.step_ms)
         finalists = [c.mesh for c in fit_probes[:mesh_finalists]]
         with lock:
             planned["n"] -= finalist_reserve - sum(budget(m) for m in finalists)
-        pruning.append(f"{len(probes)} probed with {probe_remat} remat at the largest per-device batch whose "
-                       "weights, gradients, Adam state, layer inputs and logits are under the limit in closed "
-                       f"form{f' (at batch 1 again where that did not fit: {len(fallbacks)})' if fallbacks else ''}, "
+        pruning.append(f"{len(probes)} probed at per-device batch 1 with {probe_remat} remat, "
                        f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further."
                        + (f" Not probed: {len(skipped)} mesh{'es' if len(skipped) > 1 else ''} the calibrated screen puts over "
                           f"{PROBE_MARGIN:.0%} slower than the probe ranked {mesh_finalists} ("
@@ -1653,6 +1603,23 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                 with lock:
                     skipped_configs.append(f"{_mesh_str(m)} b={b} {remat}")
                 return True
+            return False
+
+        def known_over(m: Mapping[str, int], b: int, remat: str) -> bool:
+            """Whether a compiled configuration of mesh ``m`` shows that batch ``b`` with ``remat``
+            cannot fit: one at a batch of ``b`` or more, with a policy keeping no more (earlier
+            in ``policies``), whose peak with its temporaries scaled down to ``b`` (they hold a
+            part that grows with the batch and one that does not) is still over the limit by
+            ``MEMORY_MARGIN``."""
+            with lock:
+                known = [c for c in results.values() if c.mesh == m and c.attention == probe_attn
+                         and c.per_device_batch >= b and policies.index(c.remat) <= policies.index(remat)]
+            for c in known:
+                if c.peak_bytes - c.temp_bytes * (1 - b / c.per_device_batch) > limit * (1 + MEMORY_MARGIN):
+                    with lock:
+                        over_memory.append(f"{_mesh_str(m)} b={b} {remat}, shown by b={c.per_device_batch} "
+                                           f"{c.remat} at {c.peak_bytes / gib:.0f} GiB")
+                    return True
             return False
 
         def walk(m: dict[str, int], lb: int, sizes: list[int], hi: int, used: list[int]) -> None:
@@ -1696,52 +1663,27 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
 
         # 4. the other attention implementation at the best configuration it can fit in: XLA's
         # attention holds at least one layer's scores of the micro-batch, float32 and bfloat16.
-        def scores_bytes(b: int, m: Mapping[str, int], attention: str) -> float:
+        def scores_bytes(c: TrainCandidate, attention: str) -> float:
             if attention != "xla":
                 return 0.0
-            return b * (heads // m.get("model", 1)) * seq_len ** 2 * 6
-
-        def room_at(c: TrainCandidate, attention: str) -> int | None:
-            """The largest per-device batch, at most ``c``'s, at which ``c``'s configuration
-            leaves room for ``attention``'s scores: ``c``'s peak with its temporaries scaled
-            to the batch (and a gradient accumulator where the batch becomes micro-steps)."""
-            lb = local_batch(c.mesh)
-            state = state_bytes_per_gpu(family, dims, c.mesh)
-            for b in sorted(_divisors_upto(lb, c.per_device_batch), reverse=True):
-                accumulator = GRAD_ACCUM_BYTES / STATE_BYTES * state if c.grad_accum == 1 and b < lb else 0
-                peak = c.peak_bytes - c.temp_bytes * (1 - b / c.per_device_batch) + accumulator
-                if peak + scores_bytes(b, c.mesh, attention) <= limit:
-                    return b
-            return None
+            return c.per_device_batch * (heads // c.mesh.get("model", 1)) * seq_len ** 2 * 6
 
         leaders = sorted((c for c in results.values() if c.fits), key=lambda c: c.step_ms)[:3] if others else []
-        tries: list[tuple[TrainCandidate, int, str]] = []  # (configuration, its batch with room, attention)
-        for a in others:
-            # A leader with room at its own batch, else the best at the largest batch with room.
-            own = next((c for c in leaders if c.peak_bytes + scores_bytes(c.per_device_batch, c.mesh, a) <= limit),
-                       None)
-            smaller = next(((c, b) for c in leaders[:1] for b in [room_at(c, a)] if b), None)
-            if own is not None:
-                tries.append((own, own.per_device_batch, a))
-            elif smaller is not None:
-                tries.append((*smaller, a))
+        tries = [(c, a) for a in others
+                 for c in [next((c for c in leaders if c.peak_bytes + scores_bytes(c, a) <= limit), None)] if c]
         with lock:
             planned["n"] -= attention_reserve - len(tries)
-        list(pool.map(lambda t: evaluate(t[0].mesh, t[1], local_batch(t[0].mesh) // t[1], t[0].remat, t[2]), tries))
+        list(pool.map(lambda ca: evaluate(ca[0].mesh, ca[0].per_device_batch, ca[0].grad_accum, ca[0].remat, ca[1]),
+                      tries))
         for a in others:
-            where = next(((c, b) for c, b, x in tries if x == a), None)
-            if where is not None and where[1] == where[0].per_device_batch:
-                pruning.append(f"Attention {a} tried at {where[0].label()}, the best configuration with room for it.")
-            elif where is not None:
-                pruning.append(f"Attention {a} tried at {_mesh_str(where[0].mesh)} b={where[1]} {where[0].remat}: no "
-                               f"configuration as fast has room for its scores, the best ({where[0].label()}) has at "
-                               "that batch.")
+            where = next((c for c, b in tries if b == a), None)
+            if where is not None:
+                pruning.append(f"Attention {a} tried at {where.label()}, the best configuration with room for it.")
             elif leaders:
                 pruning.append(
                     f"Attention {a} not tried: at the {len(leaders)} best configurations one layer's attention scores "
-                    f"alone (at least {min(scores_bytes(c.per_device_batch, c.mesh, a) for c in leaders) / gib:.1f} "
-                    f"GiB) do not fit in the memory the step leaves (at most "
-                    f"{max(limit - c.peak_bytes for c in leaders) / gib:.1f} GiB), nor at a smaller batch of the best.")
+                    f"alone (at least {min(scores_bytes(c, a) for c in leaders) / gib:.1f} GiB) do not fit in the "
+                    f"memory the step leaves (at most {max(limit - c.peak_bytes for c in leaders) / gib:.1f} GiB).")
         cur = cur_future.result() if cur_future is not None else None
     finally:
         pool.shutdown(wait=True)
