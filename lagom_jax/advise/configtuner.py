@@ -1613,7 +1613,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             ``MEMORY_MARGIN``."""
             with lock:
                 known = [c for c in results.values() if c.mesh == m and c.attention == probe_attn
-                         and c.per_device_batch >= b and policies.index(c.remat) <= policies.index(remat)]
+                         and c.per_device_batch >= b and policies.index(c.remat) <= policies.index(remat)
+                         and (c.per_device_batch, c.remat) != (b, remat)]  # itself: already known
             for c in known:
                 if c.peak_bytes - c.temp_bytes * (1 - b / c.per_device_batch) > limit * (1 + MEMORY_MARGIN):
                     with lock:
