@@ -842,7 +842,6 @@ class TrainCandidate:
     why: str
     temp_bytes: int = 0  # of peak_bytes, XLA's temporaries of one micro-step
 
-
     def label(self) -> str:
         mesh = ",".join(f"{a}={n}" for a, n in self.mesh.items())
         return (f"[{mesh}] b={self.per_device_batch} x{self.grad_accum} {self.remat}"

@@ -322,6 +322,7 @@ def _explain_failure(output: str) -> str:
     return f"XLA rejected the flags:\n{tail}"
 
 
+@functools.cache
 def _installed_xla() -> str:
     """Which XLA this process would check flags against: JAX's and jaxlib's versions and the
     file of jaxlib's compiled extension (its path, size and modification time)."""

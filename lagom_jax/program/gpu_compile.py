@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lagom_jax.cluster import hardware as hardware_lib
-from lagom_jax.program import environment, jax_internals
+from lagom_jax.program import environment, fork_server, jax_internals
 
 __all__ = ["CPU_FALLBACK_LOSS", "ChildAborted", "DevicelessUnavailable",
            "StepDevices", "answer_in_child", "compile_for_cluster",
@@ -362,8 +362,6 @@ def run_isolated(module: str, spec: Mapping[str, Any], *, timeout_s: float) -> d
     is forked from a server that has JAX and lagom-jax imported (``fork_server``), else, where
     no server runs, started as a new interpreter.
     """
-    from lagom_jax.program import fork_server
-
     with tempfile.TemporaryDirectory(prefix="lagom-compile-") as tmp:
         path = os.path.join(tmp, "spec.json")
         with open(path, "w", encoding="utf-8") as fh:
