@@ -480,22 +480,20 @@ def _run_profile(args: argparse.Namespace) -> int:
 
 def _add_advise(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("advise", help="recommend a parallel configuration for a model",
-                       description="ConfigTuner-style advice. llama, mixtral, gpt: every mesh (data x "
-                       "fsdp x model x expert), per-device batch x gradient accumulation, remat policy "
-                       "and attention that arithmetic does not rule out is compiled with XLA's GPU pipeline "
-                       "for the cluster's GPUs (deviceless), its memory read from XLA and checked against "
-                       "the GPU's memory x XLA_PYTHON_CLIENT_MEM_FRACTION, and the fitting ones ranked by "
-                       "predict_train_step_ms's prediction. gpt2, bert, t5: dp/fsdp/tp/pp screened "
-                       "analytically, the best few compiled. All times are predicted.")
+                       description="ConfigTuner-style advice, one search for every built-in model: the "
+                       "meshes (data x fsdp x model x expert), per-device batch x gradient accumulation, remat "
+                       "policies and attention that arithmetic does not rule out are screened in closed form, "
+                       "the screen calibrated on the compiled steps as they come in; those it keeps are "
+                       "compiled with XLA's GPU pipeline for the cluster's GPUs (deviceless), their memory read "
+                       "from XLA and checked against the GPU's memory x XLA_PYTHON_CLIENT_MEM_FRACTION, and the "
+                       "fitting ones ranked by predict_train_step_ms's prediction. All times are predicted.")
     p.add_argument("--model", required=True, choices=("llama", "mixtral", "gpt", "gpt2", "bert", "t5"))
-    p.add_argument("--config", default=None, help="a named size (llama3-70b, mixtral-8x7b, 355M, ...) or "
-                   "llama/mixtral/gpt dimensions layers=80,d_model=8192,heads=64,kv_heads=8,ffn=28672,vocab=128256 "
+    p.add_argument("--config", default=None, help="a named size (llama3-70b, mixtral-8x7b, 355M, large, ...) or "
+                   "dimensions layers=80,d_model=8192,heads=64,kv_heads=8,ffn=28672,vocab=128256 "
                    "(default: the smallest real size)")
     p.add_argument("--devices", "--gpus", dest="devices", type=int, default=8, help="number of GPUs (default 8)")
     p.add_argument("--global-batch", type=int, default=32, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="gpt2/bert/t5 only")
-    p.add_argument("--top-k", type=int, default=4, help="gpt2/bert/t5: how many configurations to compile")
     p.add_argument("--hardware", default="h100-sxm-8",
                    help="a preset, NAME:nodes=N, or a HardwareProfile JSON file")
     p.add_argument("--memory-fraction", type=float, default=None,
@@ -518,19 +516,7 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-_ADVISE_FAMILIES = ("llama", "mixtral", "gpt")
-
-
-def _advise_dims(family: str, config: str | None) -> dict[str, int]:
-    """The contract's dimensions of a named config or of ``layers=...,d_model=...``."""
-    model = predict.FAMILY_MODELS[family]
-    cfg = models.families.resolve_config(model, config or models.DEFAULT_CONFIG[model])
-    return dict(layers=cfg.layers, d_model=cfg.d_model, heads=cfg.heads,
-                kv_heads=cfg.kv_heads or cfg.heads, ffn=cfg.d_ff, vocab=cfg.vocab,
-                experts=getattr(cfg, "experts", 0), top_k=getattr(cfg, "top_k", 0))
-
-
-def _run_advise_family(args: argparse.Namespace) -> int:
+def _run_advise(args: argparse.Namespace) -> int:
     _require_positive(args, "devices", "global_batch", "seq_len", "top", "mesh_finalists", "max_probes", "jobs",
                       "per_device_batch", "grad_accum")
     current = None
@@ -540,9 +526,8 @@ def _run_advise_family(args: argparse.Namespace) -> int:
         if args.attention:
             current["attention"] = args.attention
     try:
-        dims = _advise_dims(args.model, args.config)
-        result = advise.advise_train_step(
-            args.model, **dims, gpus=args.devices, hardware=args.hardware, global_batch=args.global_batch,
+        result = advise.advise(
+            args.model, args.config, gpus=args.devices, hardware=args.hardware, global_batch=args.global_batch,
             seq_len=args.seq_len, current=current, memory_fraction=args.memory_fraction, top=args.top,
             jobs=args.jobs, mesh_finalists=args.mesh_finalists, max_probes=args.max_probes, tune=not args.no_tune,
             progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -552,21 +537,6 @@ def _run_advise_family(args: argparse.Namespace) -> int:
         launch = result.tuned.write(args.out, log=_log)
         print(f"wrote {launch}", file=sys.stderr)
     print(result.to_json() if args.json else result.report(args.top))
-    return 0
-
-
-def _run_advise(args: argparse.Namespace) -> int:
-    if args.model in _ADVISE_FAMILIES:
-        return _run_advise_family(args)
-    _require_positive(args, "devices", "global_batch", "seq_len", "top_k")
-    try:
-        result = advise.advise(args.model, args.config or models.DEFAULT_CONFIG[args.model],
-                               args.devices, args.hardware, global_batch=args.global_batch,
-                               seq_len=args.seq_len, dtype=args.dtype, top_k=args.top_k,
-                               progress=lambda line: print(line, file=sys.stderr))
-    except ValueError as err:
-        raise _UsageError(str(err)) from None
-    print(result.to_json() if args.json else result.report())
     return 0
 
 

@@ -1,191 +1,140 @@
-"""ConfigTuner (`lagom_jax.advise.configtuner`): the analytic screen's laws and an end-to-end ranking."""
+"""ConfigTuner (`lagom_jax.advise.configtuner`): the one search for every built-in model, its screen and its laws."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import math
 import re
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from lagom_jax.advise import configtuner as adv, predict as adv_predict
+from lagom_jax.advise import configtuner as adv, memory, predict as adv_predict
 from lagom_jax.cluster import hardware
 from lagom_jax.models import FAMILIES
-from lagom_jax.program import gpu_compile
+from lagom_jax.models.families import resolve_config
 
-GPT2_355M = FAMILIES["gpt2"].configs["355M"]
-GPT2_TINY = FAMILIES["gpt2"].configs["tiny"]
 H100 = hardware.get("h100-sxm-8")
 
 
-def _est(pc: adv.ParallelConfig, batch: int = 32, seq: int = 1024, cfg=GPT2_355M, hw=H100):
-    return adv.estimate(cfg, pc, hw, global_batch=batch, seq_len=seq)
+def _param_count(model: str, config: str) -> int:
+    import flax.linen as nn
+    import jax
+
+    cfg = resolve_config(model, config)
+    boxed = jax.eval_shape(lambda r: FAMILIES[model].init(cfg, r, jax.numpy.bfloat16), jax.random.key(0))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(boxed)))
 
 
-def test_enumeration_covers_every_factorisation_once():
-    configs = adv.enumerate_configs(8)
-    assert all(pc.num_devices == 8 for pc in configs)
-    assert len(set(configs)) == len(configs)
-    shapes = {(pc.data, pc.fsdp, pc.stage, pc.model) for pc in configs}
-    # ordered factorisations of 8 = 2^3 into 4 factors: C(3+3, 3) = 20
-    assert len(shapes) == 20
-    # pipelines get 2x, 4x and 8x their stages as micro-batches; others exactly 1
-    for pc in configs:
-        expected = {1} if pc.stage == 1 else {k * pc.stage for k in adv.MICROBATCH_FACTORS}
-        assert pc.microbatches in expected
-    assert not any(pc.sp for pc in configs)
+@pytest.mark.parametrize("model,config", [("gpt2", "124M"), ("bert", "base"), ("t5", "small"), ("llama", "tiny"),
+                                          ("mixtral", "tiny"), ("bert", "tiny"), ("t5", "tiny")])
+def test_the_state_the_search_rules_out_by_is_the_built_models(model, config):
+    """12 bytes (a float32 weight and two Adam moments) per parameter of the model `build`
+    makes, counted from its abstract init: the arithmetic that rejects meshes before any
+    compile holds every family's real parameters."""
+    dims = {**adv.family_dims(model, config), "seq_len": resolve_config(model, config).max_len}
+    assert adv.state_bytes_per_gpu(model, dims, {}) == 12 * _param_count(model, config)
+    # sharded over fsdp x model, the matrices divide; norms and biases only over fsdp
+    sharded = adv.state_bytes_per_gpu(model, dims, {"fsdp": 2, "model": 2})
+    assert adv.state_bytes_per_gpu(model, dims, {}) / 4 < sharded < adv.state_bytes_per_gpu(model, dims, {}) / 2
 
 
-def test_recipe_filter_and_names():
-    configs = adv.enumerate_configs(8, recipes=["tp+dp", "tp+sp"])
-    assert {pc.recipe for pc in configs} == {"dp+tp", "tp+sp"}
-    pc = adv.ParallelConfig(data=2, fsdp=1, stage=2, model=2, microbatches=4)
-    assert (pc.recipe, pc.mesh) == ("dp+pp+tp", "data=2,stage=2,model=2")
-    assert adv.ParallelConfig(1, 1, 1, 1).recipe == "dp"
+def test_model_flops_count_every_family_by_hand():
+    """Per token: 6 x the matmul weights a token meets plus the attention scores (causal: half)."""
+    s = 512
+    gpt2 = {**adv.family_dims("gpt2", "124M"), "seq_len": s}
+    L, d, ff, v = 12, 768, 3072, 50304
+    assert adv.model_flops_per_token("gpt2", gpt2, s) == 6 * (L * (4 * d * d + 2 * d * ff) + v * d) + 6 * L * s * d
+    bert = {**adv.family_dims("bert", "base"), "seq_len": s}
+    v = 30592  # bidirectional scores, and the masked-LM head's d x d transform
+    assert adv.model_flops_per_token("bert", bert, s) == 6 * (L * (4 * d * d + 2 * d * ff) + v * d + d * d) \
+        + 12 * L * s * d
+    t5 = {**adv.family_dims("t5", "small"), "seq_len": s}
+    L, d, ff, v = 6, 512, 2048, 32128  # decoder: self- and cross-attention, causal and full scores
+    enc, dec = 4 * d * d + 2 * d * ff, 8 * d * d + 2 * d * ff
+    assert adv.model_flops_per_token("t5", t5, s) == 6 * (L * enc + L * dec + v * d) + 6 * L * s * d * (2 + 1 + 2)
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.sampled_from([1, 2, 4]), st.sampled_from([8, 16, 64]))
-def test_more_tensor_parallel_moves_more_activation_bytes(data, batch):
-    """At a fixed data-parallel width, doubling tp (taking devices from fsdp) never lowers
-    the activation traffic or the TP communication time."""
-    tps = [t for t in (1, 2, 4, 8) if data * t <= 8]
-    est = [_est(adv.ParallelConfig(data, 8 // (data * t), 1, t), batch=batch) for t in tps]
-    for a, b in zip(est, est[1:]):
-        assert b.tp_bytes > a.tp_bytes
-        assert b.tp_comm_us > a.tp_comm_us
+def _recording_compile(calls):
+    """memory.compile_step standing in: records the model and config each compile builds."""
+    def compile_step(hw, model, config, mesh, *, batch_size, seq_len, remat, attention, limit_bytes, **_):
+        calls.append((model, config, dict(mesh), remat, attention))
+        ways = math.prod(mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
+        return memory.StepMemory(10 ** 9, 10 ** 9, 10 ** 9, batch_size // ways * 10 ** 8, 0, 0,
+                                 5.0 + batch_size, "fake"), False
+    return compile_step
 
 
-def test_bubble_share_follows_gpipe_formula():
-    pc = adv.ParallelConfig(1, 1, 4, 2, microbatches=8)
-    e = _est(pc)
-    assert e.bubble_us == pytest.approx(e.compute_us * (4 - 1) / 8)
-    assert _est(adv.ParallelConfig(4, 1, 1, 2)).bubble_us == 0.0
+@pytest.mark.parametrize("model,config,built", [("gpt2", "355M", "gpt2"), ("bert", "large", "bert"),
+                                                ("t5", "small", "t5")])
+def test_every_built_in_model_goes_through_the_one_search(monkeypatch, model, config, built):
+    """gpt2, bert and t5 get the search llama gets: their own layers compiled at their config's
+    dimensions, the remat policies their layers can take, and t5 no flash attention (its
+    position bias)."""
+    calls: list = []
+    monkeypatch.setattr(memory, "compile_step", _recording_compile(calls))
+    advice = adv.advise(model, config, 8, "h100-sxm-8", global_batch=32, seq_len=512, jobs=1)
+    assert calls and {c[0] for c in calls} == {built}
+    resolved, named = resolve_config(built, calls[0][1]), resolve_config(built, config)
+    fields = ("layers", "dec_layers", "d_model", "heads", "head_dim", "d_ff", "vocab")
+    assert [getattr(resolved, f) for f in fields] == [getattr(named, f) for f in fields]
+    assert {c[3] for c in calls} <= set(adv.GPT_REMATS)
+    assert ("flash" in {c[4] for c in calls}) == (model != "t5")
+    assert advice.family == model and advice.best.fits
+    assert advice.report().startswith(model + " (layers ")
 
 
-@pytest.mark.parametrize("stages", [2, 4])
-def test_larger_global_batch_gives_smaller_bubble_share(stages):
-    """At a fixed pipeline depth a larger batch admits more micro-batches, so the best
-    feasible configuration loses a smaller share of its step to the fill and drain."""
-    def best_share(batch: int) -> float:
-        shares = [_est(pc, batch=batch).bubble_share for pc in adv.enumerate_configs(8)
-                  if pc.stage == stages and pc.model == 8 // stages
-                  and not adv.feasibility(GPT2_355M, pc, global_batch=batch, seq_len=1024)]
-        return min(shares)
-
-    shares = [best_share(stages * k) for k in adv.MICROBATCH_FACTORS]
-    assert shares[0] > shares[1] > shares[2] > 0
-
-
-def test_infeasible_configs_are_rejected_with_reasons():
-    cfg = FAMILIES["gpt2"].configs["1.5B"]  # 25 heads
-    reasons = adv.feasibility(cfg, adv.ParallelConfig(1, 1, 1, 8), global_batch=8, seq_len=1024)
-    assert any("heads 25" in r for r in reasons)
-    reasons = adv.feasibility(GPT2_355M, adv.ParallelConfig(1, 1, 8, 1, 16), global_batch=8, seq_len=1024)
-    assert any("16 micro-batches" in r for r in reasons)
-    reasons = adv.feasibility(GPT2_355M, adv.ParallelConfig(1, 1, 1, 8, sp=True), global_batch=8, seq_len=100)
-    assert any("seq_len 100" in r for r in reasons)
-    assert adv.feasibility(GPT2_355M, adv.ParallelConfig(2, 2, 1, 2), global_batch=8, seq_len=1024) == ()
-
-
-def test_out_of_memory_configs_are_rejected():
-    """GPT-2 1.5B with pure data parallelism holds 16 B/param of Adam state (~25 GB) plus
-    the activations of 64 full-length sequences per device: over an A40's 48 GB."""
-    advice = adv.advise("gpt2", "1.5B", 8, "a40-pcie-8", global_batch=512, seq_len=1024,
-                        recipes=["dp", "fsdp"], top_k=0)
-    rejected = {r.config.recipe: r.reason for r in advice.rejected}
-    assert "GB/device" in rejected["dp"] and "usable" in rejected["dp"]
-    assert all(c.memory_gb * 1e9 <= adv.usable_memory_bytes(hardware.get("a40-pcie-8"))
-               for c in advice.candidates)
-
-
-def test_memory_shrinks_with_sharding():
-    dp = _est(adv.ParallelConfig(8, 1, 1, 1))
-    fsdp = _est(adv.ParallelConfig(1, 8, 1, 1))
-    assert fsdp.state_bytes == pytest.approx(dp.state_bytes / 8)
-    tp = _est(adv.ParallelConfig(1, 1, 1, 8))
-    sp = _est(adv.ParallelConfig(1, 1, 1, 8, sp=True))
-    assert sp.activation_bytes < tp.activation_bytes
-    assert sp.state_bytes == tp.state_bytes
-
-
-def test_bad_inputs_name_the_fix():
-    with pytest.raises(ValueError, match="known: bert, gpt2, t5"):
-        adv.advise("gpt3", "tiny", 8, "h100-sxm-8", global_batch=8, seq_len=16)
-    with pytest.raises(ValueError, match="seq_len 17"):
-        adv.advise("gpt2", "tiny", 8, "h100-sxm-8", global_batch=8, seq_len=17)
-    with pytest.raises(ValueError, match="nodes=2"):
-        adv.advise("gpt2", "tiny", 16, hardware.get("h100-sxm-8"), global_batch=16, seq_len=16)
-
-
-def test_preset_name_grows_to_the_nodes_needed():
-    advice = adv.advise("gpt2", "tiny", 16, "h100-sxm-8", global_batch=16, seq_len=16, top_k=0)
-    assert advice.nodes == 2
-
-
-def test_end_to_end_gpt2_tiny_on_8_devices():
-    lines = []
-    advice = adv.advise("gpt2", "tiny", 8, "h100-sxm-8", global_batch=16, seq_len=16, top_k=2,
-                        progress=lines.append)
-    assert lines and "screened" in lines[0]
-    compiled = [c for c in advice.candidates if c.compiled]
-    assert len(compiled) == 2
-    # compiled candidates come first, ranked by the tuned prediction, then the rest by estimate
-    assert advice.candidates[:2] == tuple(compiled)
-    assert compiled[0].tuned_ms <= compiled[1].tuned_ms
-    rest = [c.screen_ms for c in advice.candidates[2:]]  # the screen calibrated on the compiled two
-    assert rest == sorted(rest)
-    for c in compiled:  # calibrated on them: within a third of each (a scale from two steps)
-        assert c.screen_ms == pytest.approx(c.untuned_ms, rel=0.35)
-    assert "The screen, calibrated on the 2 compiled steps" in advice.report()
-    for c in compiled:
-        # lagom searches from the defaults and accepts only gains
-        assert 0 < c.tuned_ms <= c.untuned_ms * (1 + 1e-9)
-        assert c.config.num_devices == 8 and c.memory_gb > 0
-    assert advice.recommendation is advice.candidates[0]
-    # every enumerated configuration is either a candidate or rejected, never both
-    seen = [c.config for c in advice.candidates] + [r.config for r in advice.rejected]
-    assert sorted(seen) == sorted(adv.enumerate_configs(8))
-    assert any("heads 4" in r.reason for r in advice.rejected)  # tp=8 does not divide 4 heads
-    report = advice.report()
-    assert "Recommendation: " + advice.recommendation.config.label() in report
-    assert "predicted" in report
-    assert adv.ANALYTIC_VS_COMPILED in report  # the two kinds of column are told apart
+def test_a_t5_step_is_advised_from_real_compiles(advise_cache):
+    """End to end with XLA's compiles: t5 tiny on 8 GPUs, two meshes; every row's memory is XLA's
+    and its step the contract's prediction of the compiled step."""
+    advice = adv.advise("t5", "tiny", 8, "h100-sxm-8", global_batch=8, seq_len=16, jobs=2, remats=("full",),
+                        meshes=[{"data": 8}, {"fsdp": 2, "model": 4}], tune=False)
+    assert advice.compiles >= 2 and all(c.peak_bytes > 0 and c.step_ms > 0 for c in advice.candidates)
+    assert {c.attention for c in advice.candidates} == {"xla"}
+    best = advice.best
+    assert best.step_ms == min(c.step_ms for c in advice.candidates if c.fits)
     data = json.loads(advice.to_json())
-    assert data["recommendation"]["mesh"] == advice.recommendation.mesh
-    assert len(data["candidates"]) == len(advice.candidates)
+    assert data["family"] == "t5" and data["dims"]["dec_layers"] == 2
 
 
-def test_pipeline_step_is_predicted_even_where_the_cpu_compiler_aborts():
-    """jaxlib 0.10.2's CPU compiler aborts on bfloat16 GPipe steps; the prediction then
-    comes from the float32 step and says that it is an upper bound."""
-    pc = adv.ParallelConfig(2, 1, 2, 2, microbatches=4)
-    pred = adv.predict_compiled("gpt2", "tiny", pc, H100, global_batch=16, seq_len=16,
-                                dtype="bfloat16")
-    assert 0 < pred.tuned_ms <= pred.untuned_ms * (1 + 1e-9)
-    if gpu_compile.unavailable_reason() is None:
-        assert pred.compiled_by == "XLA:GPU deviceless compile for 8x H100 SXM5"
-    if pred.compiled_dtype == "float32":
-        assert "aborted" in pred.note and "upper bound" in pred.note
-    else:
-        assert pred.compiled_dtype == "bfloat16" and pred.note == ""
+def test_the_first_advisers_keywords_warn_once_with_their_new_names(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(memory, "compile_step", _recording_compile(calls))
+    monkeypatch.setattr(adv, "_warned", set())
+    with pytest.warns(DeprecationWarning) as record:
+        advice = adv.advise("gpt2", "tiny", hardware="h100-sxm-8", num_devices=8, global_batch=8, seq_len=16,
+                            top_k=2, max_candidates=3, recipes=["dp", "dp+tp"], dtype="bfloat16", jobs=1)
+    said = sorted(str(w.message).split(")")[0] for w in record)
+    assert said == ["advise(dtype=...", "advise(max_candidates=...", "advise(num_devices=...", "advise(recipes=...",
+                    "advise(top_k=..."]
+    assert "advise(top_k=...) is now max_probes=..." in [str(w.message) for w in record]
+    assert advice.gpus == 8 and len(advice.candidates) <= 3
+    assert all(set(c[2]) <= {"data", "model"} for c in calls)  # only the recipes' axes
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: the second call is silent
+        adv.advise("gpt2", "tiny", hardware="h100-sxm-8", num_devices=8, global_batch=8, seq_len=16, top_k=2, jobs=1)
+    with pytest.raises(ValueError, match="bfloat16 steps only"):
+        adv.advise("gpt2", "tiny", 8, global_batch=8, seq_len=16, dtype="float32")
 
 
-def test_a_pipeline_across_many_nodes_is_estimated():
-    # 256 GPUs, tp 8, dp 8, pp 4: the stage axis spans 4 nodes; each send joins two GPUs.
-    e = _est(adv.ParallelConfig(8, 1, 4, 8, microbatches=8), batch=512,
-             hw=hardware.get("a100-sxm-8", nodes=32))
-    assert e.pp_comm_us > 0 and e.step_us > e.compute_us
+def test_bad_input_for_the_new_families_names_the_numbers():
+    with pytest.raises(ValueError, match="seq_len 1024 is longer than the model's 512 positions"):
+        adv.advise("bert", "large", 8, global_batch=8, seq_len=1024)
+    with pytest.raises(ValueError, match="no grouped-query attention"):
+        adv.advise_train_step("bert", layers=2, d_model=32, heads=4, kv_heads=2, ffn=64, vocab=128, max_len=16,
+                              gpus=8, hardware="h100-sxm-8", global_batch=8, seq_len=16)
+    with pytest.raises(ValueError, match="t5 needs dec_layers"):
+        adv.advise_train_step("t5", layers=2, d_model=32, heads=4, ffn=64, vocab=128, gpus=8,
+                              hardware="h100-sxm-8", global_batch=8, seq_len=16)
+    with pytest.raises(ValueError, match="unknown model 'gpt3'"):
+        adv.advise("gpt3", None, 8, global_batch=8, seq_len=16)
 
 
 # ------------------------------------------- advise_train_step: Llama, Mixtral, GPT (issue 37)
 
-import concurrent.futures  # noqa: E402
-
-from lagom_jax.advise import memory  # noqa: E402
 
 TINY_LLAMA = dict(layers=2, d_model=32, heads=4, kv_heads=2, ffn=64, vocab=128)
 LLAMA2_7B = dict(layers=32, d_model=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)

@@ -87,10 +87,13 @@ def test_build_tuner_prints_the_launch_variable(tmp_path, capsys):
 
 
 def test_advise_ranks_configurations(capsys):
-    assert cli.main(["advise", "--model", "gpt2", "--config", "tiny", "--devices", "8",
-                     "--global-batch", "16", "--seq-len", "16", "--top-k", "1", "--json"]) == 0
+    """gpt2 through the one search: the two meshes the screen puts fastest probed, one searched."""
+    assert cli.main(["advise", "--model", "gpt2", "--config", "tiny", "--devices", "8", "--global-batch", "16",
+                     "--seq-len", "16", "--max-probes", "2", "--mesh-finalists", "1", "--no-tune", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["candidates"] and out["recommendation"]
+    assert out["family"] == "gpt2" and out["candidates"] and out["candidates"][0]["fits"]
+    with pytest.raises(SystemExit, match="2"):  # the first adviser's option is gone
+        cli.main(["advise", "--model", "gpt2", "--top-k", "1"])
 
 
 def test_out_naming_a_file_is_refused_before_any_work(tmp_path, capsys):

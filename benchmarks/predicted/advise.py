@@ -1,14 +1,14 @@
-"""ConfigTuner: the recommended hybrid-parallel configuration of two models on two presets.
+"""ConfigTuner: the one adviser on the smaller built-in models, and (``--families``) at cluster scale.
 
-For GPT-2 355M and BERT-large on 8 GPUs of ``h100-sxm-8`` (NVLink) and ``a40-pcie-8``
-(PCIe), one node each, `lagom_jax.advise.configtuner.advise` screens every data x fsdp x pipeline x
-tensor factorisation analytically, compiles the best ``--top-k`` train steps with XLA's GPU
-pipeline for 8 abstract GPUs of the preset (deviceless, from abstract inputs) and predicts their step time under XLA/NCCL defaults and
-after the lagom search. Every time in the tables is *predicted* by the cost model.
+Default part (section ``advise``): GPT-2 355M, BERT-large and T5-base on 8 GPUs of
+``h100-sxm-8`` (NVLink) and ``a40-pcie-8`` (PCIe), one node each, advised by
+`lagom_jax.advise.configtuner.advise`: the search llama and mixtral get (meshes ruled out by
+arithmetic, the closed-form screen calibrated on the compiled steps, the finalists' batch and
+remat searched, memory from XLA's deviceless compile against the limit), and the best
+configuration tuned by the pipeline. Every step time is *predicted* by the cost model.
 
-Run: ``python -m benchmarks.predicted.advise [--top-k 4] [--batch 32]``. Records the ranked tables in
-benchmarks/RESULTS.md (section ``advise``) and the full advice as
-``benchmarks/results/advise.json``.
+Run: ``python -m benchmarks.predicted.advise [--batch 32] [--jobs N]``. Records the ranked tables in
+benchmarks/RESULTS.md (section ``advise``) and the full advice as ``benchmarks/results/advise.json``.
 """
 
 from __future__ import annotations
@@ -16,86 +16,49 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
 from ..common import RESULTS_DIR, machine_line, write_section
 
 DEVICES = 8
-MODELS = (("gpt2", "355M", 1024), ("bert", "large", 512))  # (model, config, full seq_len)
+MODELS = (("gpt2", "355M", 1024), ("bert", "large", 512), ("t5", "base", 512))  # (model, config, seq_len)
 PRESETS = ("h100-sxm-8", "a40-pcie-8")
 SHOWN = 8  # ranked rows per table
 
 
-def _gap(dump: list[dict]) -> str:
-    """The gap between the uncalibrated screen and the compiled prediction, with this run's
-    numbers, and how far the calibrated screen is."""
-    for advice in dump:
-        for c in advice["candidates"]:
-            if c["recipe"] == "dp" and c["untuned_ms"] is not None:
-                return (
-                    f"The analytic screen alone stays below the compiled predictions "
-                    f"({advice['model']} {advice['config']} dp on {advice['num_devices']} x "
-                    f"{advice['hardware']}: {c['analytic_ms']:.1f} ms against {c['untuned_ms']:.1f} ms): "
-                    "both time the matmuls by shape (`lagom_jax.costs.kernels`); the rest is memory "
-                    "traffic the screen leaves out (the compiled step writes and reads the attention "
-                    "scores of every layer and runs every element-wise and optimizer kernel). *screen* is "
-                    "that screen calibrated on the compiled steps of the same run (`Screen.fit`), which "
-                    "ranks the rows not compiled; how far it is from each compiled step is said under "
-                    "each table. Which is closer to a real step awaits a measurement.\n\n")
-    return ""
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--top-k", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args(argv)
-    from lagom_jax.program import gpu_compile
     from lagom_jax.advise.configtuner import advise
+    from lagom_jax.program import gpu_compile
 
     gpu_compile.prepare()  # before JAX starts: on a host without a CUDA driver, stay on the CPU
-    compilers: set[str] = set()
-
     sections, dump = [], []
     for model, config, seq in MODELS:
         for preset in PRESETS:
             t0 = time.perf_counter()
-            a = advise(model, config, DEVICES, preset, global_batch=args.batch, seq_len=seq,
-                       top_k=args.top_k, progress=lambda m: print(m, file=sys.stderr, flush=True))
+            a = advise(model, config, DEVICES, preset, global_batch=args.batch, seq_len=seq, jobs=args.jobs,
+                       tune=True, progress=lambda m: print(m, file=sys.stderr, flush=True))
             wall = time.perf_counter() - t0
-            best = a.recommendation
-            sections.append(
-                f"### {model} {config} on {DEVICES} x {preset} (nodes=1), global batch "
-                f"{args.batch}, seq {seq}, bfloat16\n\n"
-                f"{len(a.candidates)} feasible, {len(a.rejected)} rejected; top {args.top_k} "
-                f"compiled and predicted; advise wall time {wall:.0f} s (measured, this machine).\n\n"
-                f"{a.table().splitlines()[0]}\n{a.table().splitlines()[1]}\n"
-                + "\n".join(a.table().splitlines()[2:2 + SHOWN])
-                + (f"\n\n{a.screen}" if a.screen else "")
-                + f"\n\n**Recommendation (predicted):** `{best.recipe}` on `{best.mesh}`"
-                + (f", {best.microbatches} micro-batches" if best.config.stage > 1 else "")
-                + f" -- {best.why}\n")
-            dump.append(json.loads(a.to_json()))
-            compilers |= {c.compiled_by for c in a.candidates if c.compiled_by}
-    md = (
-        "## advise\n\n"
-        f"Machine: {machine_line()}\n\n"
-        "ConfigTuner (`lagom_jax.advise.configtuner`): hybrid-parallel configurations ranked without running "
-        "them. *analytic* is the closed-form screen, *screen* the same calibrated on the compiled steps; *untuned* and *tuned* are the cost model's "
-        "predictions of the really compiled step (" + "; ".join(sorted(compilers)) + ") "
-        "under XLA/NCCL defaults and after the lagom search. All step times are "
-        "**predicted** for the GPU preset, in ms; memory is the analytic estimate per "
-        "device. Rows without untuned/tuned numbers were not compiled (outside the top-k of "
-        "the screen). \"(f32)\" would mark a step predicted from its float32 compile "
-        "because the compiler aborted on the bfloat16 one.\n\n"
-        + _gap(dump)
-        + "\n".join(sections)
-    )
+            report = a.report(SHOWN)
+            sections.append(f"### {model} {config} on {DEVICES} x {preset}, global batch {args.batch}, seq {seq}\n\n"
+                            f"advise wall time {wall:.0f} s ({a.compiles} configurations compiled, {args.jobs} "
+                            f"parallel; measured, this machine).\n\n" + report.split("\n", 2)[2] + "\n")
+            dump.append({**json.loads(a.to_json()), "config": config, "wall_s_measured": wall})
+    md = ("## advise\n\n"
+          f"Machine: {machine_line()}\n\n"
+          "ConfigTuner's one search (`lagom_jax.advise.configtuner.advise`, `lagom-jax advise`) on the smaller "
+          "built-in models: the same search as Llama and Mixtral get in `advise_families`. Memory is XLA's "
+          "deviceless compile for 8 GPUs of the preset against the limit; every step time is **predicted** "
+          "(`predict_train_step_ms`'s prediction of the compiled step, XLA defaults), and the line under each "
+          "table says how far the calibrated screen is from every compiled step it was fitted on. Pipeline "
+          "stages are not searched.\n\n" + "\n".join(sections))
     (RESULTS_DIR / "advise.json").write_text(json.dumps(dump, indent=2) + "\n")
     write_section("advise", md)
-
-
 
 
 # ------------------------------------------- Llama, Mixtral, GPT: memory from XLA (issue 37)

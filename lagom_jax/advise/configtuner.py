@@ -1,49 +1,40 @@
-"""ConfigTuner: recommend a hybrid-parallel configuration without running any of them.
+"""ConfigTuner: the one adviser. Which parallel configuration should a model train with?
 
-Given a model, a device count and a hardware preset, `advise` answers "which
-(data x fsdp x tensor x pipeline, micro-batches) should I train with?" in two stages, as
-ConfigTuner does ("Analyzing Communication Predictability in LLM Training", arXiv
-2512.24750: for dense transformers the traffic of every parallelism is predictable from the
-configuration alone, so no profiling run is needed):
+``advise(model, config, gpus, hardware, ...)`` answers it for every built-in model (gpt2,
+bert, t5, llama, mixtral, and the contract's ``gpt``) with one search, after ConfigTuner
+("Analyzing Communication Predictability in LLM Training", arXiv 2512.24750: the traffic of
+every parallelism is predictable from the configuration, so no profiling run is needed):
 
-1. **Analytic screen** (`estimate`), microseconds per configuration. From the model's
-   hyper-parameters it derives the per-device FLOPs, the bytes every parallelism moves per
-   step (DP gradient all-reduce; FSDP weight all-gathers and gradient reduce-scatter;
-   Megatron TP all-reduces of activations per sublayer; PP activation permutes) and the
-   GPipe bubble ``(pp-1)/(m+pp-1)``, times them with the project's cost model
-   (`cost.collective_time_us` under NCCL's own parameters, `cost.compute_time_us`), and
-   estimates memory per device. Configurations that do not divide the model or batch, or
-   do not fit in GPU memory, are rejected with the reason.
-2. **Compiled prediction** of the best ``top_k``: the real train step is built with
-   `lagom_jax.models.build` and compiled by XLA's GPU pipeline for ``num_devices``
-   abstract GPUs of the preset (`lagom_jax.program.gpu_compile`; XLA:CPU on fake CPU devices where
-   the CUDA plugin is missing) from abstract inputs (nothing is allocated), its HLO becomes a `StepGraph`, and the step time
-   is predicted on the preset twice: under XLA/NCCL defaults (``xla-default``) and after
-   the lagom search (tuned). The ranking uses the tuned prediction.
+1. arithmetic rules out the meshes whose sizes do not divide the model or the batch, and those
+   whose float32 weights and Adam moments alone exceed the memory limit;
+2. a closed-form screen (``screen_terms``: compute with what remat recomputes, the collectives
+   between dependent matmuls, the weights' traffic) orders what is left, and the screen is
+   calibrated on the compiled steps as they come in (``Screen.fit``), so that it prunes in the
+   compiled model's numbers;
+3. each configuration compiled is the real train step (`lagom_jax.models.build`) compiled by
+   XLA's GPU pipeline for the cluster's GPUs (deviceless): its memory is XLA's, its step the
+   cost model's prediction of that compiled step (``predict_train_step_ms``'s number).
 
-All times are predictions of the cost model, never measurements.
+``advise_train_step`` is the same search with the dimensions spelled out. ``predict_step``
+and ``rank_steps`` price Megatron-LM's own iteration (`megatron`), the same question in
+Megatron's terms (``lagom-jax predict --rank``). All times are predictions, never
+measurements.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from lagom_jax import job, job as job_lib
+from lagom_jax import job as job_lib
 from lagom_jax.advise import megatron, memory, predict
 from lagom_jax.cluster import hardware as hardware_lib
-from lagom_jax.costs import cost as cost_lib, kernels
-from lagom_jax.models import FAMILIES, ModelConfig
-from lagom_jax.models.compiled import CompileCrash, CompiledStep, compile_builtin_isolated
-
-# The families whose layers the analytic screen prices (GPT-style: four d x d attention
-# projections and a two-matrix MLP).
-SCREENED_MODELS = ("bert", "gpt2", "t5")
+from lagom_jax.costs import cost as cost_lib
+from lagom_jax.models.families import DEFAULT_CONFIG, resolve_config
 
 # GPU memory per device, GB (1e9 B). HardwareProfile has no memory field, so it lives here,
 # keyed by preset name. Sources: NVIDIA datasheets (A100 SXM 80GB; H100 SXM5 80GB HBM3;
@@ -63,343 +54,8 @@ GPU_MEMORY_GB: dict[str, float] = {
     "nd-a100-v4": 40.0,  # Azure ND A100 v4: 8x A100 40GB
     "gb200-nvl72": 186.0,  # NVIDIA GB200 NVL72 datasheet: up to 13.4 TB HBM3e for 72 GPUs
 }
-# Share of GPU memory XLA's allocator may use: MaxText's 8xH100 recipe sets
-# XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 (AI-Hypercomputer/maxtext,
-# MaxText/configs/a3/llama_2_7b/1vm.sh); the rest holds the CUDA context, NCCL buffers and
-# cuBLAS workspaces.
-USABLE_MEMORY_FRACTION = 0.85
-# Micro-batch counts tried for a pipeline of S stages: m = factor x S (GPipe needs m >= S
-# to keep every stage busy after the fill; 8S bounds the bubble below 1/9).
-MICROBATCH_FACTORS = (2, 4, 8)
-DEFAULT_TOP_K = 4
-# Why the two kinds of column differ, said under every table that shows both.
-ANALYTIC_VS_COMPILED = (
-    "Why \"analytic\" and \"untuned\"/\"tuned\" differ: the analytic screen prices the matmul "
-    "FLOPs at the GPU's rate plus the collectives, to rank every configuration cheaply; the "
-    "compiled columns replay the step XLA compiled, op by op, which adds every memory-bound "
-    "kernel (attention scores, softmax, layer norms, optimizer) and launch overheads. Rank by "
-    "the compiled columns; the screen only chose which configurations to compile. The calibrated "
-    "screen is the analytic one fitted to the compiled steps (one scale, or a weight per part), "
-    "and ranks the configurations that were not compiled.")
-# Adam training state per parameter: f32 weight, f32 gradient, two f32 moments
-# (models/build.py keeps weights and optimizer state in float32).
-STATE_BYTES_PER_PARAM = 16
-MASTER_BYTES = 4  # float32 weights and gradients, the dtype DP/FSDP collectives move
-ACT_BYTES = {"bfloat16": 2, "float32": 4}
-# Mesh axes from outermost to innermost. The tensor-parallel axis is innermost, so its
-# groups are neighbouring devices (inside one NVLink node first): Megatron's placement.
-AXES = ("data", "fsdp", "stage", "model")
-_AXIS_PART = {"data": "dp", "fsdp": "fsdp", "stage": "pp", "model": "tp"}
 
 Progress = Callable[[str], None]
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class ParallelConfig:
-    """One hybrid-parallel configuration: axis sizes (product = devices) and micro-batches.
-
-    ``microbatches`` is 1 without a pipeline. ``sp`` adds Megatron sequence parallelism to
-    tensor parallelism (recipe ``tp+sp``).
-    """
-    data: int
-    fsdp: int
-    stage: int
-    model: int
-    microbatches: int = 1
-    sp: bool = False
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return {"data": self.data, "fsdp": self.fsdp, "stage": self.stage, "model": self.model}
-
-    @property
-    def num_devices(self) -> int:
-        return math.prod(self.sizes.values())
-
-    @property
-    def axes(self) -> tuple[str, ...]:
-        """Mesh axes in use; pure data parallelism keeps a ``data`` axis even of size 1."""
-        used = tuple(a for a in AXES if self.sizes[a] > 1)
-        return used or ("data",)
-
-    @property
-    def recipe(self) -> str:
-        parts = [_AXIS_PART[a] for a in self.axes]
-        if self.sp:
-            parts.append("sp")
-        return "+".join(parts)
-
-    @property
-    def mesh(self) -> str:
-        return ",".join(f"{a}={self.sizes[a]}" for a in self.axes)
-
-    @property
-    def batch_ways(self) -> int:
-        return self.data * self.fsdp
-
-    def label(self) -> str:
-        mb = f" m={self.microbatches}" if self.stage > 1 else ""
-        return f"{self.recipe} [{self.mesh}]{mb}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    """The analytic screen's numbers for one configuration on one device (us, bytes).
-
-    ``*_comm_us`` are collective times under NCCL's default parameters; ``exposed_*`` is
-    what the screen leaves on the critical path (see `estimate`). ``bubble_us`` is the
-    GPipe fill/drain time.
-    """
-    compute_us: float
-    bubble_us: float
-    dp_comm_us: float
-    tp_comm_us: float
-    pp_comm_us: float
-    exposed_dp_us: float
-    step_us: float
-    dp_bytes: float
-    tp_bytes: float
-    pp_bytes: float
-    state_bytes: float
-    activation_bytes: float
-
-    @property
-    def memory_bytes(self) -> float:
-        return self.state_bytes + self.activation_bytes
-
-    @property
-    def bubble_share(self) -> float:
-        """Idle share of the pipeline schedule, ``(S-1)/(m+S-1)``: bubble over busy + bubble."""
-        busy = self.compute_us + self.bubble_us
-        return self.bubble_us / busy if busy > 0 else 0.0
-
-    def terms(self) -> dict[str, float]:
-        """The parts as ``Screen`` calibrates them (ms): compute with the pipeline's bubble,
-        the exposed tensor and pipeline traffic, the data-parallel traffic."""
-        return {"compute": (self.compute_us + self.bubble_us) / 1e3,
-                "exposed": (self.tp_comm_us + self.pp_comm_us) / 1e3, "weights": self.dp_comm_us / 1e3}
-
-    def describe(self) -> str:
-        return (f"analytic {self.step_us / 1e3:.2f} ms = compute {self.compute_us / 1e3:.2f}"
-                f" + bubble {self.bubble_us / 1e3:.2f} + tp {self.tp_comm_us / 1e3:.2f}"
-                f" + pp {self.pp_comm_us / 1e3:.2f} + dp/fsdp exposed {self.exposed_dp_us / 1e3:.2f}"
-                f" (of {self.dp_comm_us / 1e3:.2f})")
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """A feasible configuration with its analytic estimate and, when it was compiled, the
-    predicted step time of the real compiled step before and after lagom tuning (ms)."""
-    config: ParallelConfig
-    estimate: Estimate
-    untuned_ms: float | None
-    tuned_ms: float | None
-    compiled_dtype: str | None  # dtype of the compiled step; None when not compiled
-    memory_gb: float
-    why: str
-    compiled_by: str | None = None  # which compiler made the step; None when not compiled
-    screen_ms: float | None = None  # the screen calibrated on the compiled steps (``Screen``)
-
-    @property
-    def mesh(self) -> str:
-        return self.config.mesh
-
-    @property
-    def recipe(self) -> str:
-        return self.config.recipe
-
-    @property
-    def microbatches(self) -> int:
-        return self.config.microbatches
-
-    @property
-    def compiled(self) -> bool:
-        return self.tuned_ms is not None
-
-    @property
-    def analytic_ms(self) -> float:
-        return self.estimate.step_us / 1e3
-
-    @property
-    def rank_ms(self) -> float:
-        """What the ranking uses: the tuned prediction, else the analytic estimate."""
-        return self.tuned_ms if self.tuned_ms is not None else self.analytic_ms
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"recipe": self.recipe, "mesh": self.mesh, "microbatches": self.microbatches,
-                "analytic_ms": self.analytic_ms, "untuned_ms": self.untuned_ms,
-                "tuned_ms": self.tuned_ms, "compiled_dtype": self.compiled_dtype,
-                "compiled_by": self.compiled_by, "screen_ms": self.screen_ms,
-                "memory_gb": self.memory_gb, "why": self.why,
-                "estimate": dataclasses.asdict(self.estimate)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Rejected:
-    config: ParallelConfig
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"recipe": self.config.recipe, "mesh": self.config.mesh,
-                "microbatches": self.config.microbatches, "reason": self.reason}
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Advice:
-    """The ranked feasible configurations (best first), the rejected ones with reasons."""
-    model: str
-    config: str
-    num_devices: int
-    hardware: str
-    nodes: int
-    global_batch: int
-    seq_len: int
-    dtype: str
-    candidates: tuple[Candidate, ...]
-    rejected: tuple[Rejected, ...]
-    screen: str = ""  # how far the calibrated screen is from the compiled steps (a sentence)
-
-    @property
-    def recommendation(self) -> Candidate:
-        if not self.candidates:
-            raise ValueError(f"no feasible configuration for {self.model} {self.config} on "
-                             f"{self.num_devices} devices; see Advice.rejected for the reasons")
-        return self.candidates[0]
-
-    def table(self) -> str:
-        """Markdown table of the candidates (predicted numbers; "(f32)" marks a step that
-        was compiled in float32 because the requested dtype crashed XLA's compiler)."""
-        rows = ["| rank | recipe | mesh | micro-batches | analytic ms | screen ms (calibrated) | untuned ms "
-                "| tuned ms | memory GB/device |", "|---|---|---|---|---|---|---|---|---|"]
-        for i, c in enumerate(self.candidates, 1):
-            mark = " (f32)" if c.compiled_dtype not in (None, self.dtype) else ""
-            rows.append(f"| {i} | {c.recipe} | {c.mesh} | {c.microbatches} | {c.analytic_ms:.2f} "
-                        f"| {_ms(c.screen_ms)} | {_ms(c.untuned_ms)}{mark} | {_ms(c.tuned_ms)}{mark} "
-                        f"| {c.memory_gb:.1f} |")
-        return "\n".join(rows)
-
-    def report(self) -> str:
-        head = (f"{self.model} {self.config} on {self.num_devices} x {self.hardware} "
-                f"(nodes={self.nodes}), global batch {self.global_batch}, seq {self.seq_len}, "
-                f"{self.dtype} -- all times predicted by the cost model")
-        lines = [head, "", self.table(), ""]
-        compilers = sorted({c.compiled_by for c in self.candidates if c.compiled_by})
-        if compilers:
-            lines += [f"Compiled steps: {'; '.join(compilers)}.", ""]
-        if any(c.untuned_ms is not None for c in self.candidates):
-            lines += [ANALYTIC_VS_COMPILED, ""]
-        if self.screen:
-            lines += [self.screen, ""]
-        if self.candidates:
-            best = self.recommendation
-            lines.append(f"Recommendation: {best.config.label()}: {best.why}")
-        if self.rejected:
-            lines.append("")
-            lines.append(f"Rejected ({len(self.rejected)}):")
-            lines += [f"  {r.config.label()}: {r.reason}" for r in self.rejected]
-        return "\n".join(lines)
-
-    def to_json(self) -> str:
-        d = {k: getattr(self, k) for k in ("model", "config", "num_devices", "hardware", "nodes",
-                                           "global_batch", "seq_len", "dtype")}
-        d["candidates"] = [c.to_dict() for c in self.candidates]
-        d["rejected"] = [r.to_dict() for r in self.rejected]
-        d["screen"] = self.screen
-        d["recommendation"] = self.candidates[0].to_dict() if self.candidates else None
-        return json.dumps(d, indent=2)
-
-
-# ------------------------------------------------------------------------------ enumeration
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def enumerate_configs(num_devices: int, *, recipes: Iterable[str] | None = None
-                      ) -> tuple[ParallelConfig, ...]:
-    """Every data x fsdp x stage x model factorisation of ``num_devices``, with
-    ``MICROBATCH_FACTORS`` x stages micro-batches when pipelined. ``recipes`` keeps only the
-    named recipes (parts in any order; ``tp+sp`` variants are produced only when asked for)."""
-    if num_devices < 1:
-        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
-    wanted = None if recipes is None else {_canonical(r) for r in recipes}
-    out = []
-    for d, f, s in itertools.product(_divisors(num_devices), repeat=3):
-        if num_devices % (d * f * s):
-            continue
-        t = num_devices // (d * f * s)
-        for m in ([1] if s == 1 else [k * s for k in MICROBATCH_FACTORS]):
-            for sp in ((False, True) if t > 1 and s == 1 else (False,)):
-                cfg = ParallelConfig(d, f, s, t, m, sp)
-                if (wanted is None and not sp) or (wanted is not None and _canonical(cfg.recipe) in wanted):
-                    out.append(cfg)
-    return tuple(sorted(out))
-
-
-def _canonical(recipe: str) -> frozenset[str]:
-    return frozenset(p.strip() for p in recipe.split("+") if p.strip())
-
-
-# --------------------------------------------------------------------------- the estimate
-
-@dataclasses.dataclass(frozen=True)
-class _Shape:
-    """Per-layer and outer parameter counts of one model."""
-    layers: int  # encoder + decoder layers
-    cross_layers: int  # layers with cross-attention (T5 decoder)
-    layer_params: float
-    cross_params: float
-    outer_params: float
-
-
-def _shape(cfg: ModelConfig) -> _Shape:
-    attn = 4 * cfg.d_model * cfg.heads * cfg.head_dim  # q, k, v, o projections
-    mlp = 2 * cfg.d_model * cfg.d_ff
-    return _Shape(
-        layers=cfg.layers + cfg.dec_layers, cross_layers=cfg.dec_layers,
-        layer_params=attn + mlp, cross_params=attn,
-        # token embedding (tied output head) + learned positions (GPT-2/BERT; T5 has none,
-        # its relative bias is negligible) -- an upper bound within max_len x d_model.
-        outer_params=cfg.vocab * cfg.d_model + cfg.max_len * cfg.d_model,
-    )
-
-
-def feasibility(model_cfg: ModelConfig, pc: ParallelConfig, *, global_batch: int,
-                seq_len: int) -> tuple[str, ...]:
-    """Why ``pc`` cannot run this model and batch (empty when it can): the same divisibility
-    rules `models.build` enforces, checked without tracing anything."""
-    reasons = []
-    t, s = pc.model, pc.stage
-    if t > 1:
-        for name, dim in (("heads", model_cfg.heads), ("d_ff", model_cfg.d_ff),
-                          ("vocab", model_cfg.vocab)):
-            if dim % t:
-                reasons.append(f"tensor parallel {t} does not divide {name} {dim}")
-        if pc.sp and seq_len % t:
-            reasons.append(f"sequence parallel {t} does not divide seq_len {seq_len}")
-    if pc.fsdp > 1 and model_cfg.d_model % pc.fsdp:
-        reasons.append(f"fsdp {pc.fsdp} does not divide d_model {model_cfg.d_model}")
-    if s > 1:
-        for name, n in (("layers", model_cfg.layers), ("decoder layers", model_cfg.dec_layers)):
-            if n and n % s:
-                reasons.append(f"{s} pipeline stages do not divide {n} {name}")
-        if global_batch % (pc.microbatches * pc.batch_ways):
-            reasons.append(f"global batch {global_batch} is not a multiple of {pc.microbatches} "
-                           f"micro-batches x {pc.batch_ways} data-parallel ways")
-    elif global_batch % pc.batch_ways:
-        reasons.append(f"global batch {global_batch} is not a multiple of the "
-                       f"{pc.batch_ways} data-parallel ways")
-    return tuple(reasons)
-
-
-def _group_nodes(pc: ParallelConfig, axis: str, gpus_per_node: int) -> int:
-    """Nodes one group of ``axis`` spans (the first group; mesh order ``AXES``, row-major)."""
-    stride = math.prod(pc.sizes[a] for a in AXES[AXES.index(axis) + 1:])
-    return megatron.group_nodes(pc.sizes[axis], stride, gpus_per_node)
 
 
 def _coll_us(kind: str, nbytes: float, n: int, nodes: int, hw: hardware_lib.HardwareProfile) -> float:
@@ -407,312 +63,6 @@ def _coll_us(kind: str, nbytes: float, n: int, nodes: int, hw: hardware_lib.Hard
     if n <= 1 or nbytes <= 0:
         return 0.0
     return cost_lib.default_time_us(kind, nbytes, n, nodes, hw)
-
-
-def estimate(model_cfg: ModelConfig, pc: ParallelConfig, hw: hardware_lib.HardwareProfile, *,
-             global_batch: int, seq_len: int, dtype: str = "bfloat16") -> Estimate:
-    """The analytic step time and memory of ``pc`` on one device of ``hw``.
-
-    Compute: each local layer's matmuls per micro-batch, forward and both gradients, timed
-    by shape (`kernels.gemm_time_us`, the model the compiled prediction uses); the output
-    head is not pipelined (models/build.py keeps it outside the stage axis), so every stage
-    runs it on its replica's share; the step's other bytes at HBM bandwidth. A pipelined
-    stage runs ``m + S - 1`` ticks for ``m`` micro-batches: the bubble is ``(S-1)/m`` of its
-    compute.
-
-    Communication (bytes in NCCL's nBytes convention):
-    - TP (Megatron): per microbatch, 2 all-reduces of the [b, s, d] activation per sublayer
-      (forward after attention/MLP, backward before them), one more pair per cross-attention,
-      and 2 for the vocab-parallel embedding and head; with ``sp`` each all-reduce becomes an
-      all-gather plus a reduce-scatter of the same buffer.
-    - PP: every tick sends the micro-batch activation to the next stage forward and its
-      gradient back (collective-permute).
-    - FSDP: each layer's float32 weights are all-gathered for the forward and again for the
-      backward (ZeRO-3), gradients reduce-scattered. DP: gradients all-reduced. Issued per
-      layer, as XLA does for scanned layers.
-    TP and PP traffic sits between dependent matmuls, so the screen counts it as exposed;
-    DP/FSDP traffic is hidden up to the backward compute (2/3 of it), the best that
-    overlapping can do. The compiled prediction replaces these rules with the simulator.
-
-    Memory: 16 bytes of Adam state per local parameter, plus stored activations per layer
-    for all micro-batches (GPipe keeps them until the backward), from Korthikanti et al.
-    2022 ("Reducing Activation Recomputation in Large Transformer Models", Eq. 2 and its
-    tensor/sequence-parallel forms): ``s*b*d*(10 + 24/t + 5*a*s/(d*t))`` bytes at 16-bit
-    (``34/t`` in place of ``10 + 24/t`` with sp), plus float32 logits and their gradient.
-    """
-    if dtype not in ACT_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(ACT_BYTES)})")
-    sh = _shape(model_cfg)
-    ab = ACT_BYTES[dtype]
-    d, f, s, t, m = pc.data, pc.fsdp, pc.stage, pc.model, pc.microbatches
-    b_local = global_batch / pc.batch_ways  # sequences per data-parallel replica
-    gpn = hw.gpus_per_node
-
-    # Compute.
-    layer_params_local = (sh.layers * sh.layer_params + sh.cross_layers * sh.cross_params) / (t * s)
-    model_params_local = layer_params_local + sh.outer_params / t
-    layers_local = sh.layers / s
-    cross_local = sh.cross_layers / s
-    per_layer_act = seq_len * model_cfg.d_model * (
-        (34 / t if pc.sp else 10 + 24 / t)
-        + 5 * model_cfg.heads * seq_len / (model_cfg.d_model * t)) * ab / 2
-    activation_bytes = b_local * (layers_local + cross_local / 2) * per_layer_act \
-        + 2 * b_local * seq_len * model_cfg.vocab / t * 4
-    # Roofline bytes: weights read 3x (forward, backward-data, backward-weight), stored
-    # activations written once and read once.
-    stage_bytes = 3 * model_params_local * ab + 2 * activation_bytes
-    # Matmuls timed by shape (`kernels`, the model the compiled prediction uses), per
-    # micro-batch of one replica; the rest of the step's bytes at HBM bandwidth.
-    seqs = max(1, round(b_local / m))
-    proj, core, mlp = kernels.transformer_matmuls(
-        sequences=seqs, seq_len=seq_len, hidden=model_cfg.d_model, heads=model_cfg.heads,
-        head_dim=model_cfg.head_dim, ffn=model_cfg.d_ff, tp=t)
-    layer_mm = proj + core + mlp
-    head_mm = ((seqs * seq_len, model_cfg.vocab // t, model_cfg.d_model, 1),)
-    per_mb = sum(kernels.matmuls_us(mm + kernels.backward_matmuls(mm), hw, itemsize=ab) * count
-                 for mm, count in ((layer_mm, layers_local), (proj + core, cross_local), (head_mm, 1)))
-    stage_us = m * per_mb + kernels.memory_time_us(stage_bytes, hw)
-    bubble_us = stage_us * (s - 1) / m
-
-    # Tensor parallelism.
-    mb_act = b_local / m * seq_len * model_cfg.d_model * ab
-    tp_ops = m * (4 * layers_local + 2 * cross_local + 2)
-    tp_nodes = _group_nodes(pc, "model", gpn)
-    if pc.sp:
-        one = _coll_us("all-gather", mb_act, t, tp_nodes, hw) + _coll_us("reduce-scatter", mb_act, t, tp_nodes, hw)
-    else:
-        one = _coll_us("all-reduce", mb_act, t, tp_nodes, hw)
-    tp_comm_us = tp_ops * one
-    tp_bytes = tp_ops * mb_act * (2 if pc.sp else 1) if t > 1 else 0.0
-
-    # Pipeline parallelism: one send per tick forward and backward.
-    pp_ops = 2 * (m + s - 1) if s > 1 else 0
-    # A send between neighbouring stages joins two GPUs: two nodes when the stage axis
-    # crosses nodes (the slowest send paces the pipeline), else one.
-    pp_nodes = min(_group_nodes(pc, "stage", gpn), 2)
-    pp_comm_us = pp_ops * _coll_us("collective-permute", mb_act, 2, pp_nodes, hw)
-    pp_bytes = pp_ops * mb_act
-
-    # Data parallelism (fsdp inside, data outside), issued once per local layer + outer.
-    pieces = max(1, round(layers_local)) + 1
-    full = model_params_local * MASTER_BYTES
-    dp_comm_us = 0.0
-    dp_bytes = 0.0
-    if f > 1:
-        fn = _group_nodes(pc, "fsdp", gpn)
-        dp_comm_us += pieces * (2 * _coll_us("all-gather", full / pieces, f, fn, hw)
-                                + _coll_us("reduce-scatter", full / pieces, f, fn, hw))
-        dp_bytes += 3 * full
-    if d > 1:
-        dn = _group_nodes(pc, "data", gpn)
-        dp_comm_us += pieces * _coll_us("all-reduce", full / f / pieces, d, dn, hw)
-        dp_bytes += full / f
-    compute_us = stage_us
-    exposed_dp = max(0.0, dp_comm_us - 2 / 3 * compute_us)
-    step_us = compute_us + bubble_us + tp_comm_us + pp_comm_us + exposed_dp
-    return Estimate(
-        compute_us=compute_us, bubble_us=bubble_us, dp_comm_us=dp_comm_us,
-        tp_comm_us=tp_comm_us, pp_comm_us=pp_comm_us, exposed_dp_us=exposed_dp,
-        step_us=step_us, dp_bytes=dp_bytes, tp_bytes=tp_bytes, pp_bytes=pp_bytes,
-        state_bytes=STATE_BYTES_PER_PARAM * model_params_local / f,
-        activation_bytes=activation_bytes,
-    )
-
-
-def usable_memory_bytes(hw: hardware_lib.HardwareProfile) -> float:
-    try:
-        gb = GPU_MEMORY_GB[hw.name]
-    except KeyError:
-        raise ValueError(f"no GPU memory size known for hardware {hw.name!r} (known: "
-                         f"{', '.join(GPU_MEMORY_GB)}); add it to lagom_jax.advise.configtuner.GPU_MEMORY_GB") from None
-    return gb * 1e9 * USABLE_MEMORY_FRACTION
-
-
-# ------------------------------------------------------------------ the compiled prediction
-
-@functools.lru_cache(maxsize=64)
-def _compiled(hw: hardware_lib.HardwareProfile, model: str, config: str, recipe: str, mesh: str,
-              batch_size: int, seq_len: int, dtype: str, microbatches: int | None
-              ) -> CompiledStep:
-    """The step compiled in a fresh process (``compile_builtin_isolated``),
-    cached: a step predicted twice is compiled once."""
-    return compile_builtin_isolated(hw, model, config, recipe, mesh,
-                                                batch_size=batch_size, seq_len=seq_len,
-                                                dtype=dtype, microbatches=microbatches)
-
-
-@dataclasses.dataclass(frozen=True)
-class Prediction:
-    """Predicted step time (ms) of a really compiled step; ``note`` says when the step had
-    to be compiled in another dtype than asked."""
-    untuned_ms: float
-    tuned_ms: float
-    compiled_dtype: str
-    compiled_by: str  # which compiler made the step, for how many devices
-    note: str = ""
-
-
-def predict_compiled(model: str, config: str, pc: ParallelConfig,
-                     hw: hardware_lib.HardwareProfile, *, global_batch: int, seq_len: int,
-                     dtype: str) -> Prediction:
-    """xla-default and lagom-tuned predicted step time of the real compiled step.
-
-    The step is compiled by XLA's GPU pipeline for abstract GPUs of ``hw``
-    (``gpu_compile``); where that is not installed, by XLA:CPU, and the note says what is
-    lost. When the compiler crashes on the bfloat16 step (XLA:CPU does on every GPipe step
-    in jaxlib 0.10.2), the float32 step is compiled instead and the prediction says so:
-    its activation collectives and memory traffic are twice the bfloat16 ones, so it is an
-    upper bound. Raises ValueError when `models.build` rejects the configuration and
-    CompileCrash when no dtype compiles.
-    """
-    n = pc.num_devices
-    cluster = hw.with_nodes(max(1, math.ceil(n / hw.gpus_per_node)))
-
-    def compiled(dt: str) -> CompiledStep:
-        return _compiled(cluster, model, config, pc.recipe, pc.mesh, global_batch,
-                         seq_len, dt, pc.microbatches if pc.stage > 1 else None)
-
-    notes, used = [], dtype
-    try:
-        step = compiled(dtype)
-    except CompileCrash as crash:
-        if dtype == "float32":
-            raise
-        step = compiled("float32")
-        used = "float32"
-        notes.append(f"compiled in float32 because {crash}; float32 activations double the "
-                     "activation traffic, so this prediction is an upper bound")
-    if step.warning:
-        notes.append(step.warning)
-
-    tuned = job.run(job.HloSource(step.text, step.where), hw, strategy="lagom", baselines=("xla-default",),
-                    verify=False)
-    predicted = dict(tuned.plan.predicted_us)
-    return Prediction(predicted["xla-default"] / 1e3, predicted["lagom"] / 1e3, used, step.where, "; ".join(notes))
-
-
-# ---------------------------------------------------------------------------- the driver
-
-def _resolve(hardware: str | hardware_lib.HardwareProfile, num_devices: int
-             ) -> hardware_lib.HardwareProfile:
-    hw = hardware_lib.resolve_cluster(hardware, num_devices=num_devices).hardware
-    if hw.num_gpus < num_devices:
-        raise ValueError(f"hardware {hw.name!r} has {hw.num_gpus} GPUs ({hw.nodes} node(s)), fewer "
-                         f"than num_devices {num_devices}; pass more nodes, e.g. "
-                         f"'{hw.name}:nodes={math.ceil(num_devices / hw.gpus_per_node)}'")
-    return hw
-
-
-def advise(model: str, config: str, num_devices: int,
-           hardware: str | hardware_lib.HardwareProfile, *, global_batch: int, seq_len: int,
-           dtype: str = "bfloat16", recipes: Sequence[str] | None = None,
-           max_candidates: int | None = None, top_k: int = DEFAULT_TOP_K,
-           progress: Progress | None = None) -> Advice:
-    """Rank the hybrid-parallel configurations of ``model``/``config`` on ``num_devices``
-    GPUs of ``hardware`` (a preset name, ``name:nodes=N``, a JSON profile or a profile;
-    a preset name grows to as many nodes as ``num_devices`` needs).
-
-    Every factorisation data x fsdp x stage x model (``recipes`` restricts them, e.g.
-    ``["dp", "fsdp", "dp+tp", "tp+sp"]``) is screened analytically; infeasible and
-    out-of-memory ones are rejected with the reason. The ``top_k`` best by the estimate are
-    compiled and predicted (xla-default and lagom-tuned); the ranking puts those first by
-    tuned time, then the rest by estimate. ``max_candidates`` truncates the ranked list.
-    ``progress`` receives one line per stage.
-    """
-    if model not in SCREENED_MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(SCREENED_MODELS)} (the analytic "
-                         "screen prices GPT-style layers; llama and mixtral are predicted with "
-                         "lagom_jax.predict_train_step_ms)")
-    if config not in FAMILIES[model].configs:
-        raise ValueError(f"unknown {model} config {config!r}; known: {', '.join(FAMILIES[model].configs)}")
-    model_cfg = FAMILIES[model].configs[config]
-    if not 0 < seq_len <= model_cfg.max_len:
-        raise ValueError(f"seq_len {seq_len} outside 1..{model_cfg.max_len} for {model} {config}")
-    if global_batch < 1:
-        raise ValueError(f"global_batch must be >= 1, got {global_batch}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    hw = _resolve(hardware, num_devices)
-    limit = usable_memory_bytes(hw)
-    say = progress or (lambda _msg: None)
-
-    configs = enumerate_configs(num_devices, recipes=recipes)
-    if not configs:
-        raise ValueError(f"no configuration of {num_devices} devices matches recipes {list(recipes or [])}; "
-                         "use parts dp, fsdp, tp, sp, pp joined by '+'")
-    feasible: list[tuple[ParallelConfig, Estimate]] = []
-    rejected: list[Rejected] = []
-    for pc in configs:
-        reasons = feasibility(model_cfg, pc, global_batch=global_batch, seq_len=seq_len)
-        if reasons:
-            rejected.append(Rejected(pc, "; ".join(reasons)))
-            continue
-        est = estimate(model_cfg, pc, hw, global_batch=global_batch, seq_len=seq_len, dtype=dtype)
-        if est.memory_bytes > limit:
-            rejected.append(Rejected(pc, f"needs {est.memory_bytes / 1e9:.1f} GB/device "
-                                         f"(state {est.state_bytes / 1e9:.1f}, activations "
-                                         f"{est.activation_bytes / 1e9:.1f}), over the "
-                                         f"{limit / 1e9:.1f} GB usable on {hw.gpu}"))
-            continue
-        feasible.append((pc, est))
-    feasible.sort(key=lambda ce: (ce[1].step_us, ce[0]))
-    say(f"screened {len(configs)} configurations: {len(feasible)} feasible, {len(rejected)} rejected")
-
-    # Compile down the screen's order until top_k steps are predicted; a candidate that
-    # build rejects, or that crashes XLA's compiler, gives its place to the next one
-    # (at most 2 x top_k attempts, to bound the time).
-    compiled: dict[ParallelConfig, Prediction] = {}
-    crashed: dict[ParallelConfig, str] = {}
-    build_rejected: set[ParallelConfig] = set()
-    for pc, _est in feasible[:2 * top_k]:
-        if len(compiled) == top_k:
-            break
-        say(f"compiling and predicting {pc.label()}")
-        try:
-            compiled[pc] = predict_compiled(model, config, pc, hw, global_batch=global_batch,
-                                            seq_len=seq_len, dtype=dtype)
-        except ValueError as e:
-            rejected.append(Rejected(pc, f"models.build: {e}"))
-            build_rejected.add(pc)
-        except CompileCrash as e:
-            crashed[pc] = str(e)
-            say(f"  {e}")
-    feasible = [(pc, est) for pc, est in feasible if pc not in build_rejected]
-    # The screen calibrated on the compiled steps (XLA's defaults, as the screen prices NCCL's)
-    # ranks what was not compiled, in the compiled model's numbers.
-    screen = Screen.fit([(est.terms(), compiled[pc].untuned_ms) for pc, est in feasible if pc in compiled])
-    screen_line = screen_agreement({pc.label(): (screen(est.terms()), compiled[pc].untuned_ms)
-                                    for pc, est in feasible if pc in compiled}, screen,
-                                   "compiled steps (XLA's defaults)") if compiled else ""
-
-    def rank_key(ce: tuple[ParallelConfig, Estimate]) -> tuple:
-        pc, est = ce
-        if pc in compiled:
-            return (0, compiled[pc].tuned_ms, pc)
-        return (1, screen(est.terms()), pc)
-
-    feasible.sort(key=rank_key)
-    best_tuned = min((p.tuned_ms for p in compiled.values()), default=None)
-    candidates = []
-    for pc, est in feasible[:max_candidates]:
-        pred = compiled.get(pc)
-        if pc in crashed:
-            why = f"{est.describe()}; not predicted: {crashed[pc]}"
-        elif pred is None:
-            why = f"{est.describe()}; not compiled (outside the top {top_k} of the screen)"
-        else:
-            gap = "fastest predicted tuned step" if pred.tuned_ms == best_tuned else \
-                f"{(pred.tuned_ms / best_tuned - 1) * 100:.1f}% slower than the best tuned step"
-            why = (f"{gap}; compiled step predicted {pred.untuned_ms:.2f} ms under XLA/NCCL "
-                   f"defaults, {pred.tuned_ms:.2f} ms lagom-tuned; {est.describe()}"
-                   + (f"; {pred.note}" if pred.note else ""))
-        candidates.append(Candidate(pc, est, pred and pred.untuned_ms, pred and pred.tuned_ms,
-                                    pred.compiled_dtype if pred else None,
-                                    est.memory_bytes / 1e9, why,
-                                    pred.compiled_by if pred else None,
-                                    screen(est.terms()) if compiled else None))
-    return Advice(model, config, num_devices, hw.name, hw.nodes, global_batch, seq_len, dtype,
-                  tuple(candidates), tuple(rejected), screen_line)
 
 
 # ------------------------------------------------------------- Megatron-terms prediction
@@ -786,13 +136,20 @@ def predict_step_ms(*, hidden: int, heads: int, layers: int, seq_len: int, vocab
                         **options).total_ms
 
 
-# ------------------------------------------------ Llama, Mixtral and GPT: memory from XLA
+# ------------------------------------------------------ the one search: memory from XLA
 #
-# `advise_train_step` advises the built-in families of the prediction contract
-# (`lagom_jax.advise.predict`): which mesh (data x fsdp x model x expert, model and expert
-# inside a node), per-device batch and gradient accumulation, remat policy and attention
-# implementation. Arithmetic rules out what cannot run; XLA's deviceless compile gives the
-# memory of the rest (`lagom_jax.advise.memory`) and the contract's prediction ranks them.
+# Which mesh (data x fsdp x model x expert, model and expert inside a node), per-device batch
+# and gradient accumulation, remat policy and attention implementation. Arithmetic rules out
+# what cannot run; XLA's deviceless compile gives the memory of the rest
+# (`lagom_jax.advise.memory`) and the contract's prediction ranks them.
+
+# The built-in model each family of the search compiles. ``gpt`` is the prediction contract's
+# name for GPT-2's layers at any dimensions.
+FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2", "gpt2": "gpt2", "bert": "bert",
+                 "t5": "t5"}
+# Families whose layers are GPT-2's Block (pre- or post-norm, biases, a two-matrix MLP); they
+# tag no activation names, so only the policies that need none apply.
+BLOCK_FAMILIES = ("gpt", "gpt2", "bert", "t5")
 
 # Remat policies from least memory to most: each saves a superset of what the one before
 # saves (models/pipeline.py), so memory rises along this order and recomputation falls.
@@ -923,7 +280,8 @@ class TrainAdvice:
 
     def report(self, top: int | None = None) -> str:
         d = self.dims
-        head = (f"{self.family} (layers {d['layers']}, d_model {d['d_model']}, heads {d['heads']}/"
+        head = (f"{self.family} (layers {d['layers']}" + (f" + {d['dec_layers']} decoder" if d.get("dec_layers") else "")
+                + f", d_model {d['d_model']}, heads {d['heads']}/"
                 f"{d['kv_heads']}, ffn {d['ffn']}, vocab {d['vocab']}"
                 + (f", {d['experts']} experts top-{d['top_k']}" if d.get("experts") else "")
                 + f") on {self.gpus} x {self.hardware} ({self.nodes} node(s)), global batch "
@@ -1010,35 +368,68 @@ def _divisors_upto(n: int, cap: int | None = None) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0 and (cap is None or d <= cap)]
 
 
+def _layer_groups(family: str, dims: Mapping[str, int], seq_len: int) -> list[tuple[int, dict[str, float]]]:
+    """The layers of ``family`` as (how many, forward FLOPs per token of each part): ``qkv``
+    and ``out`` (attention's projections), ``attn`` (scores and values: half the square where
+    causal), ``wi`` and ``wo`` (the MLP's input and output matmuls, top-k experts for MoE).
+    A T5 decoder layer adds cross-attention (projections and full scores) to causal
+    self-attention."""
+    L, d, h, kv, ff = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn"))
+    hd = dims.get("head_dim") or d // h
+    k = dims.get("top_k") or 1
+    gated = family in ("llama", "mixtral")
+    qkv, out = 2 * d * (h + 2 * kv) * hd, 2 * h * hd * d
+    causal, full = 2 * seq_len * h * hd, 4 * seq_len * h * hd
+    mlp = {"wi": 2 * (2 if gated else 1) * d * ff * k, "wo": 2 * d * ff * k}
+    if family == "t5":
+        enc = {"qkv": qkv, "out": out, "attn": full, **mlp}
+        dec = {"qkv": 2 * qkv, "out": 2 * out, "attn": causal + full, **mlp}
+        return [(L, enc), (dims.get("dec_layers", 0), dec)]
+    return [(L, {"qkv": qkv, "out": out, "attn": full if family == "bert" else causal, **mlp})]
+
+
 def state_bytes_per_gpu(family: str, dims: Mapping[str, int], mesh: Mapping[str, int]) -> float:
     """Float32 weights and Adam moments one GPU holds on ``mesh`` (bytes): every matrix over
     fsdp (its embed dimension) and model (heads, kv heads, MLP, vocab), experts also over
     expert (models/sharding.py's rules); norms and biases over fsdp."""
     f, t, e = (mesh.get(a, 1) for a in ("fsdp", "model", "expert"))
     L, d, h, kv, ff, v = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab"))
-    hd = d // h
+    hd = dims.get("head_dim") or d // h
     attn = d * (h + 2 * kv) * hd + h * hd * d
-    if family == "gpt":
-        mlp, embed, small = 2 * d * ff, v * d + dims["seq_len"] * d, 9 * d + ff
+    positions = dims.get("max_len") or dims["seq_len"]
+    matrices = L * attn  # sharded over fsdp x model
+    if family in BLOCK_FAMILIES:
+        mlp, small = 2 * d * ff, (0 if family == "t5" else 9 * d + ff)  # T5 has no biases, RMS norms
+        embed = v * d + (positions * d if family != "t5" else 0)
+        matrices += L * mlp + dims.get("dec_layers", 0) * (2 * attn + mlp)
+        smalls = L * max(small, 2 * d) + dims.get("dec_layers", 0) * 3 * d
+        # The final norm; BERT's token types, embedding norm and masked-LM head (a d x d
+        # transform with its bias and norm, a bias per word); T5's relative-position biases
+        # (32 buckets per head, encoder and decoder) and two final norms.
+        tail = {"bert": 5 * d + v + 2 * d, "t5": 2 * d + 2 * 32 * h}.get(family, 2 * d)
+        if family == "bert":
+            embed += d * d
     else:
-        mlp, embed, small = 3 * d * ff, 2 * v * d, 2 * d
-    experts = dims.get("experts", 0)
-    if experts:
-        per_layer = attn / (f * t) + experts * mlp / (f * t * e) + d * experts / f + small / f
-    else:
-        per_layer = (attn + mlp) / (f * t) + small / f
-    return STATE_BYTES * (L * per_layer + embed / (f * t) + d / f)
+        mlp, embed = 3 * d * ff, 2 * v * d
+        experts = dims.get("experts", 0)
+        if experts:
+            matrices += L * experts * mlp / e
+            smalls = L * (d * experts + 2 * d)
+        else:
+            matrices += L * mlp
+            smalls = L * 2 * d
+        tail = d  # the final norm
+    return STATE_BYTES * ((matrices + embed) / (f * t) + (smalls + tail) / f)
 
 
 def model_flops_per_token(family: str, dims: Mapping[str, int], seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward, no recomputation): 6 x the matmul
-    parameters a token meets (top-k experts for MoE) plus causal attention,
-    ``6 L s h d_head`` (half the scores of ``12 L s h d_head``), as MaxText counts them."""
-    L, d, h, kv, ff, v = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab"))
-    hd = d // h
-    mlp = (2 if family == "gpt" else 3) * d * ff * (dims.get("top_k") or 1)
-    matmul = L * (d * (h + 2 * kv) * hd + h * hd * d + mlp) + v * d
-    return 6 * matmul + 6 * L * seq_len * h * hd
+    """Training FLOPs per token (forward + backward, no recomputation): 3 x the forward of
+    every layer (6 x the matmul parameters a token meets, top-k experts for MoE, plus the
+    attention scores: ``6 L s h d_head`` causal, twice that bidirectional), plus the
+    vocabulary projection, as MaxText and Megatron count them."""
+    d, v = dims["d_model"], dims["vocab"]
+    layers = sum(n * sum(parts.values()) for n, parts in _layer_groups(family, dims, seq_len))
+    return 3 * layers + 6 * v * d + (6 * d * d if family == "bert" else 0)
 
 
 def _mesh_str(mesh: Mapping[str, int]) -> str:
@@ -1058,18 +449,16 @@ def _recomputed_flops_per_token(family: str, dims: Mapping[str, int], seq_len: i
     needs each expert's output, so the experts' output matmul is recomputed too unless kept
     (``save_dot_except_mlpwi`` keeps it), and the expert matmuls carry the expert as a batch
     dimension, so ``minimal`` and ``minimal_flash`` recompute them."""
-    L, d, h, kv, ff = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn"))
-    hd = d // h
-    k = dims.get("top_k") or 1
-    qkv = 2 * d * (h + 2 * kv) * hd
-    out = 2 * h * hd * d
-    attention = 2 * seq_len * h * hd  # causal: half of QK^T and PV
-    wi = 2 * (1 if family == "gpt" else 2) * d * ff * k
-    wo = 2 * d * ff * k if dims.get("experts") else 0  # an expert's output, for the router
-    per_layer = {"full": qkv + attention + out + wi + wo, "save_qkv_proj": attention + out + wi + wo,
-                 "save_dot_except_mlp": attention + wi + wo, "save_dot_except_mlpwi": attention + wi,
-                 "minimal": attention + (wi + wo if wo else 0), "minimal_flash": wi + wo if wo else 0}
-    return L * per_layer.get(remat, 0)
+    moe = bool(dims.get("experts"))
+    total = 0.0
+    for n, p in _layer_groups(family, dims, seq_len):
+        wo = p["wo"] if moe else 0.0  # an expert's output, for the router
+        per_layer = {"full": p["qkv"] + p["attn"] + p["out"] + p["wi"] + wo,
+                     "save_qkv_proj": p["attn"] + p["out"] + p["wi"] + wo,
+                     "save_dot_except_mlp": p["attn"] + p["wi"] + wo, "save_dot_except_mlpwi": p["attn"] + p["wi"],
+                     "minimal": p["attn"] + (p["wi"] + wo if moe else 0), "minimal_flash": p["wi"] + wo if moe else 0}
+        total += n * per_layer.get(remat, 0)
+    return total
 
 
 def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
@@ -1086,7 +475,10 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     micro-steps (``g`` = local batch / ``per_device_batch``, default 1 sequence) repeats the
     micro-step's collectives ``g`` times, as the compiled step of ``g`` micro-steps does."""
     d, f, t, e = (mesh.get(a, 1) for a in ("data", "fsdp", "model", "expert"))
-    L, dm = dims["layers"], dims["d_model"]
+    dm = dims["d_model"]
+    # Layers that each gather their weights; a T5 decoder layer has three sublayers to two.
+    L = dims["layers"] + dims.get("dec_layers", 0)
+    sublayer_pairs = dims["layers"] + 1.5 * dims.get("dec_layers", 0)
     gpn = hw.gpus_per_node
     local = global_batch // (d * f * e)
     b = per_device_batch or 1
@@ -1097,7 +489,7 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     act = b * seq_len * dm * 2
     exposed = 0.0
     if t > 1:
-        exposed += (6 if remat == "full" else 4) * L * _coll_us("all-reduce", act, t, 1, hw)
+        exposed += (6 if remat == "full" else 4) * sublayer_pairs * _coll_us("all-reduce", act, t, 1, hw)
     if e > 1:
         exposed += 4 * L * _coll_us("all-to-all", act * max(1, dims.get("top_k") or 1), e, 1, hw)
     layer_bytes = state_bytes_per_gpu(family, dims, {"fsdp": 1, "model": t, "expert": e}) / STATE_BYTES * 4 / L
@@ -1222,6 +614,30 @@ def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_nod
     return keep, out
 
 
+def step_source(family: str, dims: Mapping[str, int], *, global_batch: int, mesh: Mapping[str, int],
+                remat: str, attention: str, compiler_options: Mapping[str, Any] | None = None) -> job_lib.ModelSource:
+    """The train step of one configuration as a ``job.ModelSource``: the prediction contract's
+    step for llama, mixtral and gpt (gpt2 is gpt at its config's dimensions), the built-in
+    model at these dimensions for bert and t5. ValueError names what does not fit."""
+    if family not in ("bert", "t5"):
+        return predict.train_step_source(
+            "gpt" if family == "gpt2" else family, layers=dims["layers"], d_model=dims["d_model"],
+            heads=dims["heads"], kv_heads=dims["kv_heads"], ffn=dims["ffn"], vocab=dims["vocab"],
+            seq_len=dims["seq_len"], global_batch=global_batch, mesh=mesh, remat=remat, experts=dims.get("experts", 0),
+            top_k=dims.get("top_k", 0), attention=attention, compiler_options=compiler_options)
+    shape = {a: int(mesh[a]) for a in predict.MESH_AXES if mesh.get(a, 1) > 1} or {"data": 1}
+    if "expert" in shape:
+        raise ValueError(f"{family} has no experts: the expert axis must be 1, got {shape['expert']}")
+    config = dict(layers=dims["layers"], d_model=dims["d_model"], heads=dims["heads"],
+                  head_dim=dims["d_model"] // dims["heads"], d_ff=dims["ffn"], vocab=dims["vocab"],
+                  max_len=dims.get("max_len") or dims["seq_len"])
+    if family == "t5":
+        config["dec_layers"] = dims["dec_layers"]
+    return job_lib.ModelSource(FAMILY_MODELS[family], ",".join(f"{k}={v}" for k, v in config.items()), shape, None,
+                               global_batch, dims["seq_len"], "bfloat16", remat, True, attention, "off",
+                               tuple(sorted((compiler_options or {}).items())))
+
+
 def screen_agreement(pairs: Mapping[str, tuple[float, float]], screen: Screen,
                      fitted_on: str = "compiled candidates that fit without XLA's rematerialization") -> str:
     """How far the calibrated screen is from the compiled prediction of the candidates it was
@@ -1256,9 +672,9 @@ class TimeLeft:
         return estimate
 
 
-def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
-                      vocab: int, experts: int = 0, top_k: int = 0, gpus: int,
-                      hardware: str | hardware_lib.HardwareProfile, global_batch: int, seq_len: int,
+def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int = 0, ffn: int,
+                      vocab: int, experts: int = 0, top_k: int = 0, dec_layers: int = 0, max_len: int = 0,
+                      gpus: int, hardware: str | hardware_lib.HardwareProfile, global_batch: int, seq_len: int,
                       current: Mapping[str, Any] | None = None, memory_fraction: float | None = None,
                       top: int = DEFAULT_TOP, jobs: int | None = None,
                       mesh_finalists: int = DEFAULT_MESH_FINALISTS, max_probes: int = DEFAULT_MAX_PROBES,
@@ -1268,9 +684,10 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                       progress: Progress | None = None) -> TrainAdvice:
     """The fastest configurations of ``family``'s training step that fit in GPU memory.
 
-    family: "llama" | "mixtral" | "gpt" (``predict_train_step_ms``'s families and
-    dimensions); gpus on ``hardware`` (a preset; nodes = gpus / GPUs per node);
-    global_batch sequences of seq_len per step. current: the user's configuration
+    family: one of ``FAMILY_MODELS`` (llama, mixtral and gpt at ``predict_train_step_ms``'s
+    dimensions; gpt2, bert and t5 with their configs' ``max_len`` and, for t5, ``dec_layers``:
+    ``advise`` fills them from a named config); kv_heads defaults to heads; gpus on
+    ``hardware`` (a preset; nodes = gpus / GPUs per node); global_batch sequences of seq_len per step. current: the user's configuration
     ({"mesh": {...}, "per_device_batch": b, "grad_accum": g, "remat": ..., "attention": ...}),
     always compiled and returned as ``current``. memory_fraction: the share of GPU memory
     XLA gets (default ``XLA_PYTHON_CLIENT_MEM_FRACTION``, else JAX's 0.75).
@@ -1319,12 +736,18 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
 
     say = progress or (lambda _m: None)
     start = time.monotonic()
-    if family not in predict.FAMILY_MODELS:
-        raise ValueError(f"unknown family {family!r}; known: {', '.join(predict.FAMILY_MODELS)}")
-    if family == "gpt":
-        kv_heads = kv_heads or heads
+    if family not in FAMILY_MODELS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
+    if family == "t5" and dec_layers < 1:
+        raise ValueError(f"t5 needs dec_layers >= 1 (decoder layers), got {dec_layers}")
+    kv_heads = kv_heads or heads
+    if family in BLOCK_FAMILIES and kv_heads != heads:
+        raise ValueError(f"{family} has no grouped-query attention: kv_heads {kv_heads} must equal heads {heads}")
+    if max_len and seq_len > max_len:
+        raise ValueError(f"seq_len {seq_len} is longer than the model's {max_len} positions")
     dims = dict(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab,
                 experts=experts, top_k=top_k, seq_len=seq_len)
+    dims.update({k: v for k, v in dict(dec_layers=dec_layers, max_len=max_len).items() if v})
     for name in ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab", "gpus", "global_batch",
                  "seq_len", "top", "mesh_finalists"):
         value = dims.get(name, locals()[name])
@@ -1338,12 +761,14 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     limit = int(gpu_bytes * fraction)
     gib = 2 ** 30
     hd = d_model // heads if d_model % heads == 0 else 0
-    flash_ok = seq_len % 16 == 0 and hd >= 16
+    # T5's attention carries a position bias, which the flash kernel does not take: the step
+    # runs XLA's attention under either name.
+    flash_ok = seq_len % 16 == 0 and hd >= 16 and family != "t5"
     attns = list(attentions or (("flash", "xla") if flash_ok else ("xla",)))
     if "flash" in attns and not flash_ok:
         raise ValueError(f"flash attention needs seq_len a multiple of 16 and head_dim >= 16 (got "
-                         f"{seq_len}, {hd}); use attention xla")
-    policies = [r for r in (remats or (GPT_REMATS if family == "gpt" else REMAT_ORDER))]
+                         f"{seq_len}, {hd}) and a model without a position bias (not t5); use attention xla")
+    policies = [r for r in (remats or (GPT_REMATS if family in BLOCK_FAMILIES else REMAT_ORDER))]
     policies.sort(key=REMAT_ORDER.index)
     pruning: list[str] = []
 
@@ -1427,10 +852,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                     note: str) -> TrainCandidate | None:
         ways = math.prod(m.get(a, 1) for a in ("data", "fsdp", "expert"))
         try:
-            src = predict.train_step_source(family, layers=layers, d_model=d_model, heads=heads,
-                                            kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq_len=seq_len,
-                                            global_batch=b * ways, mesh=m, remat=remat, experts=experts,
-                                            top_k=top_k, attention=attention)
+            src = step_source(family, dims, global_batch=b * ways, mesh=m, remat=remat, attention=attention)
             t0 = time.monotonic()
             step, hit = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=b * ways,
                                             seq_len=seq_len, remat=remat, attention=attention,
@@ -1719,13 +1141,85 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         b = fitting[0]
         ways = math.prod(b.mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
         say(f"tuning the best candidate {b.label()} with the pipeline (lagom) ...")
-        src = predict.train_step_source(family, layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads,
-                                        ffn=ffn, vocab=vocab, seq_len=seq_len, global_batch=b.per_device_batch * ways,
-                                        mesh=b.mesh, remat=b.remat, experts=experts, top_k=top_k,
-                                        attention=b.attention, compiler_options=options)
+        src = step_source(family, dims, global_batch=b.per_device_batch * ways, mesh=b.mesh, remat=b.remat,
+                          attention=b.attention, compiler_options=options)
         tuned = job_lib.run(src, hw, strategy="lagom", baselines=("xla-default",), verify=False, log=say)
     wall = time.monotonic() - start
     return TrainAdvice(family, {k: v for k, v in dims.items() if k != "seq_len"}, gpus, hw.name, hw.nodes,
                        global_batch, seq_len, fraction, gpu_bytes, limit, tuple(ranked[:max(top, 1)]),
                        cur, screened, tuple(rejected), counts["compiles"], counts["cached"], wall,
                        tuple(pruning), tuned)
+
+
+def family_dims(model: str, config: str | None = None) -> dict[str, int]:
+    """``advise_train_step``'s dimensions of a built-in model's named config (default: its
+    smallest real size) or of ``"layers=...,d_model=..."``."""
+    if model not in FAMILY_MODELS:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(FAMILY_MODELS)}")
+    built = FAMILY_MODELS[model]
+    cfg = resolve_config(built, config or DEFAULT_CONFIG[built])
+    dims = dict(layers=cfg.layers, d_model=cfg.d_model, heads=cfg.heads, kv_heads=cfg.kv or cfg.heads,
+                ffn=cfg.d_ff, vocab=cfg.vocab, experts=cfg.experts, top_k=cfg.top_k)
+    if model in ("bert", "t5"):
+        dims["max_len"] = cfg.max_len
+    if model == "t5":
+        dims["dec_layers"] = cfg.dec_layers
+    return dims
+
+
+# The first adviser's keywords (an analytic screen over data x fsdp x stage x model that
+# compiled its top few), and what each became in the one search.
+_RENAMED = {"num_devices": "gpus", "max_candidates": "top", "top_k": "max_probes"}
+_warned: set[str] = set()
+
+
+def advise(model: str, config: str | None = None, gpus: int | None = None,
+           hardware: str | hardware_lib.HardwareProfile = "h100-sxm-8", *, global_batch: int, seq_len: int,
+           **options: Any) -> TrainAdvice:
+    """The one adviser: ``advise_train_step`` for a built-in model's named config (or
+    ``"layers=..."`` dimensions), ``gpus`` GPUs of ``hardware``; ``options`` are
+    ``advise_train_step``'s (``current``, ``memory_fraction``, ``top``, ``jobs``, ...).
+
+    The first adviser's keywords still work, each with a warning (once per keyword) naming
+    its new name: ``num_devices`` (gpus), ``max_candidates`` (top), ``top_k`` (max_probes: how
+    many meshes the screen lets through to compile), ``recipes`` (meshes: only meshes whose
+    axes the recipes name), ``dtype`` (the search compiles bfloat16 steps; float32 is an
+    error)."""
+    for old, new in _RENAMED.items():
+        if old in options:
+            _warn_once(old, f"advise({old}=...) is now {new}=...")
+            value = options.pop(old)
+            if old == "num_devices":
+                gpus = value
+            else:
+                options[new] = value
+    if "dtype" in options:
+        _warn_once("dtype", "advise(dtype=...) is gone: the search compiles bfloat16 steps, as MaxText trains")
+        if options.pop("dtype") != "bfloat16":
+            raise ValueError("advise compiles bfloat16 steps only (weights and optimizer state stay float32)")
+    if "recipes" in options:
+        _warn_once("recipes", "advise(recipes=...) is now meshes=[{axis: size, ...}]")
+        options["meshes"] = _recipe_meshes(options.pop("recipes"), gpus)
+    if gpus is None:
+        raise TypeError("advise() needs gpus")
+    return advise_train_step(model, **family_dims(model, config), gpus=gpus, hardware=hardware,
+                             global_batch=global_batch, seq_len=seq_len, **options)
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+
+
+def _recipe_meshes(recipes: Sequence[str], gpus: int) -> list[dict[str, int]]:
+    """Every data x fsdp x model mesh of ``gpus`` whose axes above 1 are among one recipe's parts
+    (dp, fsdp, tp; sp rides on tp; pp is not searched)."""
+    axis_of = {"dp": "data", "fsdp": "fsdp", "tp": "model", "sp": "model"}
+    unknown = sorted({p for r in recipes for p in r.split("+")} - set(axis_of))
+    if unknown:
+        raise ValueError(f"recipes {list(recipes)}: parts {unknown} are not searched (dp, fsdp, tp, sp)")
+    allowed = [{axis_of[p] for p in r.split("+")} for r in recipes]
+    return [m for t in _divisors_upto(gpus) for f in _divisors_upto(gpus // t)
+            for m in [{"data": gpus // (t * f), "fsdp": f, "model": t}]
+            if any({a for a, n in m.items() if n > 1} <= axes for axes in allowed)]
