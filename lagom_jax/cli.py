@@ -511,6 +511,9 @@ def _add_advise(sub: argparse._SubParsersAction) -> None:
                    help=f"meshes searched in full after the probe (default {advise.DEFAULT_MESH_FINALISTS})")
     p.add_argument("--max-probes", type=int, default=advise.DEFAULT_MAX_PROBES,
                    help=f"meshes probed, fastest by a closed-form screen first (default {advise.DEFAULT_MAX_PROBES})")
+    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
+                   help="search pipeline stages (GPipe over a stage axis; default: on for gpt2, bert and t5, "
+                   "off for llama, mixtral and gpt)")
     p.add_argument("--no-tune", action="store_true", help="skip tuning the best candidate with the pipeline")
     p.add_argument("--out", default=None, metavar="DIR", help="write the tuned plan's artifacts (launch.sh) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -530,6 +533,7 @@ def _run_advise(args: argparse.Namespace) -> int:
             args.model, args.config, gpus=args.devices, hardware=args.hardware, global_batch=args.global_batch,
             seq_len=args.seq_len, current=current, memory_fraction=args.memory_fraction, top=args.top,
             jobs=args.jobs, mesh_finalists=args.mesh_finalists, max_probes=args.max_probes, tune=not args.no_tune,
+            pipeline=args.pipeline,
             progress=lambda line: print(line, file=sys.stderr, flush=True))
     except (ValueError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err).splitlines()[0]) from None

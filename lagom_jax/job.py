@@ -71,6 +71,7 @@ class ModelSource:
     attention: str = "xla"
     commfuse: str = "off"
     compiler_options: tuple[tuple[str, Any], ...] = ()
+    microbatches: int | None = None  # a pipeline's (a stage axis); default two per stage
 
     def shape(self) -> dict[str, int]:
         return models.parse_mesh(self.mesh)
@@ -180,7 +181,8 @@ def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log)
         seq_len = min(512, models.families.resolve_config(src.model, src.config).max_len)
     built = models.build(src.model, src.config, recipe, shape, batch_size=src.batch_size,
                          seq_len=seq_len, dtype=src.dtype, devices=target.devices,
-                         remat=src.remat, scan=src.scan, attention=src.attention)
+                         remat=src.remat, scan=src.scan, attention=src.attention,
+                         microbatches=src.microbatches)
     by = f" by {gpu_compile.compiler()}" if target.deviceless else ""
     log(f"{target.where}{by} ({dataclasses.replace(src, recipe=recipe).describe()}) ...")
     base = dict(src.compiler_options)

@@ -98,7 +98,7 @@ class Pipeline:
     microbatches: int
 
     def __call__(self, layer: LayerFn, params: Any, x: jax.Array, enc: jax.Array | None,
-                 bias: jax.Array | None) -> jax.Array:
+                 bias: jax.Array | None, remat: str = "none") -> jax.Array:
         stages, m = self.mesh.shape["stage"], self.microbatches
         xs = _split(x, m)
         encs = None if enc is None else _split(enc, m)
@@ -112,7 +112,7 @@ class Pipeline:
                 state, outs = carry
                 inp = jnp.where(s == 0, xs[jnp.minimum(t, m - 1)], state)
                 mb = jnp.clip(t - s, 0, m - 1)  # the microbatch this stage holds at tick t
-                out = scan_layers(layer, params, inp, None if encs is None else encs[mb], bias)
+                out = scan_layers(layer, params, inp, None if encs is None else encs[mb], bias, remat=remat)
                 j = jnp.clip(t - (stages - 1), 0, m - 1)
                 done = (s == stages - 1) & (t >= stages - 1)
                 outs = outs.at[j].set(jnp.where(done, out, outs[j]))
@@ -145,4 +145,4 @@ class Stack:
                  bias: jax.Array | None = None) -> jax.Array:
         if self.pipeline is None:
             return scan_layers(layer, params, x, enc, bias, remat=self.remat, scan=self.scan)
-        return self.pipeline(layer, params, x, enc, bias)
+        return self.pipeline(layer, params, x, enc, bias, remat=self.remat)

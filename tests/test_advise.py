@@ -86,12 +86,16 @@ def test_every_built_in_model_goes_through_the_one_search(monkeypatch, model, co
 
 
 def test_a_t5_step_is_advised_from_real_compiles(advise_cache):
-    """End to end with XLA's compiles: t5 tiny on 8 GPUs, two meshes; every row's memory is XLA's
-    and its step the contract's prediction of the compiled step."""
+    """End to end with XLA's compiles: t5 tiny on 8 GPUs, two meshes, one a two-stage GPipe
+    pipeline; every row's memory is XLA's and its step the contract's prediction of the
+    compiled step (a pipeline's micro-batches run inside it: no accumulation, no accumulator)."""
     advice = adv.advise("t5", "tiny", 8, "h100-sxm-8", global_batch=8, seq_len=16, jobs=2, remats=("full",),
-                        meshes=[{"data": 8}, {"fsdp": 2, "model": 4}], tune=False)
+                        meshes=[{"data": 8}, {"data": 4, "stage": 2}], tune=False)
     assert advice.compiles >= 2 and all(c.peak_bytes > 0 and c.step_ms > 0 for c in advice.candidates)
     assert {c.attention for c in advice.candidates} == {"xla"}
+    piped = [c for c in advice.candidates if c.pipelined]
+    assert piped and all(c.step_ms == c.micro_step_ms and "2-stage GPipe step" in c.why for c in piped)
+    assert "num_pipeline_microbatches: " in adv.maxtext_fragment(piped[0], 8, 8)
     best = advice.best
     assert best.step_ms == min(c.step_ms for c in advice.candidates if c.fits)
     data = json.loads(advice.to_json())

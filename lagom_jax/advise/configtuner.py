@@ -150,6 +150,11 @@ FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2", "gpt2": 
 # Families whose layers are GPT-2's Block (pre- or post-norm, biases, a two-matrix MLP); they
 # tag no activation names, so only the policies that need none apply.
 BLOCK_FAMILIES = ("gpt", "gpt2", "bert", "t5")
+# Families whose meshes include pipeline stages unless told otherwise: those the first adviser
+# pipelined. Llama, Mixtral and the contract's gpt are searched as MaxText's and JAX-Toolbox's
+# GPU recipes run them, without a pipeline (and the built-in pipeline is GPipe, all forward then
+# all backward, not MaxText's circular one); ``pipeline=True`` adds stages to them too.
+PIPELINED_BY_DEFAULT = ("gpt2", "bert", "t5")
 
 # Remat policies from least memory to most: each saves a superset of what the one before
 # saves (models/pipeline.py), so memory rises along this order and recomputation falls.
@@ -185,7 +190,7 @@ class TrainCandidate:
     ``predict_train_step_ms`` of one micro-step times ``grad_accum``)."""
     mesh: dict[str, int]
     per_device_batch: int  # sequences per data x fsdp x expert rank in one micro-step
-    grad_accum: int
+    grad_accum: int  # gradient-accumulation steps; on a stage axis, the pipeline's micro-batches
     remat: str
     attention: str
     fits: bool
@@ -201,8 +206,13 @@ class TrainCandidate:
 
     def label(self) -> str:
         mesh = ",".join(f"{a}={n}" for a, n in self.mesh.items())
-        return (f"[{mesh}] b={self.per_device_batch} x{self.grad_accum} {self.remat}"
+        return (f"[{mesh}] b={self.per_device_batch} x{self.grad_accum}{' mb' if self.pipelined else ''} {self.remat}"
                 + ("" if self.attention == "flash" else f" {self.attention}-attn"))
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the step is a GPipe pipeline (``grad_accum`` then counts its micro-batches)."""
+        return self.mesh.get("stage", 1) > 1
 
     def key(self) -> tuple:
         return (tuple(sorted(self.mesh.items())), self.per_device_batch, self.grad_accum, self.remat,
@@ -273,7 +283,8 @@ class TrainAdvice:
             fit = ("yes" if c.fits else "NO") + f" ({c.peak_bytes / gib:.1f})" + (
                 f" XLA remat {c.xla_remat}" if c.xla_remat else "")
             g = self.gain(c)
-            rows.append(f"| {rank} | {mesh} | {c.per_device_batch} | {c.grad_accum} | {c.remat} | "
+            accum = f"{c.grad_accum} (pipeline)" if c.pipelined else str(c.grad_accum)
+            rows.append(f"| {rank} | {mesh} | {c.per_device_batch} | {accum} | {c.remat} | "
                         f"{c.attention} | {fit} | {c.step_ms:.1f} | {c.tokens_per_s_per_gpu:.0f} | "
                         f"{c.mfu * 100:.1f}% | {'-' if g is None else f'{g:.2f}x'} |")
         return "\n".join(rows + [""] * bool(notes) + notes)
@@ -339,28 +350,31 @@ MAXTEXT_ATTENTION_PRICED = {
 
 def maxtext_fragment(c: TrainCandidate, gpus: int, gpus_per_node: int) -> str:
     """MaxText's names for a candidate: the mesh split into ici (inside a node) and dcn
-    (across nodes) parts, filled innermost first (expert, model, fsdp, data: the layout of
-    the contract's mesh), the per-device batch per GPU, accumulation, remat, attention."""
+    (across nodes) parts, filled innermost first (expert, model, stage, fsdp, data: the layout
+    of the contract's mesh), the per-device batch per GPU, accumulation or a pipeline's
+    micro-batches, remat, attention."""
     room = gpus_per_node
     ici, dcn = {}, {}
-    for axis in ("expert", "model", "fsdp", "data"):
+    for axis in ("expert", "model", "stage", "fsdp", "data"):
         n = c.mesh.get(axis, 1)
         inside = math.gcd(n, room)
         ici[axis], dcn[axis] = inside, n // inside
         room //= inside
     ways = math.prod(c.mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
-    per_gpu = c.per_device_batch * ways / gpus
-    names = {"data": "data", "fsdp": "fsdp", "model": "tensor", "expert": "expert"}
-    lines = [f"per_device_batch_size: {per_gpu:g}", f"gradient_accumulation_steps: {c.grad_accum}",
-             f"remat_policy: {c.remat}",
+    per_gpu = c.per_device_batch * ways * (c.grad_accum if c.pipelined else 1) / gpus
+    names = {"data": "data", "fsdp": "fsdp", "stage": "pipeline", "model": "tensor", "expert": "expert"}
+    axes = ("data", "fsdp", "stage", "model", "expert") if c.pipelined else ("data", "fsdp", "model", "expert")
+    steps = (["gradient_accumulation_steps: 1", f"num_pipeline_microbatches: {c.grad_accum}"] if c.pipelined
+             else [f"gradient_accumulation_steps: {c.grad_accum}"])
+    lines = [f"per_device_batch_size: {per_gpu:g}", *steps, f"remat_policy: {c.remat}",
              # MaxText's GPU "flash" is the kernel priced here: JAX's Pallas mha with the kv heads
              # repeated (AI-Hypercomputer/maxtext layers/attention_op.py, ``gpu_pallas_attention.mha``);
              # "cudnn_flash_te" (cuDNN through Transformer Engine) is another kernel, not priced.
              f"attention: {'flash' if c.attention == 'flash' else 'dot_product'}  # lagom-jax priced "
              f"{MAXTEXT_ATTENTION_PRICED[c.attention]}",
              "scan_layers: true"]
-    lines += [f"ici_{names[a]}_parallelism: {ici[a]}" for a in ("data", "fsdp", "model", "expert")]
-    lines += [f"dcn_{names[a]}_parallelism: {dcn[a]}" for a in ("data", "fsdp", "model", "expert")]
+    lines += [f"ici_{names[a]}_parallelism: {ici[a]}" for a in axes]
+    lines += [f"dcn_{names[a]}_parallelism: {dcn[a]}" for a in axes]
     return "\n".join(lines)
 
 
@@ -391,13 +405,13 @@ def _layer_groups(family: str, dims: Mapping[str, int], seq_len: int) -> list[tu
 def state_bytes_per_gpu(family: str, dims: Mapping[str, int], mesh: Mapping[str, int]) -> float:
     """Float32 weights and Adam moments one GPU holds on ``mesh`` (bytes): every matrix over
     fsdp (its embed dimension) and model (heads, kv heads, MLP, vocab), experts also over
-    expert (models/sharding.py's rules); norms and biases over fsdp."""
-    f, t, e = (mesh.get(a, 1) for a in ("fsdp", "model", "expert"))
+    expert (models/sharding.py's rules); norms and biases over fsdp; the layers over stage."""
+    f, t, e, s = (mesh.get(a, 1) for a in ("fsdp", "model", "expert", "stage"))
     L, d, h, kv, ff, v = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn", "vocab"))
     hd = dims.get("head_dim") or d // h
     attn = d * (h + 2 * kv) * hd + h * hd * d
     positions = dims.get("max_len") or dims["seq_len"]
-    matrices = L * attn  # sharded over fsdp x model
+    matrices = L * attn  # the layers' matrices, sharded over fsdp x model (and stage)
     if family in BLOCK_FAMILIES:
         mlp, small = 2 * d * ff, (0 if family == "t5" else 9 * d + ff)  # T5 has no biases, RMS norms
         embed = v * d + (positions * d if family != "t5" else 0)
@@ -419,7 +433,7 @@ def state_bytes_per_gpu(family: str, dims: Mapping[str, int], mesh: Mapping[str,
             matrices += L * mlp
             smalls = L * 2 * d
         tail = d  # the final norm
-    return STATE_BYTES * ((matrices + embed) / (f * t) + (smalls + tail) / f)
+    return STATE_BYTES * ((matrices / s + embed) / (f * t) + (smalls / s + tail) / f)
 
 
 def model_flops_per_token(family: str, dims: Mapping[str, int], seq_len: int) -> float:
@@ -467,14 +481,16 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     """The closed-form parts of one configuration's step (ms), before calibration (``Screen``).
 
     ``compute``: the training FLOPs plus what ``remat`` recomputes, at the GPU's achieved
-    matmul rate; ``exposed``: per micro-step and layer the tensor-parallel all-reduces of the
-    activations (2 forward, 2 backward, 2 more where the forward is recomputed) and the expert
-    all-to-alls (2 each way), which sit between dependent matmuls; ``weights``: per micro-step
-    the fsdp weight all-gathers (forward and backward) and gradient reduce-scatter and the
-    data-parallel gradient all-reduce, in float32, which overlap compute. A step of ``g``
-    micro-steps (``g`` = local batch / ``per_device_batch``, default 1 sequence) repeats the
-    micro-step's collectives ``g`` times, as the compiled step of ``g`` micro-steps does."""
-    d, f, t, e = (mesh.get(a, 1) for a in ("data", "fsdp", "model", "expert"))
+    matmul rate, and on a pipeline GPipe's bubble, ``(S - 1) / m`` of it; ``exposed``: per
+    micro-step and layer the tensor-parallel all-reduces of the activations (2 forward, 2
+    backward, 2 more where the forward is recomputed) and the expert all-to-alls (2 each way),
+    which sit between dependent matmuls, and a pipeline's sends between stages (one each way
+    per tick); ``weights``: per micro-step the fsdp weight all-gathers (forward and backward)
+    and gradient reduce-scatter and, once, the data-parallel gradient all-reduce, in float32,
+    which overlap compute. ``g`` = local batch / ``per_device_batch`` (default 1 sequence)
+    micro-steps: accumulation steps, or on a ``stage`` axis of S the pipeline's micro-batches,
+    whose ``g + S - 1`` ticks each run a stage's layers."""
+    d, f, t, e, st = (mesh.get(a, 1) for a in ("data", "fsdp", "model", "expert", "stage"))
     dm = dims["d_model"]
     # Layers that each gather their weights; a T5 decoder layer has three sublayers to two.
     L = dims["layers"] + dims.get("dec_layers", 0)
@@ -483,26 +499,32 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     local = global_batch // (d * f * e)
     b = per_device_batch or 1
     g = max(1, local // b)
+    ticks = g + st - 1 if st > 1 else g
     tokens_gpu = global_batch * seq_len / (d * f * t * e)
     flops = (model_flops_per_token(family, dims, seq_len)
-             + _recomputed_flops_per_token(family, dims, seq_len, remat)) * tokens_gpu
+             + _recomputed_flops_per_token(family, dims, seq_len, remat)) * tokens_gpu / st
     act = b * seq_len * dm * 2
     exposed = 0.0
     if t > 1:
-        exposed += (6 if remat == "full" else 4) * sublayer_pairs * _coll_us("all-reduce", act, t, 1, hw)
+        exposed += (6 if remat == "full" else 4) * sublayer_pairs / st * _coll_us("all-reduce", act, t, 1, hw)
     if e > 1:
-        exposed += 4 * L * _coll_us("all-to-all", act * max(1, dims.get("top_k") or 1), e, 1, hw)
+        exposed += 4 * L / st * _coll_us("all-to-all", act * max(1, dims.get("top_k") or 1), e, 1, hw)
+    # Stages hold groups of f x t x e neighbouring GPUs: a send crosses nodes once they fill one.
+    sends = 2 * _coll_us("collective-permute", act / t, 2, 1 if f * t * e * st <= gpn else 2, hw) if st > 1 else 0.0
     layer_bytes = state_bytes_per_gpu(family, dims, {"fsdp": 1, "model": t, "expert": e}) / STATE_BYTES * 4 / L
     weights = 0.0
     if f > 1:
-        fn = max(1, min(-(-f * t * e // gpn), -(-d * f * t * e // gpn)))
-        weights += L * (2 * _coll_us("all-gather", layer_bytes, f, fn, hw)
-                        + _coll_us("reduce-scatter", layer_bytes, f, fn, hw))
+        fn = max(1, min(-(-f * t * e // gpn), -(-d * f * t * e * st // gpn)))
+        weights += L / st * (2 * _coll_us("all-gather", layer_bytes, f, fn, hw)
+                             + _coll_us("reduce-scatter", layer_bytes, f, fn, hw))
+    all_reduce = 0.0
     if d > 1:
-        dn = max(1, -(-d * f * t * e // gpn) // max(1, -(-f * t * e // gpn)))
-        weights += _coll_us("all-reduce", L * layer_bytes / f, d, dn, hw)
-    return {"compute": flops / (hw.achieved_tflops * 1e12) * 1e3, "exposed": g * exposed / 1e3,
-            "weights": g * weights / 1e3}
+        dn = max(1, -(-d * f * t * e * st // gpn) // max(1, -(-f * t * e * st // gpn)))
+        all_reduce = _coll_us("all-reduce", L / st * layer_bytes / f, d, dn, hw)
+    compute = flops / (hw.achieved_tflops * 1e12) * 1e3
+    return {"compute": compute * (1 + (st - 1) / g if st > 1 else 1),
+            "exposed": (ticks * exposed + ticks * sends) / 1e3,
+            "weights": (ticks * weights + (all_reduce if st > 1 else g * all_reduce)) / 1e3}
 
 
 # The most a calibration may scale one part: the compiled step adds memory-bound kernels and
@@ -586,36 +608,48 @@ def mesh_screen_us(family: str, dims: Mapping[str, int], mesh: Mapping[str, int]
     return UNCALIBRATED(screen_terms(family, dims, mesh, hw, global_batch=global_batch, seq_len=seq_len)) * 1e3
 
 
+def _full_mesh(mesh: Mapping[str, int]) -> dict[str, int]:
+    """Every axis of the search with its size, in the contract's order; a stage axis only where
+    the mesh has stages (so a mesh without them reads as it always has)."""
+    return {a: int(mesh.get(a, 1)) for a in predict.MESH_AXES if a != "stage" or mesh.get(a, 1) > 1}
+
+
 def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_node: int,
-                   global_batch: int) -> tuple[list[dict[str, int]], list[tuple[str, str]]]:
-    """Every data x fsdp x model x expert mesh of ``gpus`` with model x expert inside a node,
-    and the ones arithmetic rules out, with why."""
+                   global_batch: int, pipeline: bool = True) -> tuple[list[dict[str, int]], list[tuple[str, str]]]:
+    """Every data x fsdp x stage x model x expert mesh of ``gpus`` with model x expert inside a
+    node, and the ones arithmetic rules out, with why. A stage axis (GPipe) must divide the
+    layers (a T5's encoder and decoder both)."""
     keep, out = [], []
     experts = dims.get("experts", 0)
+    stacks = [dims["layers"]] + ([dims["dec_layers"]] if dims.get("dec_layers") else [])
     for t in _divisors_upto(gpus, gpus_per_node):
         for e in (_divisors_upto(gpus // t, gpus_per_node // t) if experts else [1]):
             if gpus_per_node % (t * e) and t * e < gpus:
                 continue  # a model x expert group must tile a node
-            rest = gpus // (t * e)
-            for f in _divisors_upto(rest):
-                mesh = {"data": rest // f, "fsdp": f, "model": t, "expert": e}
-                why = []
-                for name in ("heads", "kv_heads", "ffn", "vocab"):
-                    if dims[name] % t:
-                        why.append(f"model {t} does not divide {name} {dims[name]}")
-                if dims["d_model"] % f:
-                    why.append(f"fsdp {f} does not divide d_model {dims['d_model']}")
-                if experts and experts % e:
-                    why.append(f"expert {e} does not divide {experts} experts")
-                ways = (rest // f) * f * e
-                if global_batch % ways:
-                    why.append(f"global batch {global_batch} not divisible by data x fsdp x expert {ways}")
-                (out.append((_mesh_str(mesh), "; ".join(why))) if why else keep.append(mesh))
+            for s in (_divisors_upto(gpus // (t * e)) if pipeline else [1]):
+                rest = gpus // (t * e * s)
+                for f in _divisors_upto(rest):
+                    mesh = _full_mesh({"data": rest // f, "fsdp": f, "stage": s, "model": t, "expert": e})
+                    why = []
+                    for name in ("heads", "kv_heads", "ffn", "vocab"):
+                        if dims[name] % t:
+                            why.append(f"model {t} does not divide {name} {dims[name]}")
+                    if dims["d_model"] % f:
+                        why.append(f"fsdp {f} does not divide d_model {dims['d_model']}")
+                    if any(n % s for n in stacks):
+                        why.append(f"stage {s} does not divide the {' and '.join(map(str, stacks))} layers")
+                    if experts and experts % e:
+                        why.append(f"expert {e} does not divide {experts} experts")
+                    ways = (rest // f) * f * e
+                    if global_batch % ways:
+                        why.append(f"global batch {global_batch} not divisible by data x fsdp x expert {ways}")
+                    (out.append((_mesh_str(mesh), "; ".join(why))) if why else keep.append(mesh))
     return keep, out
 
 
 def step_source(family: str, dims: Mapping[str, int], *, global_batch: int, mesh: Mapping[str, int],
-                remat: str, attention: str, compiler_options: Mapping[str, Any] | None = None) -> job_lib.ModelSource:
+                remat: str, attention: str, compiler_options: Mapping[str, Any] | None = None,
+                microbatches: int | None = None) -> job_lib.ModelSource:
     """The train step of one configuration as a ``job.ModelSource``: the prediction contract's
     step for llama, mixtral and gpt (gpt2 is gpt at its config's dimensions), the built-in
     model at these dimensions for bert and t5. ValueError names what does not fit."""
@@ -624,7 +658,8 @@ def step_source(family: str, dims: Mapping[str, int], *, global_batch: int, mesh
             "gpt" if family == "gpt2" else family, layers=dims["layers"], d_model=dims["d_model"],
             heads=dims["heads"], kv_heads=dims["kv_heads"], ffn=dims["ffn"], vocab=dims["vocab"],
             seq_len=dims["seq_len"], global_batch=global_batch, mesh=mesh, remat=remat, experts=dims.get("experts", 0),
-            top_k=dims.get("top_k", 0), attention=attention, compiler_options=compiler_options)
+            top_k=dims.get("top_k", 0), attention=attention, compiler_options=compiler_options,
+            microbatches=microbatches)
     shape = {a: int(mesh[a]) for a in predict.MESH_AXES if mesh.get(a, 1) > 1} or {"data": 1}
     if "expert" in shape:
         raise ValueError(f"{family} has no experts: the expert axis must be 1, got {shape['expert']}")
@@ -635,7 +670,7 @@ def step_source(family: str, dims: Mapping[str, int], *, global_batch: int, mesh
         config["dec_layers"] = dims["dec_layers"]
     return job_lib.ModelSource(FAMILY_MODELS[family], ",".join(f"{k}={v}" for k, v in config.items()), shape, None,
                                global_batch, dims["seq_len"], "bfloat16", remat, True, attention, "off",
-                               tuple(sorted((compiler_options or {}).items())))
+                               tuple(sorted((compiler_options or {}).items())), microbatches)
 
 
 def screen_agreement(pairs: Mapping[str, tuple[float, float]], screen: Screen,
@@ -681,7 +716,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                       meshes: Sequence[Mapping[str, int]] | None = None,
                       remats: Sequence[str] | None = None, attentions: Sequence[str] | None = None,
                       tune: bool = False, cache: bool = True, xla_flags: Mapping[str, Any] | None = None,
-                      progress: Progress | None = None) -> TrainAdvice:
+                      pipeline: bool | None = None, progress: Progress | None = None) -> TrainAdvice:
     """The fastest configurations of ``family``'s training step that fit in GPU memory.
 
     family: one of ``FAMILY_MODELS`` (llama, mixtral and gpt at ``predict_train_step_ms``'s
@@ -694,10 +729,13 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
 
     The search (each stage prunes the next; ``TrainAdvice.pruning`` says it with numbers):
 
-    1. arithmetic, nothing compiled: meshes data x fsdp x model x expert with model x expert
-       inside a node whose sizes divide heads, kv heads, ffn, vocab (model), d_model (fsdp),
-       experts (expert) and the global batch (data x fsdp x expert); then those whose float32
-       weights and Adam moments alone exceed the limit are rejected;
+    1. arithmetic, nothing compiled: meshes data x fsdp x stage x model x expert with model x
+       expert inside a node whose sizes divide heads, kv heads, ffn, vocab (model), d_model
+       (fsdp), the layers (stage), experts (expert) and the global batch (data x fsdp x expert);
+       then those whose float32 weights and Adam moments alone exceed the limit are rejected.
+       ``pipeline``: whether stage axes (``models.build``'s GPipe, the per-rank batch in
+       ``grad_accum`` micro-batches of ``per_device_batch``) are searched; default
+       ``PIPELINED_BY_DEFAULT``;
     2. a probe of each mesh (compiled; the ``max_probes`` meshes the uncalibrated screen,
        ``screen_terms``, puts fastest, fastest first): per-device batch 1 with ``full`` remat,
        the least memory any configuration of that mesh needs: a mesh where it does not fit is
@@ -773,10 +811,12 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     pruning: list[str] = []
 
     # 1. arithmetic
-    all_meshes, rejected = _family_meshes(family, dims, gpus, hw.gpus_per_node, global_batch)
+    if pipeline is None:
+        pipeline = family in PIPELINED_BY_DEFAULT
+    all_meshes, rejected = _family_meshes(family, dims, gpus, hw.gpus_per_node, global_batch, pipeline)
     screened, divisibility = len(all_meshes) + len(rejected), len(rejected)
     if meshes is not None:
-        wanted = [{a: int(m.get(a, 1)) for a in predict.MESH_AXES} for m in meshes]
+        wanted = [_full_mesh(m) for m in meshes]
         all_meshes = [m for m in all_meshes if m in wanted]
     if not all_meshes:
         if not rejected:
@@ -797,7 +837,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                                            f"limit {limit / gib:.1f} GiB"))
         else:
             survivors.append(m)
-    pruning.append(f"{screened} meshes (model x expert inside a node): {divisibility} ruled out by "
+    pruning.append(f"{screened} meshes (model x expert inside a node; "
+                   + ("pipeline stages searched" if pipeline else "no pipeline stages") + f"): {divisibility} ruled out by "
                    f"divisibility, {len(all_meshes) - len(survivors)} by weights + Adam state alone over "
                    "the limit (never compiled)"
                    + (f", {screened - divisibility - len(all_meshes)} outside the meshes asked for"
@@ -851,29 +892,36 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     def compile_one(key: tuple, m: Mapping[str, int], b: int, g: int, remat: str, attention: str,
                     note: str) -> TrainCandidate | None:
         ways = math.prod(m.get(a, 1) for a in ("data", "fsdp", "expert"))
+        # A pipeline runs its g micro-batches in one compiled step; otherwise g accumulation
+        # steps each run the compiled micro-step.
+        staged = m.get("stage", 1) > 1
+        batch, micro = (b * g * ways, g) if staged else (b * ways, None)
         try:
-            src = step_source(family, dims, global_batch=b * ways, mesh=m, remat=remat, attention=attention)
+            src = step_source(family, dims, global_batch=batch, mesh=m, remat=remat, attention=attention,
+                              microbatches=micro)
             t0 = time.monotonic()
-            step, hit = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=b * ways,
+            step, hit = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=batch,
                                             seq_len=seq_len, remat=remat, attention=attention,
                                             limit_bytes=limit, options=options, cache=cache,
-                                            programs=programs and programs.name)
+                                            programs=programs and programs.name, microbatches=micro)
         except (ValueError, memory.CompileFailed) as err:
             with lock:
                 failures[key] = str(err)
             say(f"  {_mesh_str(m)} b={b} {remat} {attention}: not compiled: {str(err)[:200]}")
             return None
         state = state_bytes_per_gpu(family, dims, m)
-        peak = step.peak_bytes + (int(GRAD_ACCUM_BYTES / STATE_BYTES * state) if g > 1 else 0)
-        step_ms = g * step.step_ms
+        accumulates = g > 1 and not staged
+        peak = step.peak_bytes + (int(GRAD_ACCUM_BYTES / STATE_BYTES * state) if accumulates else 0)
+        step_ms = step.step_ms if staged else g * step.step_ms
         tokens = global_batch * seq_len
         tps = tokens / (step_ms / 1e3) / gpus
         mfu = model_flops_per_token(family, dims, seq_len) * tps / (hw.peak_tflops * 1e12)
         fits = peak <= limit
         why = (f"peak {peak / gib:.1f} GiB ({'fits' if fits else 'over'} the {limit / gib:.1f} GiB limit: "
                f"arguments {step.argument_bytes / gib:.1f}, temporaries {step.temp_bytes / gib:.1f}"
-               + (f", accumulator {(peak - step.peak_bytes) / gib:.1f}" if g > 1 else "")
-               + f"); {g} x {step.step_ms:.1f} ms micro-step"
+               + (f", accumulator {(peak - step.peak_bytes) / gib:.1f}" if accumulates else "")
+               + (f"); a {m['stage']}-stage GPipe step of {g} micro-batches" if staged
+                  else f"); {g} x {step.step_ms:.1f} ms micro-step")
                + (f"; XLA rematerialized {step.remat_instructions} instructions"
                   if step.remat_instructions else "") + (f"; {note}" if note else ""))
         cand = TrainCandidate(dict(m), b, g, remat, attention, fits, peak, limit, step_ms, step.step_ms,
@@ -900,7 +948,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     try:
         cur_future = None
         if current is not None:
-            cm = {a: int(current["mesh"].get(a, 1)) for a in predict.MESH_AXES}
+            cm = _full_mesh(current["mesh"])
             if math.prod(cm.values()) != gpus:
                 raise ValueError(f"current mesh {current['mesh']} has {math.prod(cm.values())} GPUs, not {gpus}")
             cb = int(current.get("per_device_batch") or 0)
@@ -1141,8 +1189,10 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         b = fitting[0]
         ways = math.prod(b.mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
         say(f"tuning the best candidate {b.label()} with the pipeline (lagom) ...")
-        src = step_source(family, dims, global_batch=b.per_device_batch * ways, mesh=b.mesh, remat=b.remat,
-                          attention=b.attention, compiler_options=options)
+        staged = b.mesh.get("stage", 1) > 1
+        src = step_source(family, dims, global_batch=b.per_device_batch * ways * (b.grad_accum if staged else 1),
+                          mesh=b.mesh, remat=b.remat, attention=b.attention, compiler_options=options,
+                          microbatches=b.grad_accum if staged else None)
         tuned = job_lib.run(src, hw, strategy="lagom", baselines=("xla-default",), verify=False, log=say)
     wall = time.monotonic() - start
     return TrainAdvice(family, {k: v for k, v in dims.items() if k != "seq_len"}, gpus, hw.name, hw.nodes,

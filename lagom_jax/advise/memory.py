@@ -119,11 +119,15 @@ LIMIT_OPTIONS = {"xla_gpu_memory_limit_slop_factor": 100}
 
 def _spec(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh: Mapping[str, int], *,
           batch_size: int, seq_len: int, dtype: str, remat: str, attention: str,
-          limit_bytes: int, scan: bool, options: Mapping[str, Any]) -> dict[str, Any]:
-    return {"hardware": hw.to_dict(), "model": model, "config": config, "mesh": dict(mesh),
+          limit_bytes: int, scan: bool, options: Mapping[str, Any],
+          microbatches: int | None = None) -> dict[str, Any]:
+    spec = {"hardware": hw.to_dict(), "model": model, "config": config, "mesh": dict(mesh),
             "batch_size": batch_size, "seq_len": seq_len, "dtype": dtype, "remat": remat,
             "attention": attention, "limit_bytes": int(limit_bytes), "scan": bool(scan),
             "options": dict(options)}
+    if microbatches is not None:  # a pipeline's; absent otherwise, so other steps keep their keys
+        spec["microbatches"] = int(microbatches)
+    return spec
 
 
 def _fingerprint(spec: Mapping[str, Any]) -> str:
@@ -149,17 +153,19 @@ def compile_step(hw: hardware_lib.HardwareProfile, model: str, config: str, mesh
                  batch_size: int, seq_len: int, dtype: str = "bfloat16", remat: str = "full",
                  attention: str = "flash", limit_bytes: int, scan: bool = True,
                  options: Mapping[str, Any] | None = None, timeout_s: float = 1800.0,
-                 cache: bool = True, programs: str | os.PathLike | None = None) -> tuple[StepMemory, bool]:
+                 cache: bool = True, programs: str | os.PathLike | None = None,
+                 microbatches: int | None = None) -> tuple[StepMemory, bool]:
     """The step compiled deviceless in a fresh process, its memory and predicted step;
     (answer, whether it came from the cache or an earlier compile of the same program).
     ``options``: XLA flags of the run (compile options; the slop factor of ``LIMIT_OPTIONS``
     is added). ``programs``: where answers by lowered program are kept (default: beside the
     cache when ``cache``; a caller that wants no cache across runs can still share compiles
-    within one by naming a folder of its own). Raises ValueError when ``models.build``
+    within one by naming a folder of its own). ``microbatches``: a pipeline's (a ``stage`` axis;
+    default two per stage). Raises ValueError when ``models.build``
     refuses the step and CompileFailed when XLA cannot compile it."""
     spec = _spec(hw, model, config, mesh, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
                  remat=remat, attention=attention, limit_bytes=limit_bytes, scan=scan,
-                 options=options or {})
+                 options=options or {}, microbatches=microbatches)
     path = _cache_dir() / f"{_fingerprint(spec)}.json"
     if cache and (known := _read_answer(path)) is not None:
         return known, True
@@ -217,7 +223,8 @@ def _compile_and_predict(spec: Mapping[str, Any]) -> StepMemory:
     recipe = job_lib.ModelSource(spec["model"], spec["config"], shape).resolved_recipe()
     built = models.build(spec["model"], spec["config"], recipe, shape, batch_size=spec["batch_size"],
                          seq_len=spec["seq_len"], dtype=spec["dtype"], devices=devices,
-                         remat=spec["remat"], scan=spec.get("scan", True), attention=spec["attention"])
+                         remat=spec["remat"], scan=spec.get("scan", True), attention=spec["attention"],
+                         microbatches=spec.get("microbatches"))
     lowered = built.lower()
     options = {**spec.get("options", {}), **LIMIT_OPTIONS}
     program = None

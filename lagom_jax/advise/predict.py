@@ -36,7 +36,9 @@ __all__ = ["COMPILE_PRICED_FLAGS", "RUNTIME_PRICED_FLAGS", "PricingWarning", "hl
            "train_step_job", "train_step_source", "warn_unpriced"]
 
 FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
-MESH_AXES = ("data", "fsdp", "model", "expert")
+# The contract's mesh axes, outermost first (the last varies fastest): a stage axis runs
+# `models.build`'s GPipe pipeline.
+MESH_AXES = ("data", "fsdp", "stage", "model", "expert")
 # Flags that change how NCCL runs the program, not the program: priced through the
 # cluster's NCCL settings (``NcclEnv``). Symmetric buffers: XLA puts collective buffers in
 # collective memory and registers them as NCCL symmetric windows; with
@@ -134,7 +136,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                       shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0,
                       capacity_factor: float | None = None, expert_imbalance: float = 1.0,
                       quantization: str = "", window: int = 0, global_every: int = 0, global_kv_heads: int = 0,
-                      compiler_options: Mapping[str, Any] | None = None):
+                      compiler_options: Mapping[str, Any] | None = None, microbatches: int | None = None):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
@@ -172,6 +174,12 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
     ways = math.prod(shape.get(a, 1) for a in ("data", "fsdp", "expert"))
     if global_batch % ways:
         raise ValueError(f"global batch {global_batch} not divisible by data x fsdp x expert = {ways}")
+    stages = shape.get("stage", 1)
+    if stages > 1 and global_batch % (ways * (microbatches or 2 * stages)):
+        raise ValueError(f"global batch {global_batch} not divisible by data x fsdp x expert = {ways} times the "
+                         f"pipeline's {microbatches or 2 * stages} micro-batches")
+    if stages > 1 and layers % stages:
+        raise ValueError(f"layers {layers} not divisible by the stage axis {stages}")
     dims = dict(layers=layers, d_model=d_model, heads=heads, head_dim=d_model // heads, d_ff=ffn,
                 vocab=vocab, max_len=seq_len)
     if family != "gpt":
@@ -189,7 +197,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                                        global_kv_heads=global_kv_heads).items() if v})
     config = ",".join(f"{k}={v}" for k, v in dims.items())
     return job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
-                           remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())))
+                           remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())),
+                           microbatches)
 
 
 def config_dims(family: str, config: str) -> dict[str, Any]:
