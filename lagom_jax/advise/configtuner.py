@@ -818,6 +818,10 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     if meshes is not None:
         wanted = [_full_mesh(m) for m in meshes]
         all_meshes = [m for m in all_meshes if m in wanted]
+    if "xla" not in attns:  # the built-in pipeline's stages run XLA's attention only
+        rejected += [(_mesh_str(m), "a pipeline runs XLA's attention, not asked for") for m in all_meshes
+                     if m.get("stage", 1) > 1]
+        all_meshes = [m for m in all_meshes if m.get("stage", 1) == 1]
     if not all_meshes:
         if not rejected:
             raise ValueError(f"no data x fsdp x model x expert mesh of {gpus} GPUs")
@@ -971,6 +975,11 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         probe_remat = policies[0]
         others = [a for a in attns if a != probe_attn]
 
+        def attention_of(m: Mapping[str, int]) -> str:
+            """The attention a mesh is searched with: the probes', except in a pipeline, whose
+            stages run in a shard_map the flash kernel cannot run in (XLA's attention there)."""
+            return "xla" if m.get("stage", 1) > 1 else probe_attn
+
         def budget(m: dict[str, int]) -> int:
             """The most compiles a finalist's batch search takes: one try and a bisection per policy."""
             return len(policies) * (1 + math.ceil(math.log2(len(_divisors_upto(local_batch(m))))))
@@ -1015,7 +1024,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         while queue or running:
             while queue and len(running) < workers:
                 m = queue.pop(0)
-                running[pool.submit(evaluate, m, 1, local_batch(m), probe_remat, probe_attn)] = m
+                running[pool.submit(evaluate, m, 1, local_batch(m), probe_remat, attention_of(m))] = m
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 probes[_mesh_str(running.pop(fut))] = fut.result()
@@ -1081,7 +1090,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             part that grows with the batch and one that does not) is still over the limit by
             ``MEMORY_MARGIN``."""
             with lock:
-                known = [c for c in results.values() if c.mesh == m and c.attention == probe_attn
+                known = [c for c in results.values() if c.mesh == m and c.attention == attention_of(m)
                          and c.per_device_batch >= b and policies.index(c.remat) <= policies.index(remat)
                          and (c.per_device_batch, c.remat) != (b, remat)]  # itself: already known
             for c in known:
@@ -1098,7 +1107,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                     if known_over(m, sizes[i], remat):
                         return False
                     used[0] += 1
-                    c = evaluate(m, sizes[i], lb // sizes[i], remat, probe_attn)
+                    c = evaluate(m, sizes[i], lb // sizes[i], remat, attention_of(m))
                     return c is not None and c.fits
 
                 # The largest batch allowed first (it fits where memory is plenty), then bisect
