@@ -434,3 +434,26 @@ def test_a_batch_a_compiled_one_shows_over_memory_is_not_compiled(monkeypatch):
     line = next(p for p in advice.pruning if p.startswith("Per finalist"))
     assert "2 not compiled" in line
     assert "fsdp=8 b=4 full, shown by b=8 full at 196 GiB; fsdp=8 b=1 none, shown by b=2 none at 167 GiB" in line
+
+
+def test_a_pipelines_micro_batch_grows_while_its_step_falls(monkeypatch):
+    """A pipeline holds its whole per-rank batch whatever the micro-batch; its bubble grows with
+    the micro-batch. So the search climbs from one sequence per micro-batch and stops at the first
+    that is not faster, and the candidate's step is the compiled step (micro-batches inside)."""
+    calls: list = []
+    ms = {1: 50.0, 2: 40.0, 4: 45.0, 8: 60.0}
+
+    def compile_step(hw, model, config, mesh, *, batch_size, seq_len, remat, attention, limit_bytes,
+                     microbatches=None, **_):
+        b = batch_size // (mesh.get("data", 1) * microbatches)
+        calls.append((b, microbatches, remat, attention))
+        return memory.StepMemory(10 ** 9, 10 ** 9, 10 ** 9, 10 ** 9, 0, 0, ms[b], "fake"), False
+
+    monkeypatch.setattr(memory, "compile_step", compile_step)
+    advice = adv.advise("gpt2", "tiny", 8, "h100-sxm-8", global_batch=32, seq_len=16, jobs=1, remats=("full",),
+                        meshes=[{"data": 4, "stage": 2}])
+    assert [c[:2] for c in calls] == [(1, 8), (2, 4), (4, 2)]  # 8 sequences per rank; b=8 never tried
+    assert {c[3] for c in calls} == {"xla"}  # a pipeline's stages run XLA's attention
+    best = advice.best
+    assert (best.per_device_batch, best.grad_accum, best.step_ms) == (2, 4, 40.0) and best.pipelined
+    assert "x4 mb" in best.label() and "4 (pipeline)" in advice.table()

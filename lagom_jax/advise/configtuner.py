@@ -981,8 +981,12 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             return "xla" if m.get("stage", 1) > 1 else probe_attn
 
         def budget(m: dict[str, int]) -> int:
-            """The most compiles a finalist's batch search takes: one try and a bisection per policy."""
-            return len(policies) * (1 + math.ceil(math.log2(len(_divisors_upto(local_batch(m))))))
+            """The most compiles a finalist's batch search takes: one try and a bisection per policy
+            (a pipeline's climb: every batch per policy)."""
+            sizes = len(_divisors_upto(local_batch(m)))
+            if m.get("stage", 1) > 1:
+                return len(policies) * sizes
+            return len(policies) * (1 + math.ceil(math.log2(sizes)))
 
         # Every later stage's most compiles are counted now, so that the time left only falls
         # as the search goes (each stage hands back what it did not use).
@@ -1101,7 +1105,28 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                     return True
             return False
 
+        def climb(m: dict[str, int], lb: int, sizes: list[int], used: list[int]) -> None:
+            """A pipeline's batch search: its memory hardly moves with the micro-batch (it holds
+            the whole per-rank batch, in more or fewer micro-batches) while its bubble, (S - 1)
+            / micro-batches, grows with it; so per policy the micro-batch grows from one
+            sequence while the predicted step falls and the step fits."""
+            for remat in policies:
+                prev: TrainCandidate | None = None
+                for b in sizes:
+                    if known_over(m, b, remat):
+                        break
+                    used[0] += 1
+                    c = evaluate(m, b, lb // b, remat, attention_of(m))
+                    if c is None or not c.fits or (prev is not None and c.step_ms >= prev.step_ms):
+                        break
+                    prev = c
+                if prev is None:
+                    return  # this policy fits no batch: the ones saving more cannot either
+
         def walk(m: dict[str, int], lb: int, sizes: list[int], hi: int, used: list[int]) -> None:
+            if m.get("stage", 1) > 1:
+                climb(m, lb, sizes, used)
+                return
             for remat in policies:
                 def fits(i: int) -> bool:
                     if known_over(m, sizes[i], remat):
@@ -1130,7 +1155,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         list(pool.map(search_mesh, finalists))
         pruning.append(f"Per finalist, each remat policy ({', '.join(policies)}) bisects the per-device "
                        "batch below the last policy's largest fit (memory rises with the batch and along "
-                       "the policies)"
+                       "the policies)" + ("; a pipeline's micro-batch grows from one sequence while its predicted "
+                                          "step falls" if any(f.get("stage", 1) > 1 for f in finalists) else "")
                        + (f"; {len(skipped_configs)} configurations not compiled, the calibrated screen putting "
                           f"them over {PROBE_MARGIN:.0%} slower than the best found or under {REMAT_GAIN:.0%} "
                           f"faster than their mesh's best ({', '.join(skipped_configs[:4])}"
