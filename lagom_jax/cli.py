@@ -680,7 +680,8 @@ def _run_predict_rank(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([dataclasses.asdict(step) | {"config": kw | config} for config, step in top], indent=2))
         return 0
-    print(f"{len(ranked)} splits of {kw['gpus']} GPUs run and fit; the {len(top)} fastest (predicted):")
+    print(f"{len(ranked)} splits of {kw['gpus']} GPUs run and fit (advise's meshes without fsdp: tensor-parallel "
+          f"inside a node, priced by Megatron-LM's iteration model); the {len(top)} fastest (predicted):")
     print(f"{'rank':>4} {'tp':>3} {'dp':>3} {'pp':>3} {'mb':>3} {'ms/iter':>9} {'vs best':>8}  "
           "recompute  GB/GPU  layers bound by")
     best = top[0][1].total_ms

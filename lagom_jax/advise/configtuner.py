@@ -90,26 +90,32 @@ def rank_steps(*, hidden: int, heads: int, layers: int, seq_len: int, vocab: int
                global_batch: int, hardware: str | hardware_lib.HardwareProfile = "a100-sxm-8",
                micro_batches: tuple[int, ...] = (1, 2, 4, 8), schedule: str = "1f1b",
                **options: Any) -> list[tuple[dict[str, int], megatron.StepTime]]:
-    """Every tensor x data x pipeline split of ``gpus`` and micro-batch in ``micro_batches``
-    that Megatron-LM can run (the numbers divide) and that fits in GPU memory, with its
-    predicted iteration, fastest first: the ConfigTuner's advice in Megatron's terms.
-    ``options`` as `predict_step`'s. Raises ValueError when no split runs at all."""
+    """The one search's space in Megatron-LM's terms, priced by Megatron's own iteration:
+    every data x stage x model mesh of ``gpus`` that ``advise`` would consider (model inside a
+    node, dividing the heads and the FFN; stages dividing the layers; Megatron has no fsdp axis
+    here), as tp x dp x pp, with each micro-batch in ``micro_batches`` that divides the per-rank
+    batch and fits in GPU memory, fastest first. ``options`` as `predict_step`'s. The vocabulary
+    is padded as Megatron-LM pads it (to a multiple of 128 x tp), so tp need not divide it.
+    Raises ValueError when no split runs at all."""
+    hw = hardware_lib.resolve_cluster(hardware, num_devices=gpus).hardware
+    dims = dict(layers=layers, d_model=hidden, heads=heads, kv_heads=heads,
+                ffn=options.get("ffn_hidden") or 4 * hidden, vocab=128 * hw.gpus_per_node, seq_len=seq_len)
+    meshes, _ = _family_meshes("gpt", dims, gpus, hw.gpus_per_node, global_batch, pipeline=True)
     out = []
     skipped: list[str] = []
-    for tp in (d for d in range(1, gpus + 1) if gpus % d == 0):
-        for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0):
-            dp = gpus // (tp * pp)
-            for mb in micro_batches:
-                config = dict(tp=tp, dp=dp, pp=pp, micro_batch=mb)
-                try:
-                    step = predict_step(hidden=hidden, heads=heads, layers=layers, seq_len=seq_len,
-                                        vocab=vocab, gpus=gpus, global_batch=global_batch,
-                                        hardware=hardware, schedule=schedule, **config, **options)
-                except ValueError as err:
-                    skipped.append(str(err))
-                    continue
-                if step.fits:
-                    out.append((config, step))
+    for m in (m for m in meshes if m["fsdp"] == 1):
+        tp, pp, dp = m["model"], m.get("stage", 1), m["data"]
+        for mb in micro_batches:
+            config = dict(tp=tp, dp=dp, pp=pp, micro_batch=mb)
+            try:
+                step = predict_step(hidden=hidden, heads=heads, layers=layers, seq_len=seq_len,
+                                    vocab=vocab, gpus=gpus, global_batch=global_batch,
+                                    hardware=hardware, schedule=schedule, **config, **options)
+            except ValueError as err:
+                skipped.append(str(err))
+                continue
+            if step.fits:
+                out.append((config, step))
     if not out:
         why = f" (e.g. {skipped[0]})" if skipped else " (none fits in GPU memory)"
         raise ValueError(f"no tp x dp x pp split of {gpus} GPUs with micro-batch in "
