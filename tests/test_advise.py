@@ -457,3 +457,26 @@ def test_a_pipelines_micro_batch_grows_while_its_step_falls(monkeypatch):
     best = advice.best
     assert (best.per_device_batch, best.grad_accum, best.step_ms) == (2, 4, 40.0) and best.pipelined
     assert "x4 mb" in best.label() and "4 (pipeline)" in advice.table()
+
+
+def test_a_policy_whose_mlp_activations_alone_are_over_is_not_compiled(monkeypatch):
+    """mixtral-8x7b on 64 GPUs, fsdp 64: `none` keeps each expert matmul's gate and up outputs and
+    the output matmul's input, 3 x 32 layers x (b x 4096 x top-2) rows x 14336 x 2 bytes: 84 GiB at
+    4 sequences, over the limit beside the arguments before anything is compiled; at 1 sequence
+    (21 GiB) the compile decides. A dense layer's `minimal` keeps its gate and up outputs."""
+    calls: list = []
+    monkeypatch.setattr(memory, "compile_step", _recording_compile(calls))
+    dims = dict(layers=32, d_model=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, experts=8, top_k=2)
+    advice = adv.advise_train_step("mixtral", **dims, gpus=64, hardware="h100-sxm-8", global_batch=256,
+                                   seq_len=4096, meshes=[{"fsdp": 64}], remats=("full", "none"), jobs=1)
+    nones = [c for c in calls if c[3] == "none"]
+    assert nones  # at one sequence: compiled
+    compiled_b = {c.per_device_batch for c in advice.candidates if c.remat == "none"}
+    assert compiled_b and max(compiled_b) < 4
+    assert any("the MLP activations it keeps alone 84 GiB" in p for p in advice.pruning), advice.pruning
+    moe = {**dims, "seq_len": 4096}
+    assert adv.kept_mlp_bytes("mixtral", moe, {"fsdp": 64}, 4, "none") == 3 * 32 * 4 * 4096 * 2 * 14336 * 2
+    assert adv.kept_mlp_bytes("mixtral", moe, {"fsdp": 64}, 4, "minimal") == 0  # expert matmuls: batch dims
+    dense = {**moe, "experts": 0, "top_k": 0}
+    assert adv.kept_mlp_bytes("llama", dense, {"fsdp": 8, "model": 2, "stage": 2}, 1, "minimal") == \
+        16 * 4096 * 2 * 14336 / 2 * 2

@@ -653,6 +653,31 @@ def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_nod
     return keep, out
 
 
+def kept_mlp_bytes(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], sequences: int,
+                   remat: str) -> float:
+    """A lower bound of what one GPU keeps for the backward pass under ``remat``: the MLP's
+    activations of every layer it holds, in bfloat16, where the policy keeps them. ``none``
+    keeps every value the backward needs: the input matmuls' outputs (gate and up of a gated
+    MLP; the activation's input otherwise) and the output matmul's input. ``minimal`` and
+    ``minimal_flash`` keep the outputs of every matmul without batch dimensions, which a dense
+    MLP's input matmuls are and a MoE layer's expert matmuls (the expert a batch dimension) are
+    not; the name-based policies keep no ``mlpwi``. ``sequences``: those whose activations are
+    alive at once (a micro-step's, or a pipeline's whole per-rank batch). A MoE layer's expert
+    matmuls see each token ``top_k`` times (at least: capacity only adds slots)."""
+    experts = dims.get("experts", 0)
+    gated = family in ("llama", "mixtral")
+    if remat == "none":
+        per_row = 3 if gated else 2
+    elif remat in ("minimal", "minimal_flash") and not experts:
+        per_row = 2 if gated else 1
+    else:
+        return 0.0
+    t, s = mesh.get("model", 1), mesh.get("stage", 1)
+    rows = sequences * dims["seq_len"] * ((dims.get("top_k") or 1) if experts else 1)
+    layers = (dims["layers"] + dims.get("dec_layers", 0)) / s
+    return layers * rows * per_row * dims["ffn"] / t * 2
+
+
 def step_source(family: str, dims: Mapping[str, int], *, global_batch: int, mesh: Mapping[str, int],
                 remat: str, attention: str, compiler_options: Mapping[str, Any] | None = None,
                 microbatches: int | None = None) -> job_lib.ModelSource:
@@ -881,6 +906,7 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
     def local_batch(m: Mapping[str, int]) -> int:
         return global_batch // math.prod(m.get(a, 1) for a in ("data", "fsdp", "expert"))
 
+
     def evaluate(m: Mapping[str, int], b: int, g: int, remat: str, attention: str, note: str = ""
                  ) -> TrainCandidate | None:
         """Compile and predict one configuration (cached in ``results``)."""
@@ -1100,9 +1126,18 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             part that grows with the batch and one that does not) is still over the limit by
             ``MEMORY_MARGIN``."""
             with lock:
-                known = [c for c in results.values() if c.mesh == m and c.attention == attention_of(m)
-                         and c.per_device_batch >= b and policies.index(c.remat) <= policies.index(remat)
-                         and (c.per_device_batch, c.remat) != (b, remat)]  # itself: already known
+                same_mesh = [c for c in results.values() if c.mesh == m and c.attention == attention_of(m)]
+            known = [c for c in same_mesh if c.per_device_batch >= b and policies.index(c.remat) <= policies.index(remat)
+                     and (c.per_device_batch, c.remat) != (b, remat)]  # itself: already known
+            if same_mesh:  # the arguments (weights, Adam state) and what the policy must keep
+                fixed = min(c.peak_bytes - c.temp_bytes for c in same_mesh)
+                alive = local_batch(m) if m.get("stage", 1) > 1 else b  # a pipeline holds every micro-batch
+                kept = kept_mlp_bytes(family, dims, m, alive, remat)
+                if fixed + kept > limit * (1 + MEMORY_MARGIN):
+                    with lock:
+                        over_memory.append(f"{_mesh_str(m)} b={b} {remat}: the MLP activations it keeps alone "
+                                           f"{kept / gib:.0f} GiB beside {fixed / gib:.0f} GiB of arguments")
+                    return True
             for c in known:
                 if c.peak_bytes - c.temp_bytes * (1 - b / c.per_device_batch) > limit * (1 + MEMORY_MARGIN):
                     with lock:
