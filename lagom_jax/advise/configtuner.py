@@ -1150,18 +1150,23 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             """A pipeline's batch search: its memory hardly moves with the micro-batch (it holds
             the whole per-rank batch, in more or fewer micro-batches) while its bubble, (S - 1)
             / micro-batches, grows with it; so per policy the micro-batch grows from one
-            sequence while the predicted step falls and the step fits."""
+            sequence while the predicted step falls and the step fits, and while the calibrated
+            screen does not rule the next one out (its bubble only grows)."""
             for remat in policies:
                 prev: TrainCandidate | None = None
+                cut = False
                 for b in sizes:
                     if known_over(m, b, remat):
+                        break
+                    if not_worth(m, b, remat):
+                        cut = True
                         break
                     used[0] += 1
                     c = evaluate(m, b, lb // b, remat, attention_of(m))
                     if c is None or not c.fits or (prev is not None and c.step_ms >= prev.step_ms):
                         break
                     prev = c
-                if prev is None:
+                if prev is None and not cut:
                     return  # this policy fits no batch: the ones saving more cannot either
 
         def walk(m: dict[str, int], lb: int, sizes: list[int], hi: int, used: list[int]) -> None:
