@@ -213,3 +213,23 @@ def test_compiled_text_compiles_bf16_pipelines_on_cpu():
     text = build("gpt2", "tiny", "dp+pp+tp", "data=2,stage=2,model=2",
                  dtype="bfloat16", seq_len=16).compiled_text()
     assert "collective-permute" in text and " all-reduce(" in text
+
+
+def test_a_pipeline_applies_its_remat_policy():
+    """GPipe's stages run their layers under the stack's remat policy (until 2026-11-27 it ran
+    them unrematerialised whatever the policy): the same losses, another program."""
+    losses, _ = run("gpt2", "pp", "stage=2")
+    built = build("gpt2", "tiny", "pp", "stage=2", batch_size=8, seq_len=16, learning_rate=1e-2, remat="full")
+    compiled = built.train_step.lower(*built.abstract_inputs).compile(FAST_COMPILE)
+    state, batch = built.init(jax.random.key(0))
+    remat_losses = []
+    for _ in range(STEPS):
+        state, metrics = compiled(state, batch)
+        remat_losses.append(float(metrics["loss"]))
+    np.testing.assert_allclose(remat_losses, losses, rtol=1e-5)
+
+    def remats(b) -> int:  # jax.checkpoint's primitive in the traced step (remat2; checkpoint in newer JAX)
+        return len(re.findall(r"\b(?:remat2?|checkpoint)\[", str(jax.make_jaxpr(b.train_step)(*b.abstract_inputs))))
+
+    assert remats(built) >= 1
+    assert remats(build("gpt2", "tiny", "pp", "stage=2", batch_size=8, seq_len=16)) == 0
