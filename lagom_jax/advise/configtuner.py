@@ -1065,8 +1065,11 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             for fut in done:
                 probes[_mesh_str(running.pop(fut))] = fut.result()
             fitting = sorted(c.step_ms for c in probes.values() if c is not None and c.fits)
-            if len(fitting) >= max(3, mesh_finalists):
-                screen = calibration()
+            # Pruned only by a screen fitted on three compiled steps or more (a pipeline's probe,
+            # at XLA's attention, is not one: one scale from a single step would carry the
+            # uncalibrated screen's ratios between meshes, which is what the calibration fixes).
+            screen = calibration() if len(fitting) >= max(3, mesh_finalists) else UNCALIBRATED
+            if screen.fitted_on >= 3:
                 bar = fitting[mesh_finalists - 1] * (1 + PROBE_MARGIN)
                 for m in list(queue):
                     guess = screen(terms(m, 1, probe_remat))
