@@ -1154,11 +1154,13 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             the whole per-rank batch, in more or fewer micro-batches) while its bubble, (S - 1)
             / micro-batches, grows with it; so per policy the micro-batch grows from one
             sequence while the predicted step falls and the step fits, and while the calibrated
-            screen does not rule the next one out (its bubble only grows)."""
+            screen does not rule the next one out (its bubble only grows). A policy that keeps more
+            starts where the last one's climb ended: it recomputes less at every micro-batch."""
+            start = 0
             for remat in policies:
                 prev: TrainCandidate | None = None
                 cut = False
-                for b in sizes:
+                for b in sizes[start:]:
                     if known_over(m, b, remat):
                         break
                     if not_worth(m, b, remat):
@@ -1171,6 +1173,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                     prev = c
                 if prev is None and not cut:
                     return  # this policy fits no batch: the ones saving more cannot either
+                if prev is not None:
+                    start = sizes.index(prev.per_device_batch)
 
         def walk(m: dict[str, int], lb: int, sizes: list[int], hi: int, used: list[int]) -> None:
             if m.get("stage", 1) > 1:
