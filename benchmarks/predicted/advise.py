@@ -38,27 +38,29 @@ def main(argv: list[str] | None = None) -> None:
 
     gpu_compile.prepare()  # before JAX starts: on a host without a CUDA driver, stay on the CPU
     sections, dump = [], []
-    for model, config, seq in MODELS:
-        for preset in PRESETS:
-            t0 = time.perf_counter()
-            a = advise(model, config, DEVICES, preset, global_batch=args.batch, seq_len=seq, jobs=args.jobs,
-                       tune=True, progress=lambda m: print(m, file=sys.stderr, flush=True))
-            wall = time.perf_counter() - t0
-            report = a.report(SHOWN)
-            sections.append(f"### {model} {config} on {DEVICES} x {preset}, global batch {args.batch}, seq {seq}\n\n"
-                            f"advise wall time {wall:.0f} s ({a.compiles} configurations compiled, {args.jobs} "
-                            f"parallel; measured, this machine).\n\n" + report.split("\n", 2)[2] + "\n")
-            dump.append({**json.loads(a.to_json()), "config": config, "wall_s_measured": wall})
-    md = ("## advise\n\n"
-          f"Machine: {machine_line()}\n\n"
-          "ConfigTuner's one search (`lagom_jax.advise.configtuner.advise`, `lagom-jax advise`) on the smaller "
-          "built-in models: the same search as Llama and Mixtral get in `advise_families`. Memory is XLA's "
-          "deviceless compile for 8 GPUs of the preset against the limit; every step time is **predicted** "
-          "(`predict_train_step_ms`'s prediction of the compiled step, XLA defaults), and the line under each "
-          "table says how far the calibrated screen is from every compiled step it was fitted on. Pipeline "
-          "stages are not searched.\n\n" + "\n".join(sections))
-    (RESULTS_DIR / "advise.json").write_text(json.dumps(dump, indent=2) + "\n")
-    write_section("advise", md)
+    jobs = [(m, c, s, p) for m, c, s in MODELS for p in PRESETS]
+    for model, config, seq, preset in jobs:
+        t0 = time.perf_counter()
+        a = advise(model, config, DEVICES, preset, global_batch=args.batch, seq_len=seq, jobs=args.jobs,
+                   tune=True, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        wall = time.perf_counter() - t0
+        report = a.report(SHOWN)
+        sections.append(f"### {model} {config} on {DEVICES} x {preset}, global batch {args.batch}, seq {seq}\n\n"
+                        f"advise wall time {wall:.0f} s ({a.compiles} configurations compiled, {args.jobs} "
+                        f"parallel; measured, this machine).\n\n" + report.split("\n", 2)[2] + "\n")
+        dump.append({**json.loads(a.to_json()), "config": config, "wall_s_measured": wall})
+        # Written after every job, so that a run cut short keeps what it did (and says so).
+        done = "" if len(dump) == len(jobs) else f" (this run was cut short: {len(dump)} of {len(jobs)} jobs)"
+        md = ("## advise\n\n"
+              f"Machine: {machine_line()}\n\n"
+              "ConfigTuner's one search (`lagom_jax.advise.configtuner.advise`, `lagom-jax advise`) on the smaller "
+              "built-in models: the same search as Llama and Mixtral get in `advise_families`, with pipeline stages "
+              "(GPipe, XLA's attention). Memory is XLA's deviceless compile for 8 GPUs of the preset against the "
+              "limit; every step time is **predicted** (`predict_train_step_ms`'s prediction of the compiled step, "
+              "XLA defaults), and the lines under each table say how far the calibrated screen is from the "
+              f"compiled steps{done}.\n\n" + "\n".join(sections))
+        (RESULTS_DIR / "advise.json").write_text(json.dumps(dump, indent=2) + "\n")
+        write_section("advise", md)
 
 
 # ------------------------------------------- Llama, Mixtral, GPT: memory from XLA (issue 37)
