@@ -38,14 +38,14 @@ STEPS = 3
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
-_runs: dict[tuple[str, str, str], tuple[list[float], str]] = {}
+_runs: dict[tuple[str, str, str, str], tuple[list[float], str]] = {}
 
 
-def run(model: str, recipe: str, mesh: str) -> tuple[list[float], str]:
+def run(model: str, recipe: str, mesh: str, remat: str = "none") -> tuple[list[float], str]:
     """Losses of STEPS steps on a fixed batch, and the compiled HLO text (cached)."""
-    key = (model, recipe, mesh)
+    key = (model, recipe, mesh, remat)
     if key not in _runs:
-        built = build(model, "tiny", recipe, mesh, batch_size=8, seq_len=16, learning_rate=1e-2)
+        built = build(model, "tiny", recipe, mesh, batch_size=8, seq_len=16, learning_rate=1e-2, remat=remat)
         compiled = built.train_step.lower(*built.abstract_inputs).compile(FAST_COMPILE)
         state, batch = built.init(jax.random.key(0))
         losses = []
@@ -219,17 +219,12 @@ def test_a_pipeline_applies_its_remat_policy():
     """GPipe's stages run their layers under the stack's remat policy (until 2026-11-27 it ran
     them unrematerialised whatever the policy): the same losses, another program."""
     losses, _ = run("gpt2", "pp", "stage=2")
-    built = build("gpt2", "tiny", "pp", "stage=2", batch_size=8, seq_len=16, learning_rate=1e-2, remat="full")
-    compiled = built.train_step.lower(*built.abstract_inputs).compile(FAST_COMPILE)
-    state, batch = built.init(jax.random.key(0))
-    remat_losses = []
-    for _ in range(STEPS):
-        state, metrics = compiled(state, batch)
-        remat_losses.append(float(metrics["loss"]))
+    remat_losses, _ = run("gpt2", "pp", "stage=2", remat="full")
     np.testing.assert_allclose(remat_losses, losses, rtol=1e-5)
 
-    def remats(b) -> int:  # jax.checkpoint's primitive in the traced step (remat2; checkpoint in newer JAX)
+    def remats(remat: str) -> int:  # jax.checkpoint's primitive in the traced step (remat2; checkpoint in newer JAX)
+        b = build("gpt2", "tiny", "pp", "stage=2", batch_size=8, seq_len=16, remat=remat)
         return len(re.findall(r"\b(?:remat2?|checkpoint)\[", str(jax.make_jaxpr(b.train_step)(*b.abstract_inputs))))
 
-    assert remats(built) >= 1
-    assert remats(build("gpt2", "tiny", "pp", "stage=2", batch_size=8, seq_len=16)) == 0
+    assert remats("full") >= 1
+    assert remats("none") == 0

@@ -151,8 +151,7 @@ def predict_step_ms(*, hidden: int, heads: int, layers: int, seq_len: int, vocab
 
 # The built-in model each family of the search compiles. ``gpt`` is the prediction contract's
 # name for GPT-2's layers at any dimensions.
-FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2", "gpt2": "gpt2", "bert": "bert",
-                 "t5": "t5"}
+FAMILY_MODELS = {**predict.FAMILY_MODELS, "gpt2": "gpt2", "bert": "bert", "t5": "t5"}
 # Families whose layers are GPT-2's Block (pre- or post-norm, biases, a two-matrix MLP); they
 # tag no activation names, so only the policies that need none apply.
 BLOCK_FAMILIES = ("gpt", "gpt2", "bert", "t5")
