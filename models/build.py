@@ -243,7 +243,9 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     state_sh = TrainState(replicated, param_sh,
                           _opt_state_shardings(abstract_state.opt_state, param_sh, replicated))
 
-    arules = activation_rules(parts, tuple(shape))
+    # Where a stage's share of the batch is whole, the parts outside the pipeline run on it.
+    over_stage = pipeline is not None and (batch_size // batch_ways) % shape["stage"] == 0
+    arules = activation_rules(parts, tuple(shape), batch_over_stage=over_stage)
     batch_sh_one = NamedSharding(mesh, to_mesh_spec(("act_batch", None), arules))
     batch_shapes = family.batch_shapes(batch_size, seq_len)
     batch_sh = {k: batch_sh_one for k in batch_shapes}

@@ -138,8 +138,15 @@ def param_rules(parts: frozenset[str]) -> Rules:
     return tuple(rules)
 
 
-def activation_rules(parts: frozenset[str], mesh_axes: Sequence[str]) -> Rules:
+def activation_rules(parts: frozenset[str], mesh_axes: Sequence[str], *, batch_over_stage: bool = False) -> Rules:
+    """Logical activation axes -> mesh axes. ``batch_over_stage``: outside a pipeline the batch
+    is split over ``stage`` too, so the embedding, the head and the loss run on a stage's share
+    of the batch instead of all of it on every stage (the pipeline gathers it at its entry)."""
     batch = tuple(a for a in BATCH_AXES if a in mesh_axes)
+    if batch_over_stage and "stage" in mesh_axes:
+        # Last: within each data rank's rows, so a rank's stages hold its micro-batches and
+        # the pipeline's entry gathers them over ``stage`` alone.
+        batch = (*batch, "stage")
     rules: list[tuple[str, str | tuple[str, ...] | None]] = [("act_batch", batch or None)]
     if "ep" in parts:
         # Tokens dispatched to experts: [experts, groups, capacity, d_model], the experts

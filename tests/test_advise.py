@@ -74,7 +74,7 @@ def test_every_built_in_model_goes_through_the_one_search(monkeypatch, model, co
     position bias)."""
     calls: list = []
     monkeypatch.setattr(memory, "compile_step", _recording_compile(calls))
-    advice = adv.advise(model, config, 8, "h100-sxm-8", global_batch=32, seq_len=512, jobs=1)
+    advice = adv.advise(model, config, 8, "h100-sxm-8", global_batch=32, seq_len=512, jobs=1, pipeline=False)
     assert calls and {c[0] for c in calls} == {built}
     resolved, named = resolve_config(built, calls[0][1]), resolve_config(built, config)
     fields = ("layers", "dec_layers", "d_model", "heads", "head_dim", "d_ff", "vocab")
@@ -86,11 +86,11 @@ def test_every_built_in_model_goes_through_the_one_search(monkeypatch, model, co
 
 
 def test_a_t5_step_is_advised_from_real_compiles(advise_cache):
-    """End to end with XLA's compiles: t5 tiny on 8 GPUs, two meshes, one a two-stage GPipe
-    pipeline; every row's memory is XLA's and its step the contract's prediction of the
-    compiled step (a pipeline's micro-batches run inside it: no accumulation, no accumulator)."""
+    """End to end with XLA's compiles: t5 tiny on 8 GPUs as a two-stage GPipe pipeline (its
+    micro-batch climbed); every row's memory is XLA's and its step the contract's prediction of
+    the compiled step (a pipeline's micro-batches run inside it: no accumulation, no accumulator)."""
     advice = adv.advise("t5", "tiny", 8, "h100-sxm-8", global_batch=8, seq_len=16, jobs=2, remats=("full",),
-                        meshes=[{"data": 8}, {"data": 4, "stage": 2}], tune=False)
+                        meshes=[{"data": 4, "stage": 2}], tune=False)
     assert advice.compiles >= 2 and all(c.peak_bytes > 0 and c.step_ms > 0 for c in advice.candidates)
     assert {c.attention for c in advice.candidates} == {"xla"}
     piped = [c for c in advice.candidates if c.pipelined]
@@ -217,23 +217,24 @@ def test_search_takes_the_largest_batch_that_fits_and_says_how_it_pruned(monkeyp
 
 
 def test_the_screens_error_against_the_compiled_candidates_is_said():
-    screen = adv.Screen(1.2, 2.0, 0.5, 0.25, 3)
+    screen = adv.Screen(1.2, 0.7, 2.0, 0.5, 0.25, 3)
     text = adv.screen_agreement({"a": (90.0, 100.0), "b": (130.0, 100.0), "c": (105.0, 100.0)}, screen)
     assert "median +5%" in text and "worst +30.0% (b)" in text and "2 of 3 within 10%" in text
-    assert "1.20 x compute + 2.00 x exposed" in text
+    assert "1.20 x compute + 0.70 x memory-bound kernels + 2.00 x exposed" in text
     assert "not calibrated" in adv.screen_agreement({}, screen)
 
 
 def test_the_screen_calibration_recovers_a_known_law_and_prices_what_it_was_not_fitted_on():
     """Steps made by a known calibration are fitted back exactly; a step it did not see
     (another mesh's mix of parts) is then priced as that law prices it."""
-    law = adv.Screen(compute=1.4, exposed=3.0, weights=0.8, hidden=0.5)
-    parts = [{"compute": c, "exposed": x, "weights": w}
-             for c, x, w in ((100, 0, 20), (100, 10, 80), (60, 5, 120), (80, 0, 200), (50, 20, 10))]
-    fitted = adv.Screen.fit([(t, law(t)) for t in parts[:4]])
-    assert (fitted.compute, fitted.exposed, fitted.weights, fitted.hidden) == pytest.approx(
-        (1.4, 3.0, 0.8, 0.5), rel=1e-6)
-    assert fitted(parts[4]) == pytest.approx(law(parts[4]))
+    law = adv.Screen(compute=1.4, memory=2.2, exposed=3.0, weights=0.8, hidden=0.5)
+    parts = [{"compute": c, "memory": m, "exposed": x, "weights": w}
+             for c, m, x, w in ((100, 10, 0, 20), (100, 30, 10, 80), (60, 5, 5, 120), (80, 40, 0, 200),
+                                (70, 20, 15, 30), (50, 25, 20, 10))]
+    fitted = adv.Screen.fit([(t, law(t)) for t in parts[:5]])
+    assert (fitted.compute, fitted.memory, fitted.exposed, fitted.weights, fitted.hidden) == pytest.approx(
+        (1.4, 2.2, 3.0, 0.8, 0.5), rel=1e-6)
+    assert fitted(parts[5]) == pytest.approx(law(parts[5]))
     # No pair: the uncalibrated screen; the parts: compute falls with less recomputation and
     # a tensor-parallel mesh pays exposed all-reduces, more of them per micro-step.
     assert adv.Screen.fit([]) == adv.UNCALIBRATED
@@ -243,6 +244,13 @@ def test_the_screen_calibration_recovers_a_known_law_and_prices_what_it_was_not_
     full = adv.screen_terms("llama", dims, {"fsdp": 16}, hw, **kw)
     none = adv.screen_terms("llama", dims, {"fsdp": 16}, hw, remat="none", **kw)
     assert none["compute"] < full["compute"] and full["exposed"] == 0
+    # XLA's attention: the whole square as matmuls and its scores through memory.
+    xla = adv.screen_terms("llama", dims, {"fsdp": 16}, hw, attention="xla", **kw)
+    assert xla["compute"] > full["compute"] and xla["memory"] > full["memory"]
+    # Smaller micro-steps run their matmuls at a lower rate: the same FLOPs take longer.
+    one = adv.screen_terms("llama", dims, {"fsdp": 16}, hw, per_device_batch=1, **kw)
+    two = adv.screen_terms("llama", dims, {"fsdp": 16}, hw, per_device_batch=2, **kw)
+    assert one["compute"] > two["compute"]
     tp1 = adv.screen_terms("llama", dims, {"fsdp": 8, "model": 2}, hw, **kw)
     tp4 = adv.screen_terms("llama", dims, {"fsdp": 8, "model": 2}, hw, per_device_batch=4, **kw)
     assert tp1["exposed"] > 0 and tp4["weights"] == pytest.approx(tp1["weights"] / 4)
@@ -376,7 +384,7 @@ def test_the_calibrated_screen_prunes_probes_and_finalist_steps(monkeypatch):
     assert skipped and all(entry.rsplit(" ", 2)[0] not in probes for entry in skipped if entry != "...")
     assert any("model=2" in entry for entry in skipped)  # the tensor-parallel meshes pay exposed all-reduces
     agreement = advice.pruning[-1]
-    assert "1.50 x compute + 1.50 x exposed" in agreement and re.search(r"worst [+-]0\.0%", agreement), agreement
+    assert "1.50 x compute + 1.50 x memory-bound kernels + 1.50 x exposed" in agreement and re.search(r"worst [+-]0\.0%", agreement), agreement
     assert "configurations not compiled" in next(p for p in advice.pruning if p.startswith("Per finalist"))
 
 

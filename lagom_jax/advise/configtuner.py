@@ -34,6 +34,7 @@ from lagom_jax import job as job_lib
 from lagom_jax.advise import megatron, memory, predict
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.costs import cost as cost_lib
+from lagom_jax.costs import kernels
 from lagom_jax.models.families import DEFAULT_CONFIG, resolve_config
 
 # GPU memory per device, GB (1e9 B). HardwareProfile has no memory field, so it lives here,
@@ -480,21 +481,55 @@ def _recomputed_flops_per_token(family: str, dims: Mapping[str, int], seq_len: i
     return total
 
 
+# Families whose self-attention is causal (XLA's attention still computes the whole square).
+CAUSAL_FAMILIES = frozenset({"gpt2", "llama", "mixtral", "gpt"})
+
+
+def _part_shapes(family: str, dims: Mapping[str, int], tokens: int, t: int) -> dict[str, tuple[int, int, int]]:
+    """A representative forward matmul ``(m, n, k)`` of each layer part on one tensor-parallel
+    rank for ``tokens`` rows: what sets the rate the part's FLOPs run at."""
+    d, h, kv, ff = (dims[k] for k in ("d_model", "heads", "kv_heads", "ffn"))
+    hd = dims.get("head_dim") or d // h
+    wide = (2 if family in ("llama", "mixtral") else 1) * ff
+    rows = tokens * max(1, dims.get("top_k") or 1)
+    return {"qkv": (tokens, max(1, (h + 2 * kv) * hd // t), d), "out": (tokens, d, max(1, h * hd // t)),
+            "wi": (rows, max(1, wide // t), d), "wo": (rows, d, max(1, ff // t))}
+
+
+def _forward_bytes_per_token(family: str, dims: Mapping[str, int], seq_len: int, t: int, attention: str) -> float:
+    """Bytes the memory-bound kernels of one layer's forward read and write per token (bf16):
+    two norms and two residual adds over the model width, the MLP's activation over its width
+    (a gated MLP reads two), the attention inputs' relayouts, and with XLA's attention its
+    scores (materialised, softmax in float32: read and written twice). A rough count; the
+    calibration (``Screen.fit``) weighs it against the compiled steps."""
+    d, h, ff = dims["d_model"], dims["heads"], dims["ffn"]
+    hd = dims.get("head_dim") or d // h
+    k = max(1, dims.get("top_k") or 1)
+    act = (3 if family in ("llama", "mixtral") else 2) * ff * k / t
+    elems = 10 * d + act + 4 * h * hd / t
+    scores = 6.0 * h / t * seq_len if attention == "xla" else 0.0
+    return 2.0 * elems + scores
+
+
 def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
                  *, global_batch: int, seq_len: int, per_device_batch: int | None = None,
-                 remat: str = "full") -> dict[str, float]:
+                 remat: str = "full", attention: str = "flash") -> dict[str, float]:
     """The closed-form parts of one configuration's step (ms), before calibration (``Screen``).
 
-    ``compute``: the training FLOPs plus what ``remat`` recomputes, at the GPU's achieved
-    matmul rate, and on a pipeline GPipe's bubble, ``(S - 1) / m`` of it; ``exposed``: per
-    micro-step and layer the tensor-parallel all-reduces of the activations (2 forward, 2
-    backward, 2 more where the forward is recomputed) and the expert all-to-alls (2 each way),
-    which sit between dependent matmuls, and a pipeline's sends between stages (one each way
-    per tick); ``weights``: per micro-step the fsdp weight all-gathers (forward and backward)
-    and gradient reduce-scatter and, once, the data-parallel gradient all-reduce, in float32,
-    which overlap compute. ``g`` = local batch / ``per_device_batch`` (default 1 sequence)
-    micro-steps: accumulation steps, or on a ``stage`` axis of S the pipeline's micro-batches,
-    whose ``g + S - 1`` ticks each run a stage's layers."""
+    ``compute``: the training FLOPs plus what ``remat`` recomputes, each layer part's at the
+    rate the matmul model (``costs.kernels.gemm_time_us``) gives its shape at the micro-step's
+    tokens, flash attention at cuDNN's rate, XLA's attention as batched matmuls over the whole
+    square; on a pipeline each of the ``g + S - 1`` ticks runs a stage's layers (GPipe's
+    bubble). ``memory``: the memory-bound kernels (norms, activations, residuals, XLA's
+    attention scores) per layer and micro-step at the achieved HBM rate, their launches, and
+    once per step the optimizer's pass over the state. ``exposed``: per micro-step and layer the
+    tensor-parallel all-reduces of the activations (2 forward, 2 backward, 2 more where the
+    forward is recomputed) and the expert all-to-alls (2 each way), which sit between dependent
+    matmuls, and a pipeline's sends between stages (one each way per tick); ``weights``: per
+    micro-step the fsdp weight all-gathers (forward and backward) and gradient reduce-scatter
+    and, once, the data-parallel gradient all-reduce, in float32, which overlap compute. ``g``
+    = local batch / ``per_device_batch`` (default 1 sequence) micro-steps: accumulation steps,
+    or on a ``stage`` axis of S the pipeline's micro-batches."""
     d, f, t, e, st = (mesh.get(a, 1) for a in ("data", "fsdp", "model", "expert", "stage"))
     dm = dims["d_model"]
     # Layers that each gather their weights; a T5 decoder layer has three sublayers to two.
@@ -505,9 +540,42 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     b = per_device_batch or 1
     g = max(1, local // b)
     ticks = g + st - 1 if st > 1 else g
-    tokens_gpu = global_batch * seq_len / (d * f * t * e)
-    flops = (model_flops_per_token(family, dims, seq_len)
-             + _recomputed_flops_per_token(family, dims, seq_len, remat)) * tokens_gpu / st
+    tokens = b * seq_len  # one micro-step's rows on one rank
+    # Compute: a layer's parts at their shapes' rates, forward once, backward twice, plus what
+    # the policy recomputes (in the proportions of the forward).
+    recompute = _recomputed_flops_per_token(family, dims, seq_len, remat)
+    forward = sum(n * sum(p.values()) for n, p in _layer_groups(family, dims, seq_len))
+    passes = 3 + recompute / forward
+    shapes = _part_shapes(family, dims, tokens, t)
+    rate = {part: kernels.gemm_tflops(*shape, hw) for part, shape in shapes.items()}
+    att = kernels.attention_rates(hw)
+    layer_us = 0.0
+    for n, parts in _layer_groups(family, dims, seq_len):
+        us = sum(parts[k] / t * tokens / (rate[k] * 1e6) for k in shapes)
+        attn = parts["attn"] / t * tokens
+        if attention == "xla":  # the whole square as batched matmuls, where causal too
+            heads, hd = max(1, dims["heads"] // t), dims.get("head_dim") or dm // dims["heads"]
+            square = attn * (2 if family in CAUSAL_FAMILIES else 1)
+            layer_us += n * (us + square / (kernels.gemm_tflops(seq_len, seq_len, hd, hw, batch=b * heads) * 1e6)) * passes
+        else:
+            layer_us += n * (us * passes + attn / (att.forward * 1e6) * (1 + recompute / forward)
+                             + 2 * attn / (att.backward * 1e6))
+    v = dims["vocab"]
+    head_rows = tokens * (g if st > 1 else 1) // (st if st > 1 and (local // st) * st == local else 1)
+    head_us = 3 * 2 * v * dm / t * head_rows / (kernels.gemm_tflops(head_rows, max(1, v // t), dm, hw) * 1e6)
+    compute = ticks * layer_us / st + (1 if st > 1 else g) * head_us
+    # Memory-bound kernels: per layer and micro-step, each with its launch, and the optimizer.
+    # What a policy keeps is stored into the scan's stacked buffers in the forward and read back
+    # in the backward: about one more forward's traffic when everything is kept.
+    kept = {"full": 0.0, "none": 1.0}.get(remat, 0.5)
+    per_layer = _forward_bytes_per_token(family, dims, seq_len, t, attention) * tokens * (passes + kept)
+    kernels_per_layer = 12 * passes
+    layer_mem = per_layer / (hw.achieved_hbm_gbps * 1e3) + kernels_per_layer * hw.launch_us
+    state = state_bytes_per_gpu(family, dims, mesh)
+    # AdamW reads the weights, gradients and both moments and writes three of them (float32):
+    # 7 of every 3 state words; each accumulation step adds its gradient to a float32 sum.
+    optimizer = state * (7 / 3 + (2 / 3 * g if st == 1 and g > 1 else 0)) / (hw.achieved_hbm_gbps * 1e3)
+    memory_us = ticks * L / st * layer_mem + optimizer
     act = b * seq_len * dm * 2
     exposed = 0.0
     if t > 1:
@@ -526,8 +594,7 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     if d > 1:
         dn = max(1, -(-d * f * t * e * st // gpn) // max(1, -(-f * t * e * st // gpn)))
         all_reduce = _coll_us("all-reduce", L / st * layer_bytes / f, d, dn, hw)
-    compute = flops / (hw.achieved_tflops * 1e12) * 1e3
-    return {"compute": compute * (1 + (st - 1) / g if st > 1 else 1),
+    return {"compute": compute / 1e3, "memory": memory_us / 1e3,
             "exposed": (ticks * exposed + ticks * sends) / 1e3,
             "weights": (ticks * weights + (all_reduce if st > 1 else g * all_reduce)) / 1e3}
 
@@ -541,18 +608,19 @@ _HIDDEN_SHARES = tuple(i / 8 for i in range(13))
 
 @dataclasses.dataclass(frozen=True)
 class Screen:
-    """A step time from ``screen_terms``: ``a x compute + b x exposed + c x max(0, weights -
-    hidden x compute)``. Uncalibrated (``UNCALIBRATED``): the compute at the achieved rate, the
-    exposed collectives as priced, the weights' traffic past 2/3 of the compute.
-    ``Screen.fit`` calibrates it on compiled predictions of the same configurations."""
+    """A step time from ``screen_terms``: ``a x compute + m x memory + b x exposed + c x max(0,
+    weights - hidden x compute)``. Uncalibrated (``UNCALIBRATED``): every part as priced, the
+    weights' traffic past 2/3 of the compute. ``Screen.fit`` calibrates it on compiled
+    predictions of the same configurations."""
     compute: float = 1.0
+    memory: float = 1.0
     exposed: float = 1.0
     weights: float = 1.0
     hidden: float = 2 / 3
     fitted_on: int = 0
 
     def __call__(self, terms: Mapping[str, float]) -> float:
-        return (self.compute * terms["compute"] + self.exposed * terms["exposed"]
+        return (self.compute * terms["compute"] + self.memory * terms["memory"] + self.exposed * terms["exposed"]
                 + self.weights * max(0.0, terms["weights"] - self.hidden * terms["compute"]))
 
     @classmethod
@@ -577,26 +645,26 @@ class Screen:
     def _fit_scale(cls, pairs: Sequence[tuple[Mapping[str, float], float]]) -> Screen:
         ratios = [UNCALIBRATED(t) / ms for t, ms in pairs]
         k = sum(ratios) / sum(r * r for r in ratios)
-        return cls(k, k, k, UNCALIBRATED.hidden, len(pairs))
+        return cls(k, k, k, k, UNCALIBRATED.hidden, len(pairs))
 
     @classmethod
     def _fit_parts(cls, pairs: Sequence[tuple[Mapping[str, float], float]]) -> Screen:
-        """For each hidden share, the least-squares weights of the three parts in relative error,
-        each between 0 and ``MAX_PART_WEIGHT`` (every subset of parts solved exactly: at most seven
+        """For each hidden share, the least-squares weights of the four parts in relative error,
+        each between 0 and ``MAX_PART_WEIGHT`` (every subset of parts solved exactly: at most 15
         solves); the best."""
         import numpy as np
 
         y = np.array([ms for _, ms in pairs])
         best: tuple[float, Screen] | None = None
         for hidden in _HIDDEN_SHARES:
-            cols = np.array([[t["compute"], t["exposed"], max(0.0, t["weights"] - hidden * t["compute"])]
+            cols = np.array([[t["compute"], t["memory"], t["exposed"], max(0.0, t["weights"] - hidden * t["compute"])]
                              for t, _ in pairs]) / y[:, None]
-            for mask in range(1, 8):
-                use = [i for i in range(3) if mask >> i & 1]
+            for mask in range(1, 16):
+                use = [i for i in range(4) if mask >> i & 1]
                 coef, *_ = np.linalg.lstsq(cols[:, use], np.ones(len(y)), rcond=None)
                 if (coef < 0).any() or (coef > MAX_PART_WEIGHT).any():
                     continue
-                full = np.zeros(3)
+                full = np.zeros(4)
                 full[use] = coef
                 err = float(((cols @ full - 1) ** 2).sum())
                 if best is None or err < best[0] - 1e-12:
@@ -713,7 +781,7 @@ def screen_agreement(pairs: Mapping[str, tuple[float, float]], screen: Screen,
     worst = max(errors, key=lambda e: abs(e[0]))
     within = sum(abs(e) <= 0.10 for e, _ in errors)
     return (f"The screen, calibrated on the {len(errors)} {fitted_on} ({screen.compute:.2f} x compute + "
-            f"{screen.exposed:.2f} x exposed collectives + {screen.weights:.2f} x weight traffic past "
+            f"{screen.memory:.2f} x memory-bound kernels + {screen.exposed:.2f} x exposed collectives + {screen.weights:.2f} x weight traffic past "
             f"{screen.hidden:.2f} x compute): "
             f"{within} of {len(errors)} within 10%, median {errors[len(errors) // 2][0]:+.0%}, worst "
             f"{worst[0]:+.1%} ({worst[1]}). Every number in the table is the compiled prediction.")
@@ -1026,25 +1094,25 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
         planned["n"] += len(survivors) + finalist_reserve + attention_reserve
         say(f"screened {screened} meshes: {len(survivors)} pass arithmetic; probing each at per-device "
             f"batch 1, remat {probe_remat} ({workers} parallel compiles)")
-        def terms(m: Mapping[str, int], b: int, remat: str) -> dict[str, float]:
+        def terms(m: Mapping[str, int], b: int, remat: str, attention: str | None = None) -> dict[str, float]:
             return screen_terms(family, dims, m, hw, global_batch=global_batch, seq_len=seq_len,
-                                per_device_batch=b, remat=remat)
+                                per_device_batch=b, remat=remat, attention=attention or attention_of(m))
 
         fitted: dict[tuple, Screen] = {}
 
         def calibrated_on() -> list[TrainCandidate]:
             """Every compiled candidate that fits without XLA's rematerialization (a step XLA
-            had to shrink is not what the screen prices), at the attention the screen prices."""
+            had to shrink is not what the screen prices)."""
             with lock:
-                return sorted((c for c in results.values() if c.fits and not c.xla_remat
-                               and c.attention == probe_attn), key=TrainCandidate.key)
+                return sorted((c for c in results.values() if c.fits and not c.xla_remat), key=TrainCandidate.key)
 
         def calibration() -> Screen:
             """The screen fitted on ``calibrated_on()``."""
             done = calibrated_on()
             key = tuple(c.key() for c in done)
             if key not in fitted:
-                fitted[key] = Screen.fit([(terms(c.mesh, c.per_device_batch, c.remat), c.step_ms) for c in done])
+                fitted[key] = Screen.fit([(terms(c.mesh, c.per_device_batch, c.remat, c.attention), c.step_ms)
+                                          for c in done])
             return fitted[key]
 
         # Probe the meshes fastest-first by the screen; once three probes fit, the screen is
@@ -1064,9 +1132,9 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             for fut in done:
                 probes[_mesh_str(running.pop(fut))] = fut.result()
             fitting = sorted(c.step_ms for c in probes.values() if c is not None and c.fits)
-            # Pruned only by a screen fitted on three compiled steps or more (a pipeline's probe,
-            # at XLA's attention, is not one: one scale from a single step would carry the
-            # uncalibrated screen's ratios between meshes, which is what the calibration fixes).
+            # Pruned only by a screen fitted on three compiled steps or more: one scale from a
+            # single step would carry the uncalibrated screen's ratios between meshes, which is
+            # what the calibration fixes.
             screen = calibration() if len(fitting) >= max(3, mesh_finalists) else UNCALIBRATED
             if screen.fitted_on >= 3:
                 bar = fitting[mesh_finalists - 1] * (1 + PROBE_MARGIN)
@@ -1270,15 +1338,8 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             f"a shorter sequence or a larger --memory-fraction")
     final = calibration()
     pruning.append(screen_agreement(
-        {c.label(): (final(terms(c.mesh, c.per_device_batch, c.remat)), c.step_ms) for c in calibrated_on()}, final))
-    fitted_keys = {c.key() for c in calibrated_on()}
-    apart = [c for k, c in results.items() if k in searched and c.fits and not c.xla_remat and k not in fitted_keys]
-    if apart:  # priced by the screen in the search, but not what it was fitted on
-        errors = sorted(final(terms(c.mesh, c.per_device_batch, c.remat)) / c.step_ms - 1 for c in apart)
-        worst = max(errors, key=abs)
-        pruning.append(f"On the {len(apart)} other compiled candidates that fit (pipelines, which run XLA's attention, "
-                       f"and the other attention) the calibrated screen is within 10% of "
-                       f"{sum(abs(e) <= 0.10 for e in errors)}, worst {worst:+.1%}.")
+        {c.label(): (final(terms(c.mesh, c.per_device_batch, c.remat, c.attention)), c.step_ms)
+         for c in calibrated_on()}, final))
     tuned = None
     if tune:
         b = fitting[0]

@@ -22,7 +22,7 @@ from lagom_jax.program.graph import StepGraph
 
 # Bumped whenever a Plan's content or meaning changes: cached plans of another version
 # are never read (PlanCache keys include it).
-VERSION = "0.5.1"  # 0.5.1: fp8 GEMMs priced at 1.7x bf16 (was 1.2x)
+VERSION = "0.5.2"  # 0.5.2: a pipeline step runs its embedding and head on a stage's share of the batch
 BASELINES = ("xla-default", "recipe", "autoccl")
 
 
