@@ -163,7 +163,7 @@ def _fake_compile(calls, temp_per_seq=1e9):
         share = 0.3 if remat == "full" else 1.0
         args = 4 * 10 ** 9
         return memory.StepMemory(args, args, args, int(b * temp_per_seq * share), 0, 0,
-                                 5 + 10 * b / share ** 0.1, "fake"), False
+                                 5 + 10 * b / share ** 0.3, "fake"), False
     return compile_step
 
 
@@ -201,7 +201,10 @@ def test_search_takes_the_largest_batch_that_fits_and_says_how_it_pruned(monkeyp
     # none: 4 GiB + 9 GiB per sequence fits 5 sequences -> the largest divisor of 8 is 4;
     # full: 0.3 x 9 GiB per sequence fits all 8
     by = {(c.remat, c.per_device_batch) for c in advice.candidates if c.fits}
-    assert ("none", 4) in by and ("none", 8) not in by and ("full", 8) in by
+    per_finalist = next(p for p in advice.pruning if p.startswith("Per finalist"))
+    # none at 4 is compiled, or named as one the calibrated screen ruled out (under 1% faster)
+    assert ("none", 4) in by or "fsdp=8 b=4 none" in per_finalist
+    assert ("none", 8) not in by and ("full", 8) in by
     assert best.step_ms == min(c.step_ms for c in advice.candidates if c.fits)
     assert advice.current.per_device_batch == 1 and advice.current.grad_accum == 8
     assert advice.gain(best) == pytest.approx(advice.current.step_ms / best.step_ms)

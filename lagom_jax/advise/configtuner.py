@@ -565,9 +565,14 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     head_us = 3 * 2 * v * dm / t * head_rows / (kernels.gemm_tflops(head_rows, max(1, v // t), dm, hw) * 1e6)
     compute = ticks * layer_us / st + (1 if st > 1 else g) * head_us
     # Memory-bound kernels: per layer and micro-step, each with its launch, and the optimizer.
-    # What a policy keeps is stored into the scan's stacked buffers in the forward and read back
-    # in the backward: about one more forward's traffic when everything is kept.
-    kept = {"full": 0.0, "none": 1.0}.get(remat, 0.5)
+    # What a policy keeps is stored into the scan's stacked buffers (zero-filled first) in the
+    # forward and read back in the backward, some of it in float32: about four forwards' traffic
+    # when everything is kept, half of one when the matmul outputs are; a pipeline's tick loop
+    # stacks its layers' stacks once more. (Read off the compiled steps of gpt2 355M and BERT
+    # large on 8 GPUs, ``benchmarks/predicted/advise.py``.)
+    kept = {"full": 0.0, "none": 4.0}.get(remat, 0.5)
+    if st > 1 and remat != "full":
+        kept += 1.5
     per_layer = _forward_bytes_per_token(family, dims, seq_len, t, attention) * tokens * (passes + kept)
     kernels_per_layer = 12 * passes
     layer_mem = per_layer / (hw.achieved_hbm_gbps * 1e3) + kernels_per_layer * hw.launch_us
