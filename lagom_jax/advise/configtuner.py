@@ -681,9 +681,13 @@ UNCALIBRATED = Screen()
 
 
 def mesh_screen_us(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
-                   *, global_batch: int, seq_len: int) -> float:
-    """The uncalibrated screen of ``mesh`` at per-device batch 1 with ``full`` remat (us)."""
-    return UNCALIBRATED(screen_terms(family, dims, mesh, hw, global_batch=global_batch, seq_len=seq_len)) * 1e3
+                   *, global_batch: int, seq_len: int, attention: str = "flash") -> float:
+    """The uncalibrated screen of ``mesh`` at per-device batch 1 with ``full`` remat (us); a
+    pipeline's (a ``stage`` axis) with XLA's attention, the only one its stages run."""
+    if mesh.get("stage", 1) > 1:
+        attention = "xla"
+    return UNCALIBRATED(screen_terms(family, dims, mesh, hw, global_batch=global_batch, seq_len=seq_len,
+                                     attention=attention)) * 1e3
 
 
 def _full_mesh(mesh: Mapping[str, int]) -> dict[str, int]:
@@ -951,12 +955,13 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                    + (f", {screened - divisibility - len(all_meshes)} outside the meshes asked for"
                       if meshes is not None else "") + ".")
     if len(survivors) > max_probes:
+        first = "flash" if "flash" in attns else attns[0]
         order = sorted(survivors, key=lambda m: (round(mesh_screen_us(family, dims, m, hw, global_batch=global_batch,
-                                                                      seq_len=seq_len), -3),
+                                                                      seq_len=seq_len, attention=first), -3),
                                                  state_bytes_per_gpu(family, dims, m)))
-        pruning.append(f"The {len(survivors) - max_probes} meshes the closed-form screen (compute, tensor and "
-                       f"expert collectives, fsdp/data traffic past 2/3 of the compute) puts slowest are not "
-                       f"probed (--max-probes {max_probes}).")
+        pruning.append(f"The {len(survivors) - max_probes} meshes the closed-form screen (matmuls at their shapes' "
+                       f"rates, memory-bound kernels, tensor and expert collectives, fsdp/data traffic past 2/3 of "
+                       f"the compute) puts slowest are not probed (--max-probes {max_probes}).")
         survivors = order[:max_probes]
     if not survivors and current is None:
         need = math.ceil(smallest_state / limit * gpus)
