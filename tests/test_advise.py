@@ -233,11 +233,16 @@ def test_the_screen_calibration_recovers_a_known_law_and_prices_what_it_was_not_
     law = adv.Screen(compute=1.4, memory=2.2, exposed=3.0, weights=0.8, hidden=0.5)
     parts = [{"compute": c, "memory": m, "exposed": x, "weights": w}
              for c, m, x, w in ((100, 10, 0, 20), (100, 30, 10, 80), (60, 5, 5, 120), (80, 40, 0, 200),
-                                (70, 20, 15, 30), (50, 25, 20, 10))]
+                                (70, 20, 40, 30), (50, 25, 20, 10))]
     fitted = adv.Screen.fit([(t, law(t)) for t in parts[:5]])
     assert (fitted.compute, fitted.memory, fitted.exposed, fitted.weights, fitted.hidden) == pytest.approx(
         (1.4, 2.2, 3.0, 0.8, 0.5), rel=1e-6)
     assert fitted(parts[5]) == pytest.approx(law(parts[5]))
+    # A part that is never a tenth of a fitted step keeps the one scale: fitted on steps whose
+    # exposed collectives are a few percent, a mesh they dominate is not priced by a guess.
+    faint = [{**t, "exposed": t["exposed"] / 20} for t in parts[:5]]
+    assert adv.Screen._fit_parts([(t, law(t)) for t in faint]).exposed == pytest.approx(  # noqa: SLF001
+        adv.Screen._fit_scale([(t, law(t)) for t in faint]).exposed)  # noqa: SLF001
     # No pair: the uncalibrated screen; the parts: compute falls with less recomputation and
     # a tensor-parallel mesh pays exposed all-reduces, more of them per micro-step.
     assert adv.Screen.fit([]) == adv.UNCALIBRATED

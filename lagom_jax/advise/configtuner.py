@@ -607,6 +607,8 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
 # The most a calibration may scale one part: the compiled step adds memory-bound kernels and
 # overheads to each part, but a part priced at a tenth of what it costs is a fit to noise.
 MAX_PART_WEIGHT = 10.0
+# The least share of some fitted step a part must have for the calibration to weigh it alone.
+MIN_PART_SHARE = 0.1
 # Shares of the compute under which the weights' traffic may hide, tried by the calibration.
 _HIDDEN_SHARES = tuple(i / 8 for i in range(13))
 
@@ -660,17 +662,24 @@ class Screen:
         import numpy as np
 
         y = np.array([ms for _, ms in pairs])
+        scale = cls._fit_scale(pairs).compute
         best: tuple[float, Screen] | None = None
         for hidden in _HIDDEN_SHARES:
             cols = np.array([[t["compute"], t["memory"], t["exposed"], max(0.0, t["weights"] - hidden * t["compute"])]
                              for t, _ in pairs]) / y[:, None]
-            for mask in range(1, 16):
-                use = [i for i in range(4) if mask >> i & 1]
-                coef, *_ = np.linalg.lstsq(cols[:, use], np.ones(len(y)), rcond=None)
+            # A part that is never a tenth of a fitted step cannot be told from noise: it keeps
+            # the one scale (a weight fitted on it would price the meshes where it dominates).
+            weak = [i for i in range(4) if cols[:, i].max() < MIN_PART_SHARE]
+            target = 1 - scale * cols[:, weak].sum(axis=1)
+            free = [i for i in range(4) if i not in weak]
+            for mask in range(1, 1 << len(free)):
+                use = [free[j] for j in range(len(free)) if mask >> j & 1]
+                coef, *_ = np.linalg.lstsq(cols[:, use], target, rcond=None)
                 if (coef < 0).any() or (coef > MAX_PART_WEIGHT).any():
                     continue
                 full = np.zeros(4)
                 full[use] = coef
+                full[weak] = scale
                 err = float(((cols @ full - 1) ** 2).sum())
                 if best is None or err < best[0] - 1e-12:
                     best = (err, cls(*map(float, full), hidden, len(pairs)))
@@ -680,14 +689,23 @@ class Screen:
 UNCALIBRATED = Screen()
 
 
+def best_batch(screen: Callable[[int], float], local_batch: int) -> tuple[int, float]:
+    """The per-device batch (a divisor of the rank's ``local_batch``) ``screen`` prices fastest,
+    and its price: what a mesh can reach if memory allows (a mesh judged at one sequence per
+    micro-step would carry a gradient all-reduce per sequence that a larger batch pays once)."""
+    return min(((b, screen(b)) for b in _divisors_upto(local_batch)), key=lambda bt: bt[1])
+
+
 def mesh_screen_us(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], hw: hardware_lib.HardwareProfile,
                    *, global_batch: int, seq_len: int, attention: str = "flash") -> float:
-    """The uncalibrated screen of ``mesh`` at per-device batch 1 with ``full`` remat (us); a
-    pipeline's (a ``stage`` axis) with XLA's attention, the only one its stages run."""
+    """The uncalibrated screen of ``mesh`` with ``full`` remat at its best per-device batch (us);
+    a pipeline's (a ``stage`` axis) with XLA's attention, the only one its stages run."""
     if mesh.get("stage", 1) > 1:
         attention = "xla"
-    return UNCALIBRATED(screen_terms(family, dims, mesh, hw, global_batch=global_batch, seq_len=seq_len,
-                                     attention=attention)) * 1e3
+    local = global_batch // math.prod(mesh.get(a, 1) for a in ("data", "fsdp", "expert"))
+    return best_batch(lambda b: UNCALIBRATED(screen_terms(family, dims, mesh, hw, global_batch=global_batch,
+                                                          seq_len=seq_len, per_device_batch=b,
+                                                          attention=attention)), local)[1] * 1e3
 
 
 def _full_mesh(mesh: Mapping[str, int]) -> dict[str, int]:
@@ -1125,9 +1143,17 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
                                           for c in done])
             return fitted[key]
 
+        def reach(c: TrainCandidate, screen: Screen) -> float:
+            """What a fitting probe's mesh can reach: its compiled step scaled by the screen's
+            ratio of its best per-device batch to the probe's one sequence."""
+            at_one = screen(terms(c.mesh, 1, probe_remat))
+            best = best_batch(lambda b: screen(terms(c.mesh, b, probe_remat)), local_batch(c.mesh))[1]
+            return c.step_ms * best / at_one if at_one > 0 else c.step_ms
+
         # Probe the meshes fastest-first by the screen; once three probes fit, the screen is
-        # calibrated on them after every compile, and a mesh it puts more than PROBE_MARGIN
-        # slower than the finalist-th fastest probe is not probed: it would not be a finalist.
+        # calibrated on them after every compile, and a mesh whose best per-device batch it
+        # puts more than PROBE_MARGIN slower than what the finalist-th probe can reach is not
+        # probed: it would not be a finalist.
         queue = list(survivors)
         probes: dict[str, TrainCandidate | None] = {}
         running: dict[concurrent.futures.Future, dict[str, int]] = {}
@@ -1147,23 +1173,27 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             # what the calibration fixes.
             screen = calibration() if len(fitting) >= max(3, mesh_finalists) else UNCALIBRATED
             if screen.fitted_on >= 3:
-                bar = fitting[mesh_finalists - 1] * (1 + PROBE_MARGIN)
+                reached = sorted(reach(c, screen) for c in probes.values() if c is not None and c.fits)
+                bar = reached[mesh_finalists - 1] * (1 + PROBE_MARGIN)
                 for m in list(queue):
-                    guess = screen(terms(m, 1, probe_remat))
+                    guess = best_batch(lambda b: screen(terms(m, b, probe_remat)), local_batch(m))[1]
                     if guess > bar:
                         queue.remove(m)
                         skipped.append((_mesh_str(m), guess, bar))
                         with lock:
                             planned["n"] -= 1
+        judge = calibration()
         fit_probes = sorted((c for c in probes.values() if c is not None and c.fits),
-                            key=lambda c: c.step_ms)
+                            key=lambda c: reach(c, judge) if judge.fitted_on >= 3 else c.step_ms)
         finalists = [c.mesh for c in fit_probes[:mesh_finalists]]
         with lock:
             planned["n"] -= finalist_reserve - sum(budget(m) for m in finalists)
         pruning.append(f"{len(probes)} probed at per-device batch 1 with {probe_remat} remat, "
-                       f"{len(fit_probes)} fit; the {len(finalists)} fastest searched further."
-                       + (f" Not probed: {len(skipped)} mesh{'es' if len(skipped) > 1 else ''} the calibrated screen puts over "
-                          f"{PROBE_MARGIN:.0%} slower than the probe ranked {mesh_finalists} ("
+                       f"{len(fit_probes)} fit; the {len(finalists)} that can reach the fastest steps (each probe "
+                       f"scaled by the calibrated screen to its best per-device batch) searched further."
+                       + (f" Not probed: {len(skipped)} mesh{'es' if len(skipped) > 1 else ''} the calibrated screen puts, "
+                          f"at their best per-device batch, over {PROBE_MARGIN:.0%} slower than what the probe "
+                          f"ranked {mesh_finalists} can reach ("
                           + ", ".join(f"{m} {g / 1e3:.2f} s" for m, g, _ in skipped[:4])
                           + (", ..." if len(skipped) > 4 else "") + f"; bar {skipped[-1][2] / 1e3:.2f} s)."
                           if skipped else ""))
