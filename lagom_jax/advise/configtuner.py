@@ -525,9 +525,10 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     once per step the optimizer's pass over the state. ``exposed``: per micro-step and layer the
     tensor-parallel all-reduces of the activations (2 forward, 2 backward, 2 more where the
     forward is recomputed) and the expert all-to-alls (2 each way), which sit between dependent
-    matmuls, and a pipeline's sends between stages (one each way per tick); ``weights``: per
-    micro-step the fsdp weight all-gathers (forward and backward) and gradient reduce-scatter
-    and, once, the data-parallel gradient all-reduce, in float32, which overlap compute. ``g``
+    matmuls, a pipeline's sends between stages (one each way per tick) and the data-parallel
+    gradient all-reduce (after the scanned backward, per accumulation step); ``weights``: per
+    micro-step the fsdp weight all-gathers (forward and backward) and gradient reduce-scatter,
+    which overlap the layers' compute; both in bfloat16, as XLA compiles them. ``g``
     = local batch / ``per_device_batch`` (default 1 sequence) micro-steps: accumulation steps,
     or on a ``stage`` axis of S the pipeline's micro-batches."""
     d, f, t, e, st = (mesh.get(a, 1) for a in ("data", "fsdp", "model", "expert", "stage"))
@@ -589,7 +590,8 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
         exposed += 4 * L / st * _coll_us("all-to-all", act * max(1, dims.get("top_k") or 1), e, 1, hw)
     # Stages hold groups of f x t x e neighbouring GPUs: a send crosses nodes once they fill one.
     sends = 2 * _coll_us("collective-permute", act / t, 2, 1 if f * t * e * st <= gpn else 2, hw) if st > 1 else 0.0
-    layer_bytes = state_bytes_per_gpu(family, dims, {"fsdp": 1, "model": t, "expert": e}) / STATE_BYTES * 4 / L
+    # bfloat16: XLA converts the float32 weights before gathering them, and reduces bf16 gradients.
+    layer_bytes = state_bytes_per_gpu(family, dims, {"fsdp": 1, "model": t, "expert": e}) / STATE_BYTES * 2 / L
     weights = 0.0
     if f > 1:
         fn = max(1, min(-(-f * t * e // gpn), -(-d * f * t * e * st // gpn)))
@@ -600,8 +602,8 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
         dn = max(1, -(-d * f * t * e * st // gpn) // max(1, -(-f * t * e * st // gpn)))
         all_reduce = _coll_us("all-reduce", L / st * layer_bytes / f, d, dn, hw)
     return {"compute": compute / 1e3, "memory": memory_us / 1e3,
-            "exposed": (ticks * exposed + ticks * sends) / 1e3,
-            "weights": (ticks * weights + (all_reduce if st > 1 else g * all_reduce)) / 1e3}
+            "exposed": (ticks * exposed + ticks * sends + (all_reduce if st > 1 else g * all_reduce)) / 1e3,
+            "weights": ticks * weights / 1e3}
 
 
 # The most a calibration may scale one part: the compiled step adds memory-bound kernels and
