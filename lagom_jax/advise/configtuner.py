@@ -7,10 +7,11 @@ every parallelism is predictable from the configuration, so no profiling run is 
 
 1. arithmetic rules out the meshes whose sizes do not divide the model or the batch, and those
    whose float32 weights and Adam moments alone exceed the memory limit;
-2. a closed-form screen (``screen_terms``: compute with what remat recomputes, the collectives
-   between dependent matmuls, the weights' traffic) orders what is left, and the screen is
-   calibrated on the compiled steps as they come in (``Screen.fit``), so that it prunes in the
-   compiled model's numbers;
+2. a closed-form screen (``screen_terms``: matmuls at their shapes' rates with what remat
+   recomputes, memory-bound kernels, the collectives nothing runs beside, the fsdp weights'
+   traffic) orders what is left, each mesh judged at its best per-device batch, and the screen
+   is calibrated on the compiled steps as they come in (``Screen.fit``), so that it prunes in
+   the compiled model's numbers;
 3. each configuration compiled is the real train step (`lagom_jax.models.build`) compiled by
    XLA's GPU pipeline for the cluster's GPUs (deviceless): its memory is XLA's, its step the
    cost model's prediction of that compiled step (``predict_train_step_ms``'s number).
