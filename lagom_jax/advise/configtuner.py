@@ -157,6 +157,8 @@ FAMILY_MODELS = {**predict.FAMILY_MODELS, "gpt2": "gpt2", "bert": "bert", "t5": 
 # Families whose layers are GPT-2's Block (pre- or post-norm, biases, a two-matrix MLP); they
 # tag no activation names, so only the policies that need none apply.
 BLOCK_FAMILIES = ("gpt", "gpt2", "bert", "t5")
+# Families whose MLP is gated (SwiGLU: gate and up matrices in, one out).
+GATED_FAMILIES = ("llama", "mixtral")
 # Families whose meshes include pipeline stages unless told otherwise: those the first adviser
 # pipelined. Llama, Mixtral and the contract's gpt are searched as MaxText's and JAX-Toolbox's
 # GPU recipes run them, without a pipeline (and the built-in pipeline is GPipe, all forward then
@@ -398,7 +400,7 @@ def _layer_groups(family: str, dims: Mapping[str, int], seq_len: int) -> list[tu
     L, d, h, kv, ff = (dims[k] for k in ("layers", "d_model", "heads", "kv_heads", "ffn"))
     hd = dims.get("head_dim") or d // h
     k = dims.get("top_k") or 1
-    gated = family in ("llama", "mixtral")
+    gated = family in GATED_FAMILIES
     qkv, out = 2 * d * (h + 2 * kv) * hd, 2 * h * hd * d
     causal, full = 2 * seq_len * h * hd, 4 * seq_len * h * hd
     mlp = {"wi": 2 * (2 if gated else 1) * d * ff * k, "wo": 2 * d * ff * k}
@@ -491,7 +493,7 @@ def _part_shapes(family: str, dims: Mapping[str, int], tokens: int, t: int) -> d
     rank for ``tokens`` rows: what sets the rate the part's FLOPs run at."""
     d, h, kv, ff = (dims[k] for k in ("d_model", "heads", "kv_heads", "ffn"))
     hd = dims.get("head_dim") or d // h
-    wide = (2 if family in ("llama", "mixtral") else 1) * ff
+    wide = (2 if family in GATED_FAMILIES else 1) * ff
     rows = tokens * max(1, dims.get("top_k") or 1)
     return {"qkv": (tokens, max(1, (h + 2 * kv) * hd // t), d), "out": (tokens, d, max(1, h * hd // t)),
             "wi": (rows, max(1, wide // t), d), "wo": (rows, d, max(1, ff // t))}
@@ -506,7 +508,7 @@ def _forward_bytes_per_token(family: str, dims: Mapping[str, int], seq_len: int,
     d, h, ff = dims["d_model"], dims["heads"], dims["ffn"]
     hd = dims.get("head_dim") or d // h
     k = max(1, dims.get("top_k") or 1)
-    act = (3 if family in ("llama", "mixtral") else 2) * ff * k / t
+    act = (3 if family in GATED_FAMILIES else 2) * ff * k / t
     elems = 10 * d + act + 4 * h * hd / t
     scores = 6.0 * h / t * seq_len if attention == "xla" else 0.0
     return 2.0 * elems + scores
@@ -563,7 +565,8 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
             layer_us += n * (us * passes + attn / (att.forward * 1e6) * (1 + recompute / forward)
                              + 2 * attn / (att.backward * 1e6))
     v = dims["vocab"]
-    head_rows = tokens * (g if st > 1 else 1) // (st if st > 1 and (local // st) * st == local else 1)
+    # A pipeline's head runs once on the rank's micro-batches, on a stage's share where it is whole.
+    head_rows = tokens * g // (st if local % st == 0 else 1) if st > 1 else tokens
     head_us = 3 * 2 * v * dm / t * head_rows / (kernels.gemm_tflops(head_rows, max(1, v // t), dm, hw) * 1e6)
     compute = ticks * layer_us / st + (1 if st > 1 else g) * head_us
     # Memory-bound kernels: per layer and micro-step, each with its launch, and the optimizer.
@@ -762,7 +765,7 @@ def kept_mlp_bytes(family: str, dims: Mapping[str, int], mesh: Mapping[str, int]
     alive at once (a micro-step's, or a pipeline's whole per-rank batch). A MoE layer's expert
     matmuls see each token ``top_k`` times (at least: capacity only adds slots)."""
     experts = dims.get("experts", 0)
-    gated = family in ("llama", "mixtral")
+    gated = family in GATED_FAMILIES
     if remat == "none":
         per_row = 3 if gated else 2
     elif remat in ("minimal", "minimal_flash") and not experts:
@@ -1170,13 +1173,13 @@ def advise_train_step(family: str, *, layers: int, d_model: int, heads: int, kv_
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 probes[_mesh_str(running.pop(fut))] = fut.result()
-            fitting = sorted(c.step_ms for c in probes.values() if c is not None and c.fits)
+            fitting = [c for c in probes.values() if c is not None and c.fits]
             # Pruned only by a screen fitted on three compiled steps or more: one scale from a
             # single step would carry the uncalibrated screen's ratios between meshes, which is
             # what the calibration fixes.
             screen = calibration() if len(fitting) >= max(3, mesh_finalists) else UNCALIBRATED
             if screen.fitted_on >= 3:
-                reached = sorted(reach(c, screen) for c in probes.values() if c is not None and c.fits)
+                reached = sorted(reach(c, screen) for c in fitting)
                 bar = reached[mesh_finalists - 1] * (1 + PROBE_MARGIN)
                 for m in list(queue):
                     guess = best_batch(lambda b: screen(terms(m, b, probe_remat)), local_batch(m))[1]
