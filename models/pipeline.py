@@ -92,7 +92,16 @@ _CHECK_VMA = parse_version(jax.__version__)[:2] < (0, 11)  # (seen on 0.12.0.1; 
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """GPipe over mesh axis ``stage`` with ``microbatches`` microbatches."""
+    """GPipe over mesh axis ``stage`` with ``microbatches`` microbatches.
+
+    The shard_map is manual over ``data`` too, where the mesh has it: a stage's weights are
+    made data-varying before the tick loop, so every tick adds its gradient to a local sum and
+    the sum is reduced over ``data`` once, after the loop. Left to the partitioner (``data``
+    automatic), XLA reduced each layer's gradient inside the transposed loop, every tick:
+    ``microbatches + stages - 1`` times the traffic (gpt2 355M, data 2 x stage 4 on 8 A40:
+    114 all-reduces of 25 MB per step, 230 ms of a 775 ms step). The shared inputs (the
+    micro-batches, the encoder's output, a T5's position bias) are made stage-varying for the
+    same reason."""
 
     mesh: Mesh
     microbatches: int
@@ -103,10 +112,19 @@ class Pipeline:
         xs = _split(x, m)
         encs = None if enc is None else _split(enc, m)
         shift = [(s, s + 1) for s in range(stages - 1)]
+        data = ("data",) if self.mesh.shape.get("data", 1) > 1 else ()
+        rows = P(None, *data)  # [microbatch, rows, ...]: the rows over data
 
         def staged(params: Any, xs: jax.Array, encs: jax.Array | None,
                    bias: jax.Array | None) -> jax.Array:
             s = jax.lax.axis_index("stage")
+            # Varying before the loop: the transposes (the gradients' sums over the axes)
+            # run once, here, and not at each use inside the loop.
+            if data:
+                params = jax.lax.pcast(params, data, to="varying")
+            xs, encs = jax.lax.pcast((xs, encs), "stage", to="varying")
+            if bias is not None:
+                bias = jax.lax.pcast(bias, ("stage", *data), to="varying")
 
             def tick(carry: tuple[jax.Array, jax.Array], t: jax.Array):
                 state, outs = carry
@@ -118,14 +136,13 @@ class Pipeline:
                 outs = outs.at[j].set(jnp.where(done, out, outs[j]))
                 return (jax.lax.ppermute(out, "stage", shift), outs), None
 
-            init = jax.lax.pcast((jnp.zeros_like(xs[0]), jnp.zeros_like(xs)), "stage",
-                                 to="varying")
+            init = (jnp.zeros_like(xs[0]), jnp.zeros_like(xs))
             (_, outs), _ = jax.lax.scan(tick, init, jnp.arange(m + stages - 1))
             # Only the last stage wrote outputs; the sum hands them to every stage.
             return jax.lax.psum(outs, "stage")
 
-        run = jax.shard_map(staged, mesh=self.mesh, in_specs=(P("stage"), P(), P(), P()),
-                            out_specs=P(), axis_names={"stage"}, check_vma=_CHECK_VMA)
+        run = jax.shard_map(staged, mesh=self.mesh, in_specs=(P("stage"), rows, rows, P()),
+                            out_specs=rows, axis_names={"stage", *data}, check_vma=_CHECK_VMA)
         return _join(run(params, xs, encs, bias))
 
 

@@ -265,28 +265,6 @@ def test_the_screen_calibration_recovers_a_known_law_and_prices_what_it_was_not_
 
 
 
-def test_the_screen_prices_the_pipelines_gradient_reductions_every_tick(monkeypatch):
-    """The compiled GPipe step reduces each layer's gradient over data every tick (and a T5's
-    position bias over stage too): the screen's exposed part grows with the ticks."""
-    hw = adv.predict._cluster("a40-pcie-8", 8)  # noqa: SLF001
-
-    def exposed(family, mesh, batch):
-        dims = dict(adv.family_dims(family, {"gpt2": "355M", "t5": "base"}[family]), seq_len=512)
-        return adv.screen_terms(family, dims, mesh, hw, global_batch=batch, seq_len=512, per_device_batch=1)["exposed"]
-
-    # Without data parallelism, only the sends between stages: no gradient is reduced.
-    alone = exposed("gpt2", {"stage": 8}, 32)
-    # data 2 x stage 4: 16 micro-batches are 19 ticks, 32 are 35: the reductions follow the ticks.
-    dp16, dp32 = exposed("gpt2", {"data": 2, "stage": 4}, 32), exposed("gpt2", {"data": 2, "stage": 4}, 64)
-    assert dp16 > 10 * alone and dp32 / dp16 == pytest.approx(35 / 19, rel=0.05)
-    # Without a pipeline, one reduction per micro-step after the scanned backward.
-    assert exposed("gpt2", {"data": 2, "fsdp": 4}, 32) < dp16 / 4
-    # T5's bias gradient ([heads, s, s] in float32) is reduced over stage every tick, data or not.
-    with_bias = exposed("t5", {"stage": 4}, 32)
-    monkeypatch.setattr(adv, "POSITION_BIAS_FAMILIES", ())
-    assert with_bias > 5 * exposed("t5", {"stage": 4}, 32)
-
-
 def test_bad_input_for_the_family_advisor():
     with pytest.raises(ValueError, match="not whole nodes"):
         adv.advise_train_step("llama", **TINY_LLAMA, gpus=12, hardware="h100-sxm-8", global_batch=24,

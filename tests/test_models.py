@@ -29,7 +29,7 @@ RECIPES = (
     ("dp+pp+tp", "data=2,stage=2,model=2"),
 )
 CASES = [(m, r, mesh) for m in MODELS for r, mesh in RECIPES]
-CASES.append(("gpt2", "dp+tp", "data=2,model=4"))
+CASES += [("gpt2", "dp+tp", "data=2,model=4"), ("gpt2", "dp+pp", "data=2,stage=2")]
 # CommFuse rings in the MLP (recipe part cf): same losses as the plain collectives.
 CASES += [("gpt2", "tp+sp+cf", "model=4"), ("bert", "dp+tp+sp+cf", "data=2,model=4")]
 STEPS = 3
@@ -114,6 +114,10 @@ def test_collectives_match_recipe(model: str, recipe: str, mesh: str) -> None:
             # Each data rank runs its own rows of every microbatch: no tick gathers a microbatch
             # across data (a contiguous split did, and computed it on every data rank again).
             assert in_loops["all-gather"] == 0, loops
+        if not parts & {"fsdp", "sp", "tp"}:
+            # The ticks add their gradients to local sums, reduced over data once after the
+            # loop (left to the partitioner, every tick reduced every layer's gradient).
+            assert in_loops["all-reduce"] == 0 and total(hlo, "all-reduce") > 0, loops
     if "cf" in parts:
         # The MLP's all-gather and reduce-scatter became rings of permutes in the layer loops.
         assert in_loops["collective-permute"] >= 2, loops

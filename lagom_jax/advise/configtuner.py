@@ -164,8 +164,6 @@ GATED_FAMILIES = ("llama", "mixtral")
 # GPU recipes run them, without a pipeline (and the built-in pipeline is GPipe, all forward then
 # all backward, not MaxText's circular one); ``pipeline=True`` adds stages to them too.
 PIPELINED_BY_DEFAULT = ("gpt2", "bert", "t5")
-# Families whose attention adds a learned relative-position bias (T5, arXiv 1910.10683).
-POSITION_BIAS_FAMILIES = ("t5",)
 
 # Remat policies from least memory to most: each saves a superset of what the one before
 # saves (models/pipeline.py), so memory rises along this order and recomputation falls.
@@ -603,23 +601,15 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
         fn = max(1, min(-(-f * t * e // gpn), -(-d * f * t * e * st // gpn)))
         weights += L / st * (2 * _coll_us("all-gather", layer_bytes, f, fn, hw)
                              + _coll_us("reduce-scatter", layer_bytes, f, fn, hw))
-    # The gradient reductions of one micro-step. Without a pipeline, the data-parallel
-    # all-reduce of the stacked layer gradients after the scanned backward. In the GPipe tick
-    # loop (models/pipeline.py) XLA reduces each layer's gradient over data inside the
-    # transposed loop, every tick, and a T5's position bias (materialised [heads, s, s] in
-    # float32, shared by the layers) once per layer over data and once per stack over stage:
-    # read off the compiled gpt2 355M and T5 base pipelines (2 x 4 GPUs).
-    reduce = 0.0
-    bias = dims["heads"] * seq_len * seq_len * 4 if family in POSITION_BIAS_FAMILIES else 0.0
+    # The data-parallel gradient all-reduce: after the scanned backward of each micro-step; in
+    # the GPipe step once, after the tick loop, of the stage's float32 gradient sums
+    # (models/pipeline.py).
+    all_reduce = 0.0
     if d > 1:
         dn = max(1, -(-d * f * t * e * st // gpn) // max(1, -(-f * t * e * st // gpn)))
-        reduce += (_coll_us("all-reduce", L / st * layer_bytes / f, d, dn, hw) if st == 1 else
-                   L / st * _coll_us("all-reduce", layer_bytes / f + bias, d, dn, hw))
-    if st > 1 and bias:
-        stacks = 2 if dims.get("dec_layers") else 1
-        reduce += stacks * _coll_us("all-reduce", bias, st, max(1, min(st, -(-f * t * e * st // gpn))), hw)
+        all_reduce = _coll_us("all-reduce", L / st * layer_bytes / f * (2 if st > 1 else 1), d, dn, hw)
     return {"compute": compute / 1e3, "memory": memory_us / 1e3,
-            "exposed": ticks * (exposed + sends + reduce) / 1e3,
+            "exposed": (ticks * (exposed + sends) + (all_reduce if st > 1 else g * all_reduce)) / 1e3,
             "weights": ticks * weights / 1e3}
 
 

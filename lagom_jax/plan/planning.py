@@ -22,7 +22,7 @@ from lagom_jax.program.graph import StepGraph
 
 # Bumped whenever a Plan's content or meaning changes: cached plans of another version
 # are never read (PlanCache keys include it).
-VERSION = "0.5.2"  # 0.5.2: a pipeline step runs its embedding and head on a stage's share of the batch
+VERSION = "0.5.3"  # 0.5.3: a pipeline step reduces its data-parallel gradients once, after the tick loop
 BASELINES = ("xla-default", "recipe", "autoccl")
 
 
