@@ -174,6 +174,12 @@ GPT_REMATS = ("full", "minimal", "none")
 # Float32 weights and the two Adam moments per parameter: the step's arguments.
 STATE_BYTES = 12
 GRAD_ACCUM_BYTES = 4  # the float32 gradient accumulator a step with grad_accum > 1 keeps
+# HBM bytes of one AdamW update per byte of weights and moments (float32, STATE_BYTES per
+# parameter): read off XLA's compiled steps, as the memory-bound traffic of data=8 less that of
+# fsdp=8 (which updates an eighth of the state) over the state's difference: 6.5 for gpt2 355M
+# and 6.6 for BERT large (8 H100, one sequence per GPU), where reading the weights, gradients
+# and both moments and writing three would be 7/3.
+OPTIMIZER_TRAFFIC = 6.5
 DEFAULT_MESH_FINALISTS = 3
 DEFAULT_TOP = 10
 DEFAULT_MAX_PROBES = 10
@@ -525,7 +531,8 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     square; on a pipeline each of the ``g + S - 1`` ticks runs a stage's layers (GPipe's
     bubble). ``memory``: the memory-bound kernels (norms, activations, residuals, XLA's
     attention scores) per layer and micro-step at the achieved HBM rate, their launches, and
-    once per step the optimizer's pass over the state. ``exposed``: per micro-step and layer the
+    the optimizer's passes over the state (per micro-step, as the compiled steps are predicted;
+    once in a pipeline). ``exposed``: per micro-step and layer the
     tensor-parallel all-reduces of the activations (2 forward, 2 backward, 2 more where the
     forward is recomputed) and the expert all-to-alls (2 each way), which sit between dependent
     matmuls, a pipeline's sends between stages (one each way per tick) and the data-parallel
@@ -582,10 +589,11 @@ def screen_terms(family: str, dims: Mapping[str, int], mesh: Mapping[str, int], 
     kernels_per_layer = 12 * passes
     layer_mem = per_layer / (hw.achieved_hbm_gbps * 1e3) + kernels_per_layer * hw.launch_us
     state = state_bytes_per_gpu(family, dims, mesh)
-    # AdamW reads the weights, gradients and both moments and writes three of them (float32):
-    # 7 of every 3 state words; each accumulation step adds its gradient to a float32 sum.
-    optimizer = state * (7 / 3 + (2 / 3 * g if st == 1 and g > 1 else 0)) / (hw.achieved_hbm_gbps * 1e3)
-    memory_us = ticks * L / st * layer_mem + optimizer
+    # AdamW as XLA compiles optax's update moves OPTIMIZER_TRAFFIC times the state's bytes; a
+    # step of g accumulation steps is predicted as g micro-steps, each with its update
+    # (``advise_train_step``), a pipeline's micro-batches as one step with one.
+    optimizer = state * OPTIMIZER_TRAFFIC / (hw.achieved_hbm_gbps * 1e3)
+    memory_us = ticks * L / st * layer_mem + (1 if st > 1 else g) * optimizer
     act = b * seq_len * dm * 2
     exposed = 0.0
     if t > 1:
