@@ -264,7 +264,6 @@ def test_the_screen_calibration_recovers_a_known_law_and_prices_what_it_was_not_
     assert tp1["exposed"] > 0 and tp4["weights"] == pytest.approx(tp1["weights"] / 4)
 
 
-
 def test_bad_input_for_the_family_advisor():
     with pytest.raises(ValueError, match="not whole nodes"):
         adv.advise_train_step("llama", **TINY_LLAMA, gpus=12, hardware="h100-sxm-8", global_batch=24,
