@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import sys
 import time
 import traceback
@@ -224,22 +225,36 @@ def ragged(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[st
 
         both = jax.jit(jax.grad(loss, argnums=(0, 1)))
         for what, fn, mult in (("forward", fwd, 1), ("forward+backward", both, 3)):
-            rows.append(measure(fn, sets, mult * 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
-                                label=f"ragged_dot {name} {what}", groups=name, group_sizes=sizes.tolist(),
-                                m=m, k=k, n=n, **{"pass": what}))
-        # The same forward under XLA's grouped-GEMM flag (a deviceless compile shows no change:
+            row = measure(fn, sets, mult * 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
+                          label=f"ragged_dot {name} {what}", groups=name, group_sizes=sizes.tolist(),
+                          m=m, k=k, n=n, **{"pass": what})
+            rows.append({**row, **_compiled_form(fn.lower(*sets[0]).compile().as_text(), m, g * k)})
+        # The same passes under XLA's grouped-GEMM flag (a deviceless compile shows no change:
         # only a GPU can say whether it runs a grouped GEMM).
-        grouped = fwd.lower(*sets[0]).compile({GROUPED_GEMM_FLAG: True})
-        row = measure(grouped, sets, 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
-                      label=f"ragged_dot {name} forward, grouped-GEMM flag", groups=name,
-                      group_sizes=sizes.tolist(), m=m, k=k, n=n, flag=GROUPED_GEMM_FLAG, **{"pass": "forward"})
-        if "error" not in row:
-            row["dense_dot"] = f"[{m},{g * k}]" in grouped.as_text()
-        rows.append(row)
+        for what, fn, mult in (("forward", fwd, 1), ("forward+backward", both, 3)):
+            label = f"ragged_dot {name} {what}, grouped-GEMM flag"
+            fields = dict(groups=name, group_sizes=sizes.tolist(), m=m, k=k, n=n, flag=GROUPED_GEMM_FLAG,
+                          **{"pass": what})
+            try:
+                grouped = fn.lower(*sets[0]).compile({GROUPED_GEMM_FLAG: True})
+            except Exception as e:  # noqa: BLE001 - an XLA without the flag is a result too
+                rows.append({**fields, "error": repr(e)[:300]})
+                progress(f"{label}: {rows[-1]['error']}")
+                continue
+            row = measure(grouped, sets, mult * 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
+                          label=label, **fields)
+            rows.append({**row, **_compiled_form(grouped.as_text(), m, g * k)})
     return rows
 
 
 GROUPED_GEMM_FLAG = "xla_gpu_experimental_use_ragged_dot_grouped_gemm"
+
+
+def _compiled_form(text: str, m: int, masked_k: int) -> dict[str, Any]:
+    """How XLA compiled a ragged dot: whether the rows were masked into one dense dot over every
+    group (an ``[m, groups * k]`` operand), and the custom calls the module holds."""
+    return {"dense_dot": f"[{m},{masked_k}]" in text,
+            "custom_calls": sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))}
 
 
 # ---------------------------------------------------------------------------- dispatch

@@ -5,19 +5,22 @@
 # $OUT/gpu and packs it into $OUT/gpu_wave.tgz.
 #
 #   OUT=/tmp/out bash benchmarks/gpu/wave.sh [part ...]
-#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash (default: all)
+#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash mixtral_2l llama3_8b_fp8
+#   (default: the first six; the last two are the MoE and fp8 steps of issue 47)
 #
 # Needs: an NVIDIA GPU, JAX with its CUDA plugin, CuPy. lagom_jax is imported from this
 # checkout (copied into a site folder as the package layout maps it), nothing is installed.
 set -u
 OUT=${OUT:-/tmp/lagom_gpu_wave}
-W=$OUT/gpu
+W=${WAVE_DIR:-$OUT/gpu}  # WAVE_DIR: keep the loose files elsewhere, only the tarball under $OUT
 mkdir -p "$W"
 export PYTHONUNBUFFERED=1
 SITE=$(mktemp -d)
 cp -r lagom_jax "$SITE/" && cp -r passes "$SITE/lagom_jax/passes" && cp -r models "$SITE/lagom_jax/models"
 export PYTHONPATH=$SITE:$PWD
 PY="${PYTHON:-python3} -P"  # -P: the site copy, not the checkout's lagom_jax, comes first
+# The measured H100 profile prices "after"; on another card leave ACC_PROFILE empty (its preset only).
+ACC_PROFILE=${ACC_PROFILE-benchmarks/results/gpu/hardware.json}
 parts=${*:-order gpt5b llama2_7b memory kernels llama3_8b_flash}
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
@@ -37,18 +40,22 @@ part() {  # name limit_s command...
 
 acc() {  # tag model config batch seq attention
   part "acc_$1" "${ACC_LIMIT:-100}" $PY -m benchmarks.gpu.accuracy --out "$W" --tag "$1" --model "$2" --config "$3" \
-    --batch-size "$4" --seq-len "$5" --attention "$6" --profile benchmarks/results/gpu/hardware.json \
+    --batch-size "$4" --seq-len "$5" --attention "$6" ${ACC_PROFILE:+--profile "$ACC_PROFILE"} \
     --warmup 2 --repeats 6
 }
 
 for p in $parts; do
   case $p in
     order) part order 80 $PY -m benchmarks.gpu.order --out "$W" ;;
-    kernels) part kernels 180 $PY -m benchmarks.gpu.kernels --out "$W" --parts "${KERNEL_PARTS:-attention,fp8,ragged,dispatch}" --repeats 10 --inner 4 ;;
+    kernels) part kernels "${KERNEL_LIMIT:-180}" $PY -m benchmarks.gpu.kernels --out "$W" --parts "${KERNEL_PARTS:-attention,fp8,ragged,dispatch}" --repeats 10 --inner 4 ;;
     memory) XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 part memory 110 $PY -m benchmarks.gpu.kernels --out "$W/mem" --parts memory --memory-layers "${MEMORY_LAYERS:-6,10}" ;;
     gpt5b) acc gpt5b gpt2 "layers=2,d_model=4096,heads=32,d_ff=16384,max_len=2048" 4 2048 xla ;;
     llama2_7b) acc llama2_7b llama "layers=2,d_model=4096,heads=32,kv_heads=32,d_ff=11008,vocab=32000,max_len=4096" 2 4096 xla ;;
     llama3_8b_flash) ACC_LIMIT=80 acc llama3_8b_flash llama "layers=2,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,max_len=8192" 1 8192 flash ;;
+    # Mixtral 8x7b's layer (GShard dispatch, 8 experts, top-2) and llama3-8b's with MaxText's
+    # fp8 path, two layers each on one GPU.
+    mixtral_2l) acc mixtral_2l mixtral "layers=2,max_len=4096" 2 4096 xla ;;
+    llama3_8b_fp8) acc llama3_8b_fp8 llama "layers=2,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,max_len=4096,quantization=fp8" 2 4096 xla ;;
     *) echo "unknown part $p" ;;
   esac
 done
