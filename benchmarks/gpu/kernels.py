@@ -70,7 +70,7 @@ def measure(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], flops: floa
     try:
         t = timed(fn, arg_sets, repeats=repeats, inner=inner)
         row = {**fields, **t, "tflops": flops / (t["median_us"] * 1e6)}
-        progress(f"{label}: {row['median_us']:.0f} us, {row['tflops']:.0f} TFLOP/s")
+        progress(f"{label}: {row['median_us']:.0f} us (IQR {row['iqr_us']:.0f}), {row['tflops']:.0f} TFLOP/s")
     except Exception as e:  # noqa: BLE001
         row = {**fields, "error": repr(e)[:300]}
         progress(f"{label}: {row['error']}")
@@ -81,6 +81,32 @@ def _normal(key: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     import jax
 
     return jax.random.normal(key, shape, jax.numpy.float32).astype(dtype)
+
+
+def with_backward(f: Callable[..., Any], arg_sets: list[tuple[Any, ...]], n_diff: int,
+                  key: Any) -> tuple[Callable[..., Any], list[tuple[Any, ...]]]:
+    """``f``'s forward and backward as a training step runs them: the pullback of its first
+    ``n_diff`` arguments against a random cotangent (appended to each argument set). The
+    gradient of a plain sum would not do: its all-ones cotangent lets XLA rewrite a dot's
+    backward into a reduction, which times far faster than the GEMMs a step runs."""
+    import jax
+
+    out = jax.eval_shape(f, *arg_sets[0])
+    cts = [_normal(k, out.shape, out.dtype) for k in jax.random.split(key, len(arg_sets))]
+
+    def step(*args):  # noqa: ANN002, ANN202
+        *xs, ct = args
+        y, pull = jax.vjp(lambda *d: f(*d, *xs[n_diff:]), *xs[:n_diff])
+        return y, pull(ct)
+
+    return jax.jit(step), [(*a, c) for a, c in zip(arg_sets, cts)]
+
+
+def compiled(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], options: dict[str, Any] | None = None) -> Any:
+    """``fn`` compiled once for the first argument set: timed and read from the same executable."""
+    import jax
+
+    return jax.jit(fn).lower(*arg_sets[0]).compile(options)
 
 
 # --------------------------------------------------------------------------- attention
@@ -117,14 +143,10 @@ def attention(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict
                  _normal(keys[3 * i + 2], (b, s, kv, d), dt)) for i in range(3)]
         fwd_flops = 4 * b * heads * s * s * d / 2
         for name, f in impls().items():
-            fwd = jax.jit(f)
-
-            def loss(q, k, v, f=f):  # noqa: ANN001, ANN202
-                return jnp.sum(f(q, k, v).astype(jnp.float32))
-
-            both = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-            for what, fn, flops in (("forward", fwd, fwd_flops), ("forward+backward", both, 3.5 * fwd_flops)):
-                rows.append(measure(fn, sets, flops, repeats=repeats, inner=inner, progress=progress,
+            both, both_sets = with_backward(f, sets, 3, keys[-1])
+            for what, fn, args, flops in (("forward", jax.jit(f), sets, fwd_flops),
+                                          ("forward+backward", both, both_sets, 3.5 * fwd_flops)):
+                rows.append(measure(fn, args, flops, repeats=repeats, inner=inner, progress=progress,
                                     label=f"attention {name} s={s} {what}", impl=name, seq=s, batch=b, heads=heads,
                                     kv_heads=kv, head_dim=d, **{"pass": what}))
     return rows
@@ -133,7 +155,7 @@ def attention(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict
 # --------------------------------------------------------------------------------- fp8
 
 
-def fp8(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, Any]]:
+def fp8(quick: bool, repeats: int, inner: int, progress: Any, gemms: str | None = None) -> list[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
 
@@ -143,6 +165,11 @@ def fp8(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, 
     shapes = {"qkv": (m, 10240, 8192), "o": (m, 8192, 8192), "gate/up": (m, 28672, 8192),
               "down": (m, 8192, 28672), "405b qkv": (m, 18432, 16384), "405b o": (m, 16384, 16384),
               "405b gate/up": (m, 53248, 16384), "405b down": (m, 16384, 53248)}
+    if gemms:
+        unknown = sorted(set(gemms.split(",")) - set(shapes))
+        if unknown:
+            raise ValueError(f"unknown GEMM(s) {unknown}; known: {', '.join(shapes)}")
+        shapes = {g: shapes[g] for g in gemms.split(",")}
     if quick:
         shapes = {k: (m, n // 64, kk // 64) for k, (_, n, kk) in shapes.items()}
     rows = []
@@ -151,12 +178,10 @@ def fp8(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, 
         for dtype in ("bfloat16", "float8_e4m3fn"):
             dt = jnp.dtype(dtype)
             sets = [(_normal(keys[2 * i], (mm, k), dt), _normal(keys[2 * i + 1], (k, n), dt)) for i in range(2)]
-            fn = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.bfloat16))
+            fn = compiled(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.bfloat16), sets)
             row = measure(fn, sets, 2 * mm * n * k, repeats=repeats, inner=inner, progress=progress,
                           label=f"gemm {name} {mm}x{n}x{k} {dtype}", gemm=name, m=mm, n=n, k=k, dtype=dtype)
-            if "error" not in row:
-                row["cublaslt_fp8"] = "__cublas$lt$matmul$f8" in fn.lower(*sets[0]).compile().as_text()
-            rows.append(row)
+            rows.append({**row, "cublaslt_fp8": "__cublas$lt$matmul$f8" in fn.as_text()})
         rows += _fp8_scaled(name, mm, n, k, keys, repeats, inner, progress)
     return rows
 
@@ -180,22 +205,18 @@ def _fp8_scaled(name: str, m: int, n: int, k: int, keys: Any, repeats: int, inne
     def f(a, b):  # noqa: ANN001, ANN202
         return jnp.einsum("mk,kn->mn", a, b, _dot_general=dot)
 
-    def loss(a, b):  # noqa: ANN001, ANN202
-        return jnp.sum(f(a, b).astype(jnp.float32))
-
     sets = [(_normal(keys[2 * i], (m, k), jnp.bfloat16), _normal(keys[2 * i + 1], (k, n), jnp.bfloat16))
             for i in range(2)]
+    both, both_sets = with_backward(f, sets, 2, keys[-1])
     rows = []
-    for what, fn, flops in (("forward", jax.jit(f), 2 * m * n * k),
-                            ("forward+backward", jax.jit(jax.grad(loss, argnums=(0, 1))), 6 * m * n * k)):
-        row = measure(fn, sets, flops, repeats=repeats, inner=inner, progress=progress,
-                      label=f"gemm {name} {m}x{n}x{k} fp8 delayed scaling {what}", gemm=name, m=m, n=n, k=k,
-                      dtype="fp8 delayed scaling (bf16 in)", **{"pass": what})
-        if "error" not in row:
-            text = fn.lower(*sets[0]).compile().as_text()
-            row["cublaslt_fp8"] = "__cublas$lt$matmul$f8" in text
-            row["f8_operands"] = "f8e4m3fn[" in text
-        rows.append(row)
+    for what, fn, args, flops in (("forward", f, sets, 2 * m * n * k),
+                                  ("forward+backward", both, both_sets, 6 * m * n * k)):
+        exe = compiled(fn, args)
+        text = exe.as_text()
+        rows.append({**measure(exe, args, flops, repeats=repeats, inner=inner, progress=progress,
+                               label=f"gemm {name} {m}x{n}x{k} fp8 delayed scaling {what}", gemm=name, m=m, n=n,
+                               k=k, dtype="fp8 delayed scaling (bf16 in)", **{"pass": what}),
+                     "cublaslt_fp8": text.count("__cublas$lt$matmul$f8"), "f8_operands": "f8e4m3fn[" in text})
     return rows
 
 
@@ -218,32 +239,23 @@ def ragged(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[st
         sizes[0] += m - sizes.sum()
         gs = jnp.asarray(sizes)
         sets = [(a, b, gs) for a, b in sets_base]
-        fwd = jax.jit(lambda a, b, s: jax.lax.ragged_dot(a, b, s))
-
-        def loss(a, b, s):  # noqa: ANN001, ANN202
-            return jnp.sum(jax.lax.ragged_dot(a, b, s).astype(jnp.float32))
-
-        both = jax.jit(jax.grad(loss, argnums=(0, 1)))
-        for what, fn, mult in (("forward", fwd, 1), ("forward+backward", both, 3)):
-            row = measure(fn, sets, mult * 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
-                          label=f"ragged_dot {name} {what}", groups=name, group_sizes=sizes.tolist(),
-                          m=m, k=k, n=n, **{"pass": what})
-            rows.append({**row, **_compiled_form(fn.lower(*sets[0]).compile().as_text(), m, g * k)})
-        # The same passes under XLA's grouped-GEMM flag (a deviceless compile shows no change:
-        # only a GPU can say whether it runs a grouped GEMM).
-        for what, fn, mult in (("forward", fwd, 1), ("forward+backward", both, 3)):
-            label = f"ragged_dot {name} {what}, grouped-GEMM flag"
-            fields = dict(groups=name, group_sizes=sizes.tolist(), m=m, k=k, n=n, flag=GROUPED_GEMM_FLAG,
-                          **{"pass": what})
-            try:
-                grouped = fn.lower(*sets[0]).compile({GROUPED_GEMM_FLAG: True})
-            except Exception as e:  # noqa: BLE001 - an XLA without the flag is a result too
-                rows.append({**fields, "error": repr(e)[:300]})
-                progress(f"{label}: {rows[-1]['error']}")
-                continue
-            row = measure(grouped, sets, mult * 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
-                          label=label, **fields)
-            rows.append({**row, **_compiled_form(grouped.as_text(), m, g * k)})
+        fwd = jax.lax.ragged_dot
+        both, both_sets = with_backward(fwd, sets, 2, keys[-1])
+        # Each pass as XLA compiles it by default and under its grouped-GEMM flag (a deviceless
+        # compile shows no change: only a GPU can say whether it runs a grouped GEMM).
+        for flag in (None, GROUPED_GEMM_FLAG):
+            for what, fn, args, mult in (("forward", fwd, sets, 1), ("forward+backward", both, both_sets, 3)):
+                label = f"ragged_dot {name} {what}" + (", grouped-GEMM flag" if flag else "")
+                fields = dict(groups=name, group_sizes=sizes.tolist(), m=m, k=k, n=n, flag=flag, **{"pass": what})
+                try:
+                    exe = compiled(fn, args, {flag: True} if flag else None)
+                except Exception as e:  # noqa: BLE001 - an XLA without the flag is a result too
+                    rows.append({**fields, "error": repr(e)[:300]})
+                    progress(f"{label}: {rows[-1]['error']}")
+                    continue
+                row = measure(exe, args, mult * 2 * m * k * n, repeats=repeats, inner=inner, progress=progress,
+                              label=label, **fields)
+                rows.append({**row, **_compiled_form(exe.as_text(), m, g * k)})
     return rows
 
 
@@ -277,13 +289,9 @@ def dispatch(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[
     for name, eqn, sets in (("dispatch", "btd,btec->ebcd", list(zip(x_sets, masks))),
                             ("combine", "ebcd,btec->btd", list(zip(out_sets, masks)))):
         fwd = jax.jit(lambda a, m, eqn=eqn: jnp.einsum(eqn, a, m))
-
-        def loss(a, m, eqn=eqn):  # noqa: ANN001, ANN202
-            return jnp.sum(jnp.einsum(eqn, a, m).astype(jnp.float32))
-
-        both = jax.jit(jax.grad(loss, argnums=(0, 1)))
-        for what, fn, mult in (("forward", fwd, 1), ("forward+backward", both, 3)):
-            rows.append(measure(fn, sets, mult * flops, repeats=repeats, inner=inner, progress=progress,
+        both, both_sets = with_backward(fwd, sets, 2, keys[-1])
+        for what, fn, args, mult in (("forward", fwd, sets, 1), ("forward+backward", both, both_sets, 3)):
+            rows.append(measure(fn, args, mult * flops, repeats=repeats, inner=inner, progress=progress,
                                 label=f"{name} {eqn} {what}", einsum=name, equation=eqn, batch=b, seq=s,
                                 experts=e, capacity=c, d_model=d, **{"pass": what}))
     return rows
@@ -366,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                     "each runs in this process, the smaller first)")
     ap.add_argument("--memory-batch", type=int, default=2)
     ap.add_argument("--memory-seq", type=int, default=4096)
+    ap.add_argument("--gemms", default=None, help="the fp8 part's GEMMs, comma-separated (default: all; e.g. "
+                    "'gate/up,405b down')")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (tests)")
     ap.add_argument("--allow-cpu", action="store_true", help="run on the CPU (tests; not GPU numbers)")
     args = ap.parse_args(argv)
@@ -393,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                 result[part] = [memory(args.quick, int(n), args.memory_batch, args.memory_seq, print)
                                 for n in args.memory_layers.split(",")]
             else:
-                result[part] = globals()[part](args.quick, args.repeats, args.inner, print)
+                extra = {"gemms": args.gemms} if part == "fp8" else {}
+                result[part] = globals()[part](args.quick, args.repeats, args.inner, print, **extra)
         except Exception:  # noqa: BLE001 - record and go on to the next part
             result[part] = {"error": traceback.format_exc()[-2000:]}
             print(f"{part}: FAILED\n{result[part]['error']}")
