@@ -93,7 +93,35 @@ def test_the_report_reads_the_recorded_h100_wave():
     raw = json.loads((WAVE / "gpu_kernels.json").read_text())
     mem = gpu_wave_report.memory_section(raw)
     assert "| 6 | 38.684 | 38.705 | 38.684 |" in mem and "| 9 |" in mem and "no:" in mem
-    assert "| cudnn | 8192 | forward+backward |" in gpu_wave_report.kernels_section(raw)
+    assert "| cudnn | 8192 | forward+backward |" in gpu_wave_report.kernels_section(raw, gpu_wave_report.WAVES[WAVE.name])
+
+
+def test_the_report_reads_the_recorded_h200_wave_under_its_own_names(tmp_path):
+    wave = WAVE.parent / "wave_2026-11-28"
+    raw = json.loads((wave / "gpu_kernels.json").read_text())
+    md = gpu_wave_report.kernels_section(raw, gpu_wave_report.WAVES[wave.name])
+    assert md.startswith("## gpu_kernels_moe_fp8 ") and "attention (llama3-8b" not in md  # no attention part ran
+    assert "| 405b down | 8192 x 16384 x 53248 | fp8 delayed scaling (bf16 in), forward+backward |" in md
+    # The finding the text states: fp8 on fp8 operands runs at least 1.75x bf16 at every shape.
+    by = {(r["gemm"], r["dtype"]): r["tflops"] for r in raw["fp8"]}
+    for gemm in {r["gemm"] for r in raw["fp8"]}:
+        assert by[(gemm, "float8_e4m3fn")] / by[(gemm, "bfloat16")] > 1.75
+    unknown = tmp_path / "wave_1999-01-01"
+    unknown.mkdir()
+    assert gpu_wave_report.main([str(unknown)]) == 2
+
+
+def test_forward_backward_is_the_pullback_of_a_random_cotangent():
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    sets = [(jax.random.normal(keys[0], (8, 4)), jax.random.normal(keys[1], (4, 6)))]
+    step, args = gpu_kernels.with_backward(jnp.dot, sets, 2, keys[2])
+    a, b, ct = args[0]
+    y, (da, db) = step(a, b, ct)
+    assert jnp.allclose(y, a @ b) and jnp.allclose(da, ct @ b.T, atol=1e-5) and jnp.allclose(db, a.T @ ct, atol=1e-5)
+    assert not jnp.allclose(ct, ct[0, 0])  # not a sum's all-ones cotangent
 
 
 def test_a_recorded_run_rescores_without_a_gpu(tmp_path):

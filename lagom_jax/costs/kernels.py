@@ -264,14 +264,15 @@ ATTENTION_RATES: dict[str, AttentionRates] = {
 # reports_cublaslt_fp8_crosscheck_20260524.md), best-shape torch matmuls 1.77x (stas00/
 # ml-engineering MAMF table), Transformer Engine's GEMMs of a 5B model 1.92x on operands already
 # in fp8 and 1.69x with delayed scaling's casts in the step (NVIDIA/TransformerEngine docs/
-# features/low_precision_training/speedups.rst; lagom_jax/data/KERNELS_SOURCES.md). One
-# measurement disagrees: fp8 operands through ``jax.lax.dot`` into XLA's
-# ``__cublas$lt$matmul$f8`` ran 879-922 TFLOP/s against 710-761 in BF16 (1.2x) at Llama 70B
-# layer shapes on an H100 with jax 0.11.2 (benchmarks/RESULTS.md gpu_kernels); that path
-# has no scales, and why it stays far below the library's rate is not known yet (a GPU
-# measurement of the scaled path, ``models.fp8.einsum``, would tell). The casts, amax
-# reductions and history updates of delayed scaling are separate fusions in the module and
-# are priced as such, not folded into this ratio. Blackwell has no measurement: the Hopper
+# features/low_precision_training/speedups.rst; lagom_jax/data/KERNELS_SOURCES.md). Measured
+# through XLA's ``__cublas$lt$matmul$f8`` on an H200 with jax 0.11.2 (benchmarks/RESULTS.md
+# gpu_kernels_moe_fp8): 1.77-2.05x BF16 side by side on fp8 operands at Llama 70B and 405B layer
+# shapes, and MaxText's delayed-scaling path 1.58-1.77x forward+backward with its casts; in a
+# llama3-8b fp8 step the GEMMs ran 1.94x the preset's BF16 rate, so at 1.7 they are priced 14%
+# slow while the casts beside them are 16% fast (the step's sum is right within 0.5 ms). An
+# earlier 1.2x (H100) was a plain fp8 ``lax.dot`` at XLA's default flags, which compile it to a
+# slower kernel. The casts, amax reductions and history updates of delayed scaling are separate
+# fusions in the module and are priced as such, not folded into this ratio. Blackwell has no measurement: the Hopper
 # ratio stands in (assumption). GPUs before Hopper have no fp8 tensor cores (1.0).
 FP8_RATE_RATIO: dict[str, float] = {"hopper": 1.7, "blackwell": 1.7}
 
