@@ -54,6 +54,7 @@ print(json.dumps({
     "tuning_warnings": [str(w.message) for w in caught if issubclass(w.category, lagom_jax.TuningWarning)],
     "same_loss": float(l0) == float(l1),
     "tuned": plan is not None,
+    "xla_flags": __import__("os").environ.get("XLA_FLAGS", ""),
 }))
 '''
 
@@ -75,3 +76,14 @@ def test_a_third_party_trainer_on_a_gpu_less_host_tunes_the_gpu_module_without_a
     assert out["platforms"] == ["cpu"]  # the devices it would have run on anyway
     assert out["tuning_warnings"] == []  # among them: "tuning XLA:CPU's module instead"
     assert out["same_loss"] and out["tuned"]
+    # Nothing to autotune on without a GPU: the deviceless compiles ask XLA for none.
+    assert out["xla_flags"] == "--xla_gpu_autotune_level=0"
+
+
+def test_no_autotuning_is_asked_where_the_user_set_a_level(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4 --xla_dump_to=/tmp/x")
+    gpu_compile._no_autotuning()
+    assert os.environ["XLA_FLAGS"] == "--xla_gpu_autotune_level=4 --xla_dump_to=/tmp/x"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    gpu_compile._no_autotuning()
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_gpu_autotune_level=0"
