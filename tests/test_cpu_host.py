@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from lagom_jax import files
 from lagom_jax.program import gpu_compile
 
 TRAINER = r'''
@@ -76,14 +77,20 @@ def test_a_third_party_trainer_on_a_gpu_less_host_tunes_the_gpu_module_without_a
     assert out["platforms"] == ["cpu"]  # the devices it would have run on anyway
     assert out["tuning_warnings"] == []  # among them: "tuning XLA:CPU's module instead"
     assert out["same_loss"] and out["tuned"]
-    # Nothing to autotune on without a GPU: the deviceless compiles ask XLA for none.
-    assert out["xla_flags"] == "--xla_gpu_autotune_level=0"
+    # Nothing to autotune on without a GPU, and the compiles share one kernel cache file.
+    assert out["xla_flags"].split() == ["--xla_gpu_autotune_level=0",
+                                        f"--xla_gpu_kernel_cache_file={files.cache_root() / gpu_compile.KERNEL_CACHE}"]
 
 
-def test_no_autotuning_is_asked_where_the_user_set_a_level(monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4 --xla_dump_to=/tmp/x")
-    gpu_compile._no_autotuning()
-    assert os.environ["XLA_FLAGS"] == "--xla_gpu_autotune_level=4 --xla_dump_to=/tmp/x"
+def test_deviceless_flags_the_user_set_are_kept(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAGOM_JAX_CACHE", str(tmp_path))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4 --xla_gpu_kernel_cache_file=/tmp/mine.bin")
+    gpu_compile._deviceless_xla_flags()
+    assert os.environ["XLA_FLAGS"] == "--xla_gpu_autotune_level=4 --xla_gpu_kernel_cache_file=/tmp/mine.bin"
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
-    gpu_compile._no_autotuning()
-    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_gpu_autotune_level=0"
+    (tmp_path / gpu_compile.KERNEL_CACHE).write_bytes(b"x" * 16)
+    monkeypatch.setattr(gpu_compile, "KERNEL_CACHE_LIMIT", 8)  # an oversized cache starts afresh
+    gpu_compile._deviceless_xla_flags()
+    assert os.environ["XLA_FLAGS"] == (f"--xla_dump_to=/tmp/x --xla_gpu_autotune_level=0 "
+                                       f"--xla_gpu_kernel_cache_file={tmp_path / gpu_compile.KERNEL_CACHE}")
+    assert not (tmp_path / gpu_compile.KERNEL_CACHE).exists()

@@ -107,26 +107,52 @@ def prepare() -> None:
 
     if jax_internals.backends_started() or not _plugin_installed() or _has_cuda_driver():
         return
-    _no_autotuning()
+    _deviceless_xla_flags()
     jax_internals.allow_cuda_plugin_without_driver()
     if jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS") or _other_accelerator_plugins():
         return
     jax.config.update("jax_platforms", "cpu")
 
 
-def _no_autotuning() -> None:
-    """Ask XLA for no GPU autotuning in a process with no GPU (unless ``XLA_FLAGS`` sets a level).
+# The file of compiled GPU kernels deviceless compiles share, and the size past which it starts afresh.
+KERNEL_CACHE = "xla_gpu_kernels.bin"
+KERNEL_CACHE_LIMIT = 256 * 2**20
 
-    Without a GPU nothing can be timed, so a deviceless compile keeps XLA's default kernel
-    configurations at any level. jaxlib 0.12's GPU pipeline nevertheless spends most of such a
-    compile in its config-assigner pass (a two-layer Llama step: 6.5 of 11 s; at level 0 the
-    compile takes 3.7 s and the module differs only in fields of backend configs no price
-    reads). jaxlib 0.10 compiles the same module at either level. XLA reads ``XLA_FLAGS`` once,
-    when it first compiles, so this acts only before JAX's backends start.
+
+def _deviceless_xla_flags() -> None:
+    """XLA flags for a process whose GPU compiles are all deviceless (unless ``XLA_FLAGS`` sets them).
+
+    - No GPU autotuning: without a GPU nothing can be timed, so a deviceless compile keeps
+      XLA's default kernel configurations at any level; jaxlib 0.12's GPU pipeline nevertheless
+      spends most of such a compile in its config-assigner pass (a two-layer Llama step: 6.5 of
+      11 s; at level 0 the compile takes 3.7 s and the module differs only in fields of backend
+      configs no price reads). jaxlib 0.10 compiles the same module at either level.
+    - One kernel cache file for every deviceless compile (``xla_gpu_kernel_cache_file``, in
+      ``files.cache_root()``): a compile's kernels are code-generated and assembled once and
+      reused by the next compile with the same fusions (the structure search's recompiles, an
+      advise's candidates, the next run). The HLO module, what the cost model reads, is made
+      before code generation and does not change. XLA rewrites the file atomically (openxla/xla
+      ``xla/service/gpu/kernel_reuse_cache.cc``), so processes may share it; past
+      ``KERNEL_CACHE_LIMIT`` it starts afresh, since every compile reads and rewrites it whole.
+
+    XLA reads ``XLA_FLAGS`` once, when it first compiles, so this acts only before JAX's
+    backends start.
     """
+    from lagom_jax import files
+
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_gpu_autotune_level" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_autotune_level=0".strip()
+        flags += " --xla_gpu_autotune_level=0"
+    if "xla_gpu_kernel_cache_file" not in flags:
+        path = files.cache_root() / KERNEL_CACHE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() and path.stat().st_size > KERNEL_CACHE_LIMIT:
+                path.unlink()
+            flags += f" --xla_gpu_kernel_cache_file={path}"
+        except OSError:
+            pass  # an unwritable cache folder: compile without the cache
+    os.environ["XLA_FLAGS"] = flags.strip()
 
 
 def unavailable_reason() -> str | None:
