@@ -57,9 +57,16 @@ def pytest_report_header(config):
     return f"lagom-jax: tests shuffled with LAGOM_TEST_SHUFFLE={seed}" if seed else None
 
 
+# Files with the most tests marked ``slow`` (each compiles for 20 s or more here) first: with
+# ``--dist loadfile`` a worker takes the next file when it is free, so the long files start early
+# and the short ones fill in at the end, instead of one worker running a long file alone last.
 def pytest_collection_modifyitems(session, config, items):
     seed = os.environ.get("LAGOM_TEST_SHUFFLE")
     if seed:
         import random
 
         random.Random(seed).shuffle(items)
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])  # stable: each file keeps its order

@@ -85,6 +85,7 @@ def test_every_built_in_model_goes_through_the_one_search(monkeypatch, model, co
     assert advice.report().startswith(model + " (layers ")
 
 
+@pytest.mark.slow
 def test_a_t5_step_is_advised_from_real_compiles(advise_cache):
     """End to end with XLA's compiles: t5 tiny on 8 GPUs as a two-stage GPipe pipeline (its
     micro-batch climbed); every row's memory is XLA's and its step the contract's prediction of
@@ -283,6 +284,7 @@ def _peak(mesh, batch, remat):
     return step.peak_bytes
 
 
+@pytest.mark.slow
 def test_xla_memory_rises_with_the_batch_and_falls_with_remat(advise_cache):
     """Deviceless compiles of a tiny llama on 2 GPUs (fsdp 2): XLA's peak per GPU."""
     cases = [(1, "none"), (2, "none"), (2, "full")]
@@ -292,6 +294,7 @@ def test_xla_memory_rises_with_the_batch_and_falls_with_remat(advise_cache):
     assert peaks[(2, "full")] < peaks[(2, "none")]
 
 
+@pytest.mark.slow
 def test_configurations_that_lower_to_one_program_share_one_compile(tmp_path):
     """MaxText's save_dot_except_mlp and save_dot_except_mlpwi keep the same values of a Llama
     layer (its MLP output goes to the residual and the backward never needs it): one XLA compile,

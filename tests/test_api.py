@@ -169,6 +169,7 @@ def test_nccl_env_is_set_only_before_a_gpu_backend(tmp_path, inputs, monkeypatch
         assert api.apply_nccl_env(plan, {}) == {}
 
 
+@pytest.mark.slow
 def test_flax_model_step_tuned_matches_untuned(tmp_path):
     from lagom_jax import models
 

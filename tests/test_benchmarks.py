@@ -43,6 +43,7 @@ def tiny_run(tmp_path_factory):
     return out, report
 
 
+@pytest.mark.slow
 def test_outputs_written_with_machine_and_versions(tiny_run):
     out, report = tiny_run
     data = json.loads((out / "t.json").read_text())

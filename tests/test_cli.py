@@ -34,6 +34,7 @@ def test_tune_hlo_json_contract(capsys):
     assert out["xla_flags"].startswith("--xla_gpu_")
 
 
+@pytest.mark.slow
 def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
     out_dir = tmp_path / "out"
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2,model=4",
@@ -86,6 +87,7 @@ def test_build_tuner_prints_the_launch_variable(tmp_path, capsys):
     assert (tmp_path / "libnccl-tuner-lagom.so").exists()
 
 
+@pytest.mark.slow
 def test_advise_ranks_configurations(capsys):
     """gpt2 through the one search: the mesh the screen puts fastest probed and searched (one
     sequence per GPU: its remat policies and the other attention, no batch to bisect)."""
@@ -160,6 +162,7 @@ def test_simulate_png_without_matplotlib_is_one_line(tmp_path, capsys, monkeypat
     assert not (tmp_path / "t.png").exists()
 
 
+@pytest.mark.slow
 def test_the_default_batch_is_one_sequence_per_data_parallel_rank(capsys):
     from lagom_jax.models import default_batch
 
@@ -172,12 +175,14 @@ def test_the_default_batch_is_one_sequence_per_data_parallel_rank(capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_without_the_structure_search_no_structure_is_claimed(capsys):
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2"]) == 0
     out = capsys.readouterr().out
     assert "best structure found" not in out and "the structure search did not run" in out
 
 
+@pytest.mark.slow
 def test_a_mesh_smaller_than_a_node_is_said(capsys):
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4",
                      "--hardware", "h100-sxm-8", "--json"]) == 0

@@ -31,6 +31,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("model, recipe, dtype, thresholds", CASES)
+@pytest.mark.slow
 def test_combine_predicts_xla_gpu_combiners_exactly(model, recipe, dtype, thresholds):
     reason = gpu_compile.unavailable_reason()
     if reason is not None:

@@ -131,6 +131,7 @@ def test_tune_applies_the_choice_to_the_recipe():
         recipe("on", base="dp+tp")
 
 
+@pytest.mark.slow
 def test_the_plan_records_the_commfuse_decision(capsys):
     from lagom_jax import cli
 

@@ -182,6 +182,7 @@ def _pip_dry_run(spec: str) -> list[dict]:
     return json.loads(proc.stdout)["install"]
 
 
+@pytest.mark.slow
 def test_installing_beside_the_users_jax_changes_no_jax_package():
     """``pip install lagom-jax`` (and its deviceless extra, where this environment's plugin
     is CUDA 12's) into an environment holding a supported JAX installs no JAX package."""

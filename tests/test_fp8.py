@@ -32,6 +32,7 @@ def _leaf(params, *path):
     return np.asarray(params)
 
 
+@pytest.mark.slow
 def test_fp8_steps_train_like_bf16_and_the_scales_follow_the_amax_history():
     _, bf16 = _train("llama", TINY, 2)
     params, losses = _train("llama", TINY + ",quantization=fp8", 2)
@@ -82,6 +83,7 @@ def test_the_cli_refuses_fp8_where_maxtext_has_none(capsys):
     assert "use moe='dropping'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_fp8_step_compiles_to_fp8_gemms_and_is_predicted_faster():
     # GEMM-heavy shapes (4096 tokens per device, hidden 2048): the dots dominate the step.
     kw = dict(layers=2, d_model=2048, heads=16, kv_heads=4, ffn=8192, vocab=1024, seq_len=2048, global_batch=16,

@@ -42,6 +42,7 @@ def test_topology_refuses_a_mismatch(n, nodes, message):
         gpu_compile.topology_string(hardware.get("a100-sxm-8", nodes=nodes), n)
 
 
+@pytest.mark.slow
 def test_gpu_module_has_async_collectives_and_gpu_fusions():
     hw = hardware.get("h100-sxm-8")
     built = models.build("gpt2", "tiny", "dp", "data=8", devices=gpu_compile.devices(hw), dtype="bfloat16")
@@ -55,6 +56,7 @@ def test_gpu_module_has_async_collectives_and_gpu_fusions():
     assert len(uncombined.collectives) > len(step.collectives)
 
 
+@pytest.mark.slow
 def test_verify_drops_an_option_that_changes_nothing_and_keeps_one_that_does():
     hw = hardware.get("h100-sxm-8")
     built = models.build("gpt2", "tiny", "dp", "data=8", devices=gpu_compile.devices(hw), dtype="bfloat16")
@@ -76,6 +78,7 @@ def test_verify_drops_an_option_that_changes_nothing_and_keeps_one_that_does():
 
 
 @pytest.mark.parametrize("preset, latency_hiding", [("h100-sxm-8", False), ("a40-pcie-8", True)])
+@pytest.mark.slow
 def test_the_plan_flag_for_the_latency_hiding_scheduler_changes_the_gpu_module(preset, latency_hiding):
     # Hopper schedules by default (the speed-of-light estimator turns the LHS on): turning
     # the estimator off turns it off. Older GPUs need the scheduler flag to turn it on.
@@ -88,6 +91,7 @@ def test_the_plan_flag_for_the_latency_hiding_scheduler_changes_the_gpu_module(p
     assert not verify._same_module(built.compiled_text(), built.compiled_text({flag.name: flag.value}))
 
 
+@pytest.mark.slow
 def test_cli_tunes_the_gpu_module_and_reports_verification(capsys):
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=4,model=2",
                      "--hardware", "h100-sxm-8", "--json"]) == 0
@@ -125,6 +129,7 @@ def test_cli_mesh_preset_and_nodes_must_agree(argv, message, capsys):
 
 
 @pytest.mark.parametrize("mesh, n, nodes", [("data=8,model=2", 16, 2), ("data=32,model=2", 64, 8)])
+@pytest.mark.slow
 def test_cli_nodes_from_the_mesh_size(mesh, n, nodes, capsys):
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", mesh,
                      "--batch-size", "64", "--hardware", "h100-sxm-8", "--json"]) == 0

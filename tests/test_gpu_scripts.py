@@ -96,6 +96,7 @@ def test_scripts_refuse_the_cpu_without_allow_cpu(capsys):
     assert xla_bridge.MOCK_GPU_TOPOLOGY.value == ""  # never set on the CPU
 
 
+@pytest.mark.slow
 def test_gpu_hlo_flow_on_cpu_writes_parsable_fixtures(tmp_path):
     results_before = common.RESULTS_MD.read_text() if common.RESULTS_MD.exists() else None
     assert gpu_hlo.main(["--allow-cpu", "--out", str(tmp_path), "--models", "gpt2", "--recipes", "dp",

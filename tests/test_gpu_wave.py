@@ -61,6 +61,7 @@ def test_the_probe_refuses_without_cupy(monkeypatch, capsys):
     assert "needs CuPy" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_kernel_rates_flow_on_cpu(tmp_path):
     assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--parts", "fp8"]) == 2  # no GPU, no --allow-cpu
     assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--allow-cpu", "--parts", "fp8,ragged,dispatch",

@@ -201,6 +201,7 @@ def test_device_count_must_fit_the_cluster():
 
 
 @needs_gpu_compile
+@pytest.mark.slow
 def test_xla_benchmark_module_needs_transformer_engine_unless_mocked():
     text = LLAMA8B_CP.read_text()
     message = _one_line_error(text, _hw(4), options={"xla_gpu_mock_custom_calls": False})

@@ -36,6 +36,7 @@ def _losses(config, recipe="dp", mesh="data=1", steps=3):
     return tuple(out)
 
 
+@pytest.mark.slow
 def test_dropless_matches_dropping_when_nothing_drops():
     cfg = models.families.resolve_config("mixtral", "tiny")
     assert cfg.moe == "dropping"  # the default: MaxText's dense path (docs/moe.md)
@@ -50,6 +51,7 @@ def test_dropless_matches_dropping_when_nothing_drops():
 
 @pytest.mark.parametrize("recipe,mesh,moe", [("fsdp+ep", "fsdp=2,expert=4", "dropless"),
                                              ("dp+tp+ep", "data=2,model=2,expert=2", "dropping")])
+@pytest.mark.slow
 def test_shared_fine_grained_experts_and_dense_first_layer_train_sharded_as_on_one_device(recipe, mesh, moe):
     config = _config("tiny-deepseek", moe=moe)
     one = _losses(config)
@@ -159,6 +161,7 @@ def test_the_busiest_device_sets_a_skewed_exchange():
     assert graph.busiest_device_load(8, 1, 4.0) == 1.0  # no exchange
 
 
+@pytest.mark.slow
 def test_expert_imbalance_moves_the_dropless_exchange_only():
     # Rows of 256 x bf16, 1024 routed rows per device: a 1 MiB exchange, past NCCL's latency floor.
     kw = dict(layers=1, d_model=256, heads=4, kv_heads=4, ffn=512, vocab=256, experts=4, top_k=2, seq_len=256,

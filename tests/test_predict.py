@@ -22,6 +22,7 @@ def _ms(**kw):
     return lagom_jax.predict_train_step_ms("llama", **{**SMALL, "mesh": {"fsdp": 16}, **kw})
 
 
+@pytest.mark.slow
 def test_the_contract_predicts_a_positive_step_that_grows_with_the_work():
     base = _ms()
     assert base > 0
@@ -43,6 +44,7 @@ def test_flags_are_priced_by_compiling_with_them_or_refused():
         _ms(xla_flags={"xla_gpu_enable_command_buffer": ""})
 
 
+@pytest.mark.slow
 def test_the_nccl_channel_cap_is_priced_by_the_model():
     assert _ms(xla_flags={"xla_gpu_nccl_collective_max_nchannels": 1}) > _ms()
 
@@ -64,6 +66,7 @@ def test_bad_input_names_the_numbers(kw, message):
         lagom_jax.predict_train_step_ms(family, **args)
 
 
+@pytest.mark.slow
 def test_cli_mirrors_the_contract(capsys):
     argv = ["predict", "--model", "llama", "--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2",
             "--ffn", "512", "--vocab", "1024", "--seq-len", "256", "--global-batch", "16", "--mesh", "fsdp=16",
@@ -121,6 +124,7 @@ def test_every_family_compiles_for_the_cluster_and_predicts(family, kw):
     assert lagom_jax.predict_train_step_ms(family, **args) > 0
 
 
+@pytest.mark.slow
 def test_nccl_settings_are_priced_on_the_step_compiled_once(capsys):
     # NCCL_PROTO restricts NCCL's choice for every collective: no program changes, so the
     # step compiled once is predicted again, and the contract gives the same number.

@@ -50,6 +50,7 @@ def _fixture():
 
 
 @needs_gpu_compile
+@pytest.mark.slow
 def test_taken_flags_reach_the_plan_and_its_verification():
     compiled = _compiled()
     fast = _compiled(layers=1)  # stands in for a restructured, faster module of the same step
@@ -66,6 +67,7 @@ def test_taken_flags_reach_the_plan_and_its_verification():
 
 
 @needs_gpu_compile
+@pytest.mark.slow
 def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
     src = job.ModelSource("llama", "layers=4,d_model=256,heads=4,kv_heads=2,head_dim=64,d_ff=512,vocab=1024,max_len=256",
                           {"fsdp": 16}, None, 32, 256)
@@ -94,6 +96,7 @@ def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
 
 
 @needs_gpu_compile
+@pytest.mark.slow
 def test_verification_says_where_the_structure_put_the_collectives():
     from lagom_jax.plan import verify
 
