@@ -20,7 +20,8 @@ fixes it.
 
 What it cannot do without a GPU: gemm autotuning. Gemms keep XLA's default Triton tiles;
 an autotune-results file recorded on a real GPU (``xla_gpu_load_autotune_results_from``)
-gives the real choices.
+gives the real choices. So a process with no GPU asks XLA for no autotuning at all, and its
+compiles share one kernel cache file (:func:`prepare`, ``_deviceless_xla_flags``).
 
 The device descriptions are XLA's own (``lagom_jax/data/gpu_targets``, see SOURCE.md
 there). Fields the installed jaxlib's proto does not know are dropped at load time.
