@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(session, config, items):
         import random
 
         random.Random(seed).shuffle(items)
-    slow: dict[str, int] = {}
-    for item in items:
-        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + bool(item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])  # stable: each file keeps its order
+    import collections
+
+    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])  # stable: each file keeps its order

@@ -54,9 +54,8 @@ for p in $parts; do
     gpt5b) acc gpt5b gpt2 "layers=2,d_model=4096,heads=32,d_ff=16384,max_len=2048" 4 2048 xla ;;
     llama2_7b) acc llama2_7b llama "layers=2,d_model=4096,heads=32,kv_heads=32,d_ff=11008,vocab=32000,max_len=4096" 2 4096 xla ;;
     llama3_8b_flash) ACC_LIMIT=80 acc llama3_8b_flash llama "layers=2,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,max_len=8192" 1 8192 flash ;;
-    # Mixtral 8x7b's layer (GShard dispatch, 8 experts, top-2) and llama3-8b's with MaxText's
-    # fp8 path, two layers each on one GPU.
-    # (one Mixtral layer: two, batch 2 x 4096, asked for 55 GiB of temporaries and did not fit an H200)
+    # One Mixtral 8x7b layer (GShard dispatch, 8 experts, top-2; two layers at batch 2 x 4096 asked
+    # for 55 GiB of temporaries and did not fit an H200) and two llama3-8b layers on MaxText's fp8 path.
     mixtral_1l) acc mixtral_1l mixtral "layers=1,max_len=4096" 2 4096 xla ;;
     llama3_8b_fp8) acc llama3_8b_fp8 llama "layers=2,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,max_len=4096,quantization=fp8" 2 4096 xla ;;
     *) echo "unknown part $p" ;;

@@ -100,9 +100,10 @@ def prepare() -> None:
     runs on the CPU anyway. So where the CUDA plugin is installed, no CUDA driver loads, no
     other accelerator plugin is installed and the user chose no platforms, JAX's platforms
     become "cpu": the devices a program sees are the ones it would have got, without the
-    traceback, and the plugin stays registered for compiling. ``import lagom_jax`` calls
-    this. Nothing changes on a GPU machine, when the user chose platforms, or once the
-    backends are up.
+    traceback, and the plugin stays registered for compiling. In every such process, whatever
+    its platforms, the deviceless compiles get their XLA flags (``_deviceless_xla_flags``).
+    ``import lagom_jax`` calls this. Nothing changes on a GPU machine or once the backends
+    are up.
     """
     import jax
 
