@@ -321,9 +321,13 @@ class Tuned:
             if cached is not None:
                 return cached
         start = time.perf_counter()
-        plan = sharing.one_plan_for_all_processes(
-            key, lambda: planning.plan(graph_lib.from_hlo_text(text), hw, strategy=self._strategy,
-                                       fingerprint=fingerprint, space=self._space).plan)
+        def tune() -> Plan:
+            graph = graph_lib.from_hlo_text(text)
+            space, kept = planning.module_space(graph, self._space)
+            made = planning.plan(graph, hw, strategy=self._strategy, fingerprint=fingerprint, space=space).plan
+            return dataclasses.replace(made, decisions=made.decisions + kept)
+
+        plan = sharing.one_plan_for_all_processes(key, tune)
         if self._verbose:
             print(f"lagom-jax: tuned {plan.module} in {time.perf_counter() - start:.2f}s")
         if self._cache is not None:

@@ -378,9 +378,10 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     step = compiled.graph()
     hw = compiled.hardware
     log(f"hardware: {hw.name}; {len(step.collectives)} collectives, {len(step.tasks)} tasks; searching ...")
+    space, kept = planning.module_space(step, space)
     planned = planning.plan(step, hw, strategy=strategy, baselines=baselines,
                             fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest(), space=space)
-    decisions = compiled.decisions
+    decisions = compiled.decisions + kept
     missing = custom_calls.unpriced(step.tasks)
     if missing:
         decisions += (("unpriced custom calls", custom_calls.describe_unpriced(missing)),)

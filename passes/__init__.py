@@ -15,6 +15,7 @@ from .combine import THRESHOLD_FLAGS as THRESHOLD_FLAGS
 from .combine import combine as combine
 from .combine import combine_groups as combine_groups
 from .combine import combine_rewrite as combine_rewrite
+from .combine import unreproduced_kinds as unreproduced_kinds
 from .decompose import DECOMPOSABLE_KINDS as DECOMPOSABLE_KINDS
 from .decompose import ORDERS as ORDERS
 from .decompose import WINDOWED_EINSUM_KINDS as WINDOWED_EINSUM_KINDS
@@ -53,4 +54,5 @@ __all__ = [
     "eligible_pairs",
     "is_matmul",
     "schedule",
+    "unreproduced_kinds",
 ]

@@ -317,6 +317,26 @@ def _merged_task(parts: list[Task]) -> Task:
     )
 
 
+def unreproduced_kinds(graph: StepGraph,
+                       thresholds: Mapping[str, int] = DEFAULT_COMBINE_THRESHOLDS) -> dict[str, int]:
+    """Kinds this pass would merge further in a module XLA already compiled under
+    ``thresholds``, each with how many of its collectives it would merge.
+
+    XLA's combiners have run on a compiled module, so at the thresholds it was compiled with
+    the pass should find nothing left to merge. Where it does, XLA kept those collectives
+    apart for a reason the pass does not model (a collective the pipeliner moved gets a
+    combiner key of its own; one already merged is not merged again), and the pass cannot
+    say what another threshold would compile to for that kind. jaxlib 0.12 pipelines
+    reduce-scatters by default, for one: a double-buffered step's three reduce-scatters
+    stay three at the default threshold, where the pass would make one.
+    """
+    out: dict[str, int] = {}
+    for group in combine_groups(graph, thresholds):
+        kind = graph.tasks[group[0]].kind
+        out[kind] = out.get(kind, 0) + len(group)
+    return dict(sorted(out.items()))
+
+
 def combine_rewrite(
     graph: StepGraph,
     thresholds: Mapping[str, int] = DEFAULT_COMBINE_THRESHOLDS,

@@ -190,3 +190,14 @@ def test_passes_preserve_work_and_valid_order(n, seed, threshold, k):
     s = schedule(kg)
     for t in s.graph.collectives:
         assert t.done_before is None or t.done_before > t.id
+
+
+def test_a_compiled_module_the_pass_would_combine_further_names_those_kinds():
+    from lagom_jax.passes import unreproduced_kinds
+
+    # Read as a module XLA compiled at its default thresholds, this step says XLA left three
+    # 4-MiB all-reduces apart that the pass would merge: the pass cannot reproduce that kind here.
+    assert unreproduced_kinds(gradients()) == {"all-reduce": 3}
+    # What the pass itself combined is its own fixed point.
+    assert unreproduced_kinds(combine(gradients())) == {}
+    assert unreproduced_kinds(gradients(), {"all-reduce": 4 * MiB}) == {}

@@ -75,3 +75,33 @@ def test_plan_says_how_small_a_gain_it_ignores():
     assert planning.plan(g, HW, strategy="autoccl", baselines=()).plan.min_gain == 0
     eager = planning.plan(g, HW, space=search.Space(min_gain=0.0)).plan
     assert "of its own time" not in eager.report() and "measured error" not in eager.report()
+
+
+def test_a_kind_xla_left_apart_at_its_default_stays_as_compiled_in_every_strategy():
+    """A module where XLA left collectives apart that the combine pass would merge at the
+    same threshold (jaxlib 0.12's pipelined reduce-scatters): the plan keeps them as
+    compiled, predicts no threshold for them, and says why."""
+    from lagom_jax.cluster import hardware
+    from lagom_jax.program.graph import StepGraph, Task
+
+    g8 = (tuple(range(8)),)
+    tasks = [Task(id=0, name="bwd0", kind="compute", flops=1e9, bytes=1e6)]
+    for i in range(3):  # three 4-MiB gradient reduce-scatters, each after its own backward
+        tasks.append(Task(id=len(tasks), name=f"rs{i}", kind="reduce-scatter", bytes=4 << 20,
+                          deps=(len(tasks) - 1,), groups=g8, is_async=True))
+        tasks.append(Task(id=len(tasks), name=f"bwd{i + 1}", kind="compute", flops=1e9, bytes=1e6,
+                          deps=(len(tasks) - 2,)))
+    tasks.append(Task(id=len(tasks), name="update", kind="compute", flops=1e8, bytes=1e6,
+                      deps=(1, 3, 5, len(tasks) - 1)))
+    step = StepGraph("compiled", tuple(tasks), num_devices=8)
+    hw = hardware.get("h100-sxm-8")
+    space, kept = planning.module_space(step)
+    assert space.default_combine_kinds == ("reduce-scatter",)
+    assert [k for k, _ in kept] == ["reduce-scatter combine threshold"] and "3 reduce-scatters" in kept[0][1]
+    planned = planning.plan(step, hw, strategy="lagom", space=space)
+    for result in planned.results.values():
+        assert len([t for t in result.graph.collectives if t.kind == "reduce-scatter"]) == 3
+    assert not [f for f in planned.plan.flags if "reduce_scatter_combine" in f.name]
+    # Without it the pass merges them, which is what the module shows XLA did not do.
+    unfixed = planning.plan(step, hw, strategy="xla-default", baselines=())
+    assert len(unfixed.chosen.graph.collectives) == 1

@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from lagom_jax import search
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.params import MAX_CHANNELS
-from lagom_jax.passes import THRESHOLD_FLAGS
+from lagom_jax.passes import THRESHOLD_FLAGS, unreproduced_kinds
 from lagom_jax.plan.schema import CollectiveChoice, Plan
 from lagom_jax.program.flags import XlaFlag
 from lagom_jax.program.graph import StepGraph
 
 # Bumped whenever a Plan's content or meaning changes: cached plans of another version
 # are never read (PlanCache keys include it).
-VERSION = "0.5.3"  # 0.5.3: a pipeline step reduces its data-parallel gradients once, after the tick loop
+VERSION = "0.5.4"  # 0.5.4: kinds the combine pass cannot reproduce in a compiled module stay as compiled
 BASELINES = ("xla-default", "recipe", "autoccl")
 
 
@@ -41,6 +41,24 @@ class Planned:
     @property
     def chosen(self) -> search.SearchResult:
         return self.results[self.plan.strategy]
+
+
+def module_space(graph: StepGraph, space: search.Space = search.Space()
+                 ) -> tuple[search.Space, tuple[tuple[str, str], ...]]:
+    """``space`` for a module XLA compiled (taken as compiled at XLA's default combine
+    thresholds), and a decision line per kind it changed: the kinds whose collectives the
+    combine pass would merge further in it (``passes.unreproduced_kinds``) keep XLA's
+    default threshold and stay as compiled, since the pass cannot say what another
+    threshold would compile to for them."""
+    found = {k: n for k, n in unreproduced_kinds(graph).items() if k not in space.default_combine_kinds}
+    if not found:
+        return space, ()
+    kinds = tuple(sorted({*space.default_combine_kinds, *found}))
+    return dataclasses.replace(space, default_combine_kinds=kinds), tuple(
+        (f"{kind} combine threshold", f"left at XLA's default: the compiled module keeps {n} {kind}s apart that "
+         "the combine pass would merge at that threshold (XLA keys them apart for a reason the pass does not "
+         "model, such as the collective pipeliner's own keys), so no other threshold is predicted for them")
+        for kind, n in found.items())
 
 
 def plan(graph: StepGraph, hardware: HardwareProfile, *, strategy: str = "lagom",

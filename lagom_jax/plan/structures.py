@@ -183,10 +183,12 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
             decisions.append((subject, "left: XLA compiled the same module with it"))
             continue
         apart = {k for c in candidates if c.combines_apart and spelled[c][0] in trial for k in c.kinds}
-        trial_planned = planning.plan(graph_lib.from_hlo_text(trial_text), hw, strategy=strategy,
-                                      baselines=baselines,
+        trial_graph = graph_lib.from_hlo_text(trial_text)
+        trial_space, _ = planning.module_space(trial_graph, dataclasses.replace(
+            space, default_combine_kinds=tuple(sorted({*space.default_combine_kinds, *apart}))))
+        trial_planned = planning.plan(trial_graph, hw, strategy=strategy, baselines=baselines,
                                       fingerprint=hashlib.sha256(trial_text.encode()).hexdigest(),
-                                      space=dataclasses.replace(space, default_combine_kinds=tuple(sorted(apart))))
+                                      space=trial_space)
         before, after = best.plan.makespan_us, trial_planned.plan.makespan_us
         change = f"predicted step {before / 1e3:.3f} -> {after / 1e3:.3f} ms ({before / after:.3f}x speedup)"
         change += _why(best, trial_planned, cand.kinds)
