@@ -69,8 +69,8 @@ def test_taken_flags_reach_the_plan_and_its_verification():
 @needs_gpu_compile
 @pytest.mark.slow
 def test_the_pipeline_runs_the_structure_search_for_sources_it_can_recompile():
-    src = job.ModelSource("llama", "layers=4,d_model=256,heads=4,kv_heads=2,head_dim=64,d_ff=512,vocab=1024,max_len=256",
-                          {"fsdp": 16}, None, 32, 256)
+    src = job.ModelSource("llama", "layers=3,d_model=128,heads=4,kv_heads=2,head_dim=32,d_ff=256,vocab=512,max_len=128",
+                          {"fsdp": 16}, None, 16, 128)
     tuned = job.run(src, HW, structures=True, verify=True)
     decisions = dict(tuned.plan.decisions)
     # The recompile with every option of the plan makes the module the search predicted:
