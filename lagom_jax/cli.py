@@ -409,6 +409,8 @@ def _run_tune(args: argparse.Namespace) -> int:
         if plan.flags:
             print("\nXLA_FLAGS (checked by the installed XLA):")
             print(f"  XLA_FLAGS='{plan.xla_flags()}'")
+            if args.no_structures:
+                print("  (the structure search did not run: --no-structures)")
         elif args.no_structures:
             print("\nXLA_FLAGS: none to set (the structure search did not run: --no-structures)")
         else:

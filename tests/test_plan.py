@@ -209,3 +209,33 @@ def test_verification_leaves_options_out_only_where_the_recompile_is_not_the_pre
         assert changed == {"xla_gpu_all_reduce_combine_threshold_bytes": True,
                            "xla_gpu_collective_permute_combine_threshold_bytes": False}
         assert [f.name for f in tuned.flags] == ["xla_gpu_all_reduce_combine_threshold_bytes"]
+
+
+def test_verification_keeps_a_runtime_option_no_recompile_can_show():
+    """The NCCL channel cap changes how NCCL runs the step, never the module: it is not left
+    out one by one nor dropped, and alone it costs no recompile."""
+    import dataclasses
+
+    from lagom_jax.cluster import hardware
+    from lagom_jax.plan import planning, verify
+    from lagom_jax.program import graph
+
+    calls = []
+
+    def compile_fn(options):
+        calls.append(dict(options))
+        return _COMBINED if "xla_gpu_all_reduce_combine_threshold_bytes" in options else _TWO_ALL_REDUCES
+
+    base = graph.from_hlo_text(_TWO_ALL_REDUCES)
+    made = planning.make_plan(base, hardware.get("h100-sxm-8"), strategy="xla-default")
+    cap = XlaFlag("xla_gpu_nccl_collective_max_nchannels", 8)
+    both = dataclasses.replace(made, flags=(XlaFlag("xla_gpu_all_reduce_combine_threshold_bytes", 1 << 30), cap))
+    # The prediction missed (it kept two all-reduces); the threshold, the one option that acts
+    # on the module, is judged by the one recompile, and the cap is not left out.
+    tuned, result = verify.verify_plan(both, base, _TWO_ALL_REDUCES, compile_fn)
+    assert dict(result.option_changed) == {"xla_gpu_all_reduce_combine_threshold_bytes": True}
+    assert result.runtime == ("xla_gpu_nccl_collective_max_nchannels",) and len(calls) == 1
+    assert cap in tuned.flags and "changes how NCCL runs the step" in tuned.report()
+    calls.clear()
+    alone, result = verify.verify_plan(dataclasses.replace(made, flags=(cap,)), base, _TWO_ALL_REDUCES, compile_fn)
+    assert calls == [] and result.compiles == 0 and alone.flags == (cap,)

@@ -22,7 +22,8 @@ from lagom_jax.program.graph import StepGraph
 
 # Bumped whenever a Plan's content or meaning changes: cached plans of another version
 # are never read (PlanCache keys include it).
-VERSION = "0.5.4"  # 0.5.4: kinds the combine pass cannot reproduce in a compiled module stay as compiled
+VERSION = "0.5.4"  # 0.5.4: kinds the combine pass cannot reproduce in a compiled module stay as
+# compiled; the verification keeps runtime options (the NCCL channel cap)
 BASELINES = ("xla-default", "recipe", "autoccl")
 
 

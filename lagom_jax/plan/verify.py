@@ -19,10 +19,13 @@ again with the options and reading the module:
   nothing changed), each is left out once (leave-one-out), and an option whose absence
   changes nothing is dropped from the Plan, and the report says so: it would only be noise
   in a launch script.
+  An option that changes how NCCL runs the step and not the step (``flags.RUNTIME_FLAGS``: the
+  NCCL channel caps, symmetric buffers) is compiled along but never left out or dropped: no
+  recompile can show what it does, and the search priced it.
 
 ``compile_fn(options) -> HLO text`` is the caller's compile (a deviceless XLA:GPU compile
 for the CLI). Compiles are the cost: one when the recompile agrees with the prediction,
-else one per option plus one.
+else one per option that acts on the module plus one; none for runtime options alone.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lagom_jax.plan.schema import Plan
-from lagom_jax.program import graph as graph_lib
+from lagom_jax.program import flags as flags_lib, graph as graph_lib
 
 __all__ = ["Inventory", "Placement", "Verification", "inventory", "placement", "verify_plan"]
 
@@ -92,6 +95,8 @@ class Verification:
     # made the predicted module).
     option_changed: tuple[tuple[str, bool | None], ...]
     compiles: int
+    # Options that act when NCCL runs the step, not on the module (``flags.RUNTIME_FLAGS``).
+    runtime: tuple[str, ...] = ()
 
     @property
     def inventory_matches(self) -> bool:
@@ -119,7 +124,9 @@ class Verification:
                  else "kept: with the plan's other options it made the predicted module (not left out one by one)"
                  if changed is None else "changed nothing in the compiled module: dropped from the plan")
                 for name, changed in self.option_changed]
-        if not self.option_changed:
+        out += [(name, "kept: it changes how NCCL runs the step, not the compiled module, so no recompile "
+                 "can check it") for name in self.runtime]
+        if not self.option_changed and not self.runtime:
             out.append(("options", "none to apply: the plan runs XLA's default module"))
         return tuple(out)
 
@@ -130,8 +137,10 @@ def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
     the predicted module), and return the Plan without the options that changed nothing
     (with the verification in its report)."""
     options = plan.compiler_options()
-    full = compile_fn(options) if options else baseline_text
-    compiles = 1 if options else 0
+    runtime = tuple(name for name in options if name in flags_lib.RUNTIME_FLAGS)
+    module_options = [name for name in options if name not in runtime]
+    full = compile_fn(options) if module_options else baseline_text
+    compiles = 1 if module_options else 0
     compiled = graph_lib.from_hlo_text(full)
     changes = not _same_module(baseline_text, full)
     result = Verification(
@@ -140,8 +149,8 @@ def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
         async_starts=sum(t.is_async for t in compiled.collectives), option_changed=(), compiles=compiles)
     as_predicted = changes and result.inventory_matches and result.placement_matches
     changed: list[tuple[str, bool | None]] = []
-    for name in options:
-        if len(options) == 1:
+    for name in module_options:
+        if len(module_options) == 1:
             changed.append((name, changes))
         elif as_predicted:
             changed.append((name, None))
@@ -149,6 +158,6 @@ def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
             without = compile_fn({k: v for k, v in options.items() if k != name})
             compiles += 1
             changed.append((name, not _same_module(without, full)))
-    result = dataclasses.replace(result, option_changed=tuple(changed), compiles=compiles)
+    result = dataclasses.replace(result, option_changed=tuple(changed), compiles=compiles, runtime=runtime)
     kept = tuple(f for f in plan.flags if f.name not in result.dropped)
     return dataclasses.replace(plan, flags=kept, verification=result.lines()), result

@@ -47,6 +47,10 @@ class FlagSpec:
     # XLA's option parser refuses the short word and its flag parser the enum name).
     choices: tuple[str, ...] = ()
     enum_prefix: str = ""
+    # True for a flag that changes how NCCL runs the program, not the program: XLA reads it
+    # when it makes the communicators or the collective buffers, so the compiled module is
+    # the same with or without it and a recompile cannot check it.
+    runtime: bool = False
 
     def option_value(self, value: FlagValue) -> FlagValue:
         """``value`` as ``compiler_options`` takes it."""
@@ -103,12 +107,12 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
         FlagSpec("xla_gpu_experimental_parallel_collective_overlap_limit", int, 1,
                  "collectives in flight at once under the LHS"),
         FlagSpec("xla_gpu_nccl_collective_max_nchannels", int, 0,
-                 "maxCTAs of the NCCL communicators (0 = NCCL decides)"),
+                 "maxCTAs of the NCCL communicators (0 = NCCL decides)", runtime=True),
         FlagSpec("xla_gpu_nccl_p2p_max_nchannels", int, 0,
-                 "maxCTAs for P2P communicators (0 = NCCL decides)"),
+                 "maxCTAs for P2P communicators (0 = NCCL decides)", runtime=True),
         FlagSpec("xla_gpu_experimental_enable_nccl_symmetric_buffers", bool, False,
                  "register collective buffers as NCCL symmetric windows (NCCL 2.27+ symmetric "
-                 "kernels; with NCCL_CTA_POLICY=2, copy-engine collectives)"),
+                 "kernels; with NCCL_CTA_POLICY=2, copy-engine collectives)", runtime=True),
         FlagSpec("xla_gpu_threshold_for_windowed_einsum_mib", int, 100000,
                  "operand size above which einsums become collective matmuls"),
         FlagSpec("xla_gpu_pgle_accuracy_checker", str, "PGLE_STRICTNESS_LEVEL_WARN",
@@ -117,6 +121,9 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
                  "share NCCL resources between cliques", per_compile=False),
     )
 }
+
+
+RUNTIME_FLAGS = frozenset(name for name, spec in KNOWN_FLAGS.items() if spec.runtime)
 
 
 # Flags XLA renamed: old name -> (new name, old value -> new value). jaxlib 0.11 dropped the
