@@ -321,6 +321,7 @@ class Tuned:
             if cached is not None:
                 return cached
         start = time.perf_counter()
+
         def tune() -> Plan:
             graph = graph_lib.from_hlo_text(text)
             space, kept = planning.module_space(graph, self._space)
