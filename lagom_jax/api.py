@@ -350,11 +350,12 @@ def _recalibrated(w: _Watch, measured_us: float) -> hardware_lib.HardwareProfile
     chosen = predicted.get(w.plan.strategy, 0.0)
     target = measured_us * predicted.get("xla-default", chosen) / chosen if chosen > 0 else measured_us
     graph = graph_lib.from_hlo_text(w.text)
+    space, _ = planning.module_space(graph)  # as the Plan was made
     name = f"{w.hw.name.removesuffix('-measured')}-measured"
     factor = measured_us / chosen if chosen > 0 else 1.0
     for _ in range(4):
         got = planning.plan(graph, calibrate_lib.scaled(w.hw, factor), strategy="xla-default",
-                            baselines=()).plan.predicted_us
+                            baselines=(), space=space).plan.predicted_us
         factor *= target / dict(got)["xla-default"]
     return calibrate_lib.scaled(w.hw, factor, name=name)
 

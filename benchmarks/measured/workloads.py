@@ -237,7 +237,6 @@ def scale_one(case: Scale) -> dict[str, Any]:
     from lagom_jax import job
     from lagom_jax.cluster import hardware
     from lagom_jax.plan import planning
-    from lagom_jax.program import graph
 
     hw = hardware.get("h100-sxm-8", math.prod(case.mesh.values()) // 8)
     source = job.ModelSource(case.model, case.config, case.mesh, None, case.global_batch, case.seq_len,
@@ -246,8 +245,9 @@ def scale_one(case: Scale) -> dict[str, Any]:
     compiled = job.compile_source(source, hw)
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    step = graph.from_hlo_text(compiled.text)
-    planned = planning.plan(step, hw, strategy="lagom", baselines=("xla-default",))
+    step = compiled.graph()
+    planned = planning.plan(step, hw, strategy="lagom", baselines=("xla-default",),
+                            space=planning.module_space(step)[0])
     search_s = time.perf_counter() - start
     predicted = dict(planned.plan.predicted_us)
     return {"case": case.name, "compiled_by": compiled.where, "warnings": list(compiled.warnings),

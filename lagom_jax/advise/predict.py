@@ -52,7 +52,7 @@ RUNTIME_PRICED_FLAGS = frozenset({"xla_gpu_experimental_enable_nccl_symmetric_bu
 # program; it caps the cost model's NCCL channels instead.
 COMPILE_PRICED_FLAGS = frozenset(
     name for name, spec in flags_lib.KNOWN_FLAGS.items()
-    if spec.per_compile and not spec.runtime and name not in ("xla_gpu_pgle_accuracy_checker", *RUNTIME_PRICED_FLAGS)
+    if spec.per_compile and not spec.runtime and name != "xla_gpu_pgle_accuracy_checker"
 ) | {"xla_gpu_enable_triton_gemm", "xla_disable_hlo_passes",
      # Compile-time only: stands in for custom calls without a handler here, which the
      # cost model prices from the calls themselves (``custom_calls``); it never reaches a
