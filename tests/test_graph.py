@@ -311,3 +311,18 @@ def test_evolve_is_replace_without_the_constructor():
     assert t.evolve().__dict__ == t.__dict__ and t.id == 3
     with pytest.raises(TypeError, match="no field"):
         t.evolve(ids=0)
+
+
+def test_a_copy_of_a_task_keeps_its_collective_shape_only_while_it_is_the_same():
+    t = graph.Task(id=0, name="ag", kind="all-gather", bytes=1 << 20, groups=((0, 4, 8, 9),))
+    assert graph.collective_shape(t, 16, 8) == graph.CollectiveShape("all-gather", float(1 << 20), 4, 2)
+    assert graph.collective_shape(t, 16, 4) == graph.CollectiveShape("all-gather", float(1 << 20), 4, 3)
+    moved = t.evolve(id=5, deps=(1,))  # the same collective elsewhere in the step
+    assert graph.collective_shape(moved, 16, 8).nodes == 2
+    for changed, want in ((t.evolve(bytes=1 << 10), graph.CollectiveShape("all-gather", 1024.0, 4, 2)),
+                          (t.evolve(groups=((0, 1),)), graph.CollectiveShape("all-gather", float(1 << 20), 2, 1)),
+                          (t.evolve(kind="all-reduce"), graph.CollectiveShape("all-reduce", float(1 << 20), 4, 2))):
+        assert graph.collective_shape(changed, 16, 8) == want
+    assert graph.collective_shape(t, 16, 8).bytes == 1 << 20  # the original's kept shape is untouched
+    assert "_collective_shapes" not in repr(t) and t == graph.Task(id=0, name="ag", kind="all-gather",
+                                                                    bytes=1 << 20, groups=((0, 4, 8, 9),))

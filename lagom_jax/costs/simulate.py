@@ -32,6 +32,7 @@ without building a Timeline (the search scores candidates by the makespan alone)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import json
 import math
@@ -162,8 +163,28 @@ _PREPARED: dict[tuple[int, HardwareProfile], tuple[weakref.ref[StepGraph], _Prep
 def alone_us(task: Task, hw: HardwareProfile) -> float:
     """One execution of a compute task with nothing running beside it: by its matmul shape,
     operand width, fused-attention flag and library kernel where it has them."""
-    return cost.compute_time_us(task.flops, task.bytes, hw, gemm=task.gemm, itemsize=task.itemsize,
-                                attention=task.fused_attention, kernel=task.kernel)
+    return _kernel_us(_work(task), hw, 0.0, 0.0)
+
+
+def clear_caches() -> None:
+    """Forget the kernel-time table (after the cost model changed in-process)."""
+    _kernel_us.cache_clear()
+
+
+def _work(task: Task) -> tuple:
+    """What the cost model times a compute task by."""
+    return (task.flops, task.bytes, task.gemm, task.itemsize, task.fused_attention, task.kernel)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _kernel_us(work: tuple, hw: HardwareProfile, sms_taken: float, hbm_gbps_taken: float) -> float:
+    """One execution of a compute kernel (``_work``) beside collectives holding ``sms_taken``
+    SMs and ``hbm_gbps_taken`` of HBM bandwidth. One table for every graph: a scanned
+    step's layers repeat the same kernels, and the search replays windows of them by the
+    ten thousand, each a graph of its own."""
+    flops, nbytes, gemm, itemsize, attention, kernel = work
+    return cost.compute_time_us(flops, nbytes, hw, sms_taken=sms_taken, hbm_gbps_taken=hbm_gbps_taken, gemm=gemm,
+                                itemsize=itemsize, attention=attention, kernel=kernel)
 
 
 def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
@@ -186,9 +207,8 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
                     f"collective {t.name!r} (id {t.id}) has done_before={j}, which is not a compute task id")
             pending[j] += 1
             succ[t.id].append(j)
-    work = tuple(None if c else (t.flops, t.bytes, t.gemm, t.itemsize, t.fused_attention, t.kernel)
-                 for t, c in zip(tasks, is_coll))
-    compute_alone = tuple(0.0 if c else r * alone_us(t, hw) for t, c, r in zip(tasks, is_coll, repeat))
+    work = tuple(None if c else _work(t) for t, c in zip(tasks, is_coll))
+    compute_alone = tuple(0.0 if c else r * _kernel_us(w, hw, 0.0, 0.0) for w, c, r in zip(work, is_coll, repeat))
     default_params = {i: cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
                       for i, k in enumerate(coll_key) if k is not None}
     prepared = _Prepared(
@@ -376,10 +396,7 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
                 key = (cur, sms, tracker.hbm)
                 cur_dur = durations.get(key, -1.0)
                 if cur_dur < 0.0:
-                    w = work[cur]
-                    cur_dur = durations[key] = repeat[cur] * cost.compute_time_us(  # type: ignore[index]
-                        w[0], w[1], hw, sms_taken=sms, hbm_gbps_taken=tracker.hbm, gemm=w[2], itemsize=w[3],
-                        attention=w[4], kernel=w[5])
+                    cur_dur = durations[key] = repeat[cur] * _kernel_us(work[cur], hw, sms, tracker.hbm)
             stale = False
         # Time to the next event; k running collectives share the network.
         k = len(running)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 import re
 from typing import Literal, NamedTuple
@@ -110,6 +111,8 @@ class Task:
         new = object.__new__(Task)
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)
+        if not _SHAPE_FIELDS.isdisjoint(changes):
+            new.__dict__.pop(_SHAPES, None)  # its collective shape is not this task's
         return new
 
     def piece(self, name: str, parts: int) -> Task:
@@ -152,6 +155,11 @@ class Task:
 
 
 _TASK_FIELDS = frozenset(f.name for f in dataclasses.fields(Task))
+# What ``collective_shape`` reads of a task, and where a task keeps the shapes it was asked
+# for (per device count and node size), beside its fields: not one of them, so equality,
+# hashing and ``repr`` ignore it, and ``evolve`` drops it when one of these fields changes.
+_SHAPE_FIELDS = frozenset({"kind", "bytes", "groups", "pairs"})
+_SHAPES = "_collective_shapes"
 
 
 class CollectiveShape(NamedTuple):
@@ -164,8 +172,22 @@ class CollectiveShape(NamedTuple):
 
 
 def collective_shape(task: Task, num_devices: int, gpus_per_node: int) -> CollectiveShape:
-    """(kind, bytes, ranks, nodes spanned) of ``task`` in a step over ``num_devices``."""
-    return _shape(task.kind, float(task.bytes), task.groups, task.pairs, num_devices, gpus_per_node)
+    """(kind, bytes, ranks, nodes spanned) of ``task`` in a step over ``num_devices``.
+
+    Kept in the task: the search asks for it hundreds of thousands of times, and at
+    thousands of devices hashing a task's replica groups to look it up elsewhere cost
+    more than the simulation around it (52 us a call for the groups of 2,048 devices).
+    """
+    memo = task.__dict__.get(_SHAPES)
+    if memo is None:
+        memo = {}
+        object.__setattr__(task, _SHAPES, memo)
+    key = (num_devices, gpus_per_node)
+    shape = memo.get(key)
+    if shape is None:
+        shape = memo[key] = _shape(task.kind, float(task.bytes), task.groups, task.pairs, num_devices,
+                                   gpus_per_node)
+    return shape
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -207,14 +229,20 @@ class StepGraph:
     def shape(self, task: Task, gpus_per_node: int) -> CollectiveShape:
         """(kind, bytes, ranks, nodes spanned) of a collective of this step.
 
-        Cached by the fields that matter: the search asks again for every copy of a task
-        it makes.
+        Kept in the task (``collective_shape``): the search asks again for every copy of a
+        task it makes.
         """
         return collective_shape(task, self.num_devices, gpus_per_node)
 
     @property
     def total_flops(self) -> float:
         return sum(t.flops for t in self.tasks)
+
+    @functools.cached_property
+    def content_hash(self) -> str:
+        """SHA-256 of the graph's ``repr`` (names included): computed once, as a step of
+        thousands of devices takes about a second to print."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()
 
     @functools.cached_property
     def consumers(self) -> tuple[tuple[int, ...], ...]:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.params import CollectiveParams
 from lagom_jax.costs import cost
+from lagom_jax.costs import simulate as simulate_lib
 from lagom_jax.costs.simulate import Timeline, makespan_us, simulate
 from lagom_jax.passes import (Rewrite, Schedule, XLA_ORDER, chunk_rewrite, combine_rewrite,
                               decompose_rewrite, schedule)
@@ -216,6 +217,15 @@ class Evaluator:
         return simulate(sched.graph, self.hw, built.params(params),
                         overlap_limit=sched.overlap_limit, priority=sched.priority_map)
 
+    def makespan(self, structure: Structure, params: Mapping[int, CollectiveParams]) -> float:
+        """``full(...).makespan_us`` without the Timeline (a replay that keeps no intervals):
+        where a search compares whole steps and reads nothing else."""
+        built = self.build(structure)
+        self.evaluations += 1
+        sched = built.schedule
+        return makespan_us(sched.graph, self.hw, built.params(params),
+                           overlap_limit=sched.overlap_limit, priority=sched.priority_map)
+
     def window(self, structure: Structure, params: Mapping[int, CollectiveParams], cid: int,
                p: CollectiveParams | None = None) -> float:
         """Makespan of the part of the step that collective ``cid`` (combined graph) can
@@ -266,3 +276,4 @@ def clear_caches() -> None:
     """Forget the candidate and timing tables (after the cost model changed in-process)."""
     _CANDIDATES.clear()
     _time_table.cache_clear()
+    simulate_lib.clear_caches()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 from lagom_jax.cluster.params import CollectiveParams
 from lagom_jax.costs.simulate import Timeline
@@ -77,4 +76,4 @@ class SearchResult:
 
 def fingerprint(graph: StepGraph) -> str:
     """Content hash of a step graph (names included: they appear in explanations)."""
-    return hashlib.sha256(repr(graph).encode()).hexdigest()[:16]
+    return graph.content_hash[:16]

@@ -134,7 +134,7 @@ def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int,
         if len(choices) < 2:
             continue
         candidates = list(dict.fromkeys([*choices, ev.default(example[key])]))
-        timed = [(ev.full(structure, {**out, **dict.fromkeys(cids, p)}).makespan_us, i, p)
+        timed = [(ev.makespan(structure, {**out, **dict.fromkeys(cids, p)}), i, p)
                  for i, p in enumerate(candidates)]
         best = min(timed)[2]
         note = (f"one choice for the {len(cids)} calls that NCCL's tuner sees as one key "
@@ -294,7 +294,7 @@ def _lagom(graph: StepGraph, hw: HardwareProfile, space: Space) -> SearchResult:
         notes = [f"started from {seed.label} ({seed.makespan_us:.1f} us)"]
         structure = _tune_structure(ev, seed, notes) if space.tune_structure else seed.structure
         params = _policy_params(ev, structure, seed.policy) if space.tune_structure else dict(seed.params)
-        starts.append((ev.full(structure, params).makespan_us, seed, structure, notes))
+        starts.append((ev.makespan(structure, params), seed, structure, notes))
     starts.sort(key=lambda x: x[0])
     if len(starts) > 1:
         starts[0][3].append("structure from each baseline: " + ", ".join(
@@ -326,7 +326,7 @@ def _seed(ev: Evaluator, label: str, structure: Structure, policy: str) -> _Seed
     """A baseline's step as its strategy hands it back (one choice per tuner key)."""
     s = _base_structure(ev.space, structure)
     params, _, _ = one_choice_per_key(ev, s, _policy_params(ev, s, policy), {})
-    return _Seed(label, s, policy, ev.full(s, params).makespan_us, params)
+    return _Seed(label, s, policy, ev.makespan(s, params), params)
 
 
 def _seeds(ev: Evaluator) -> list[_Seed]:
@@ -350,7 +350,7 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
     """
     graph, policy, structure = ev.graph, seed.policy, seed.structure
     sev = ev if len(graph.tasks) <= SEGMENT_TASKS else Evaluator(_prefix(graph, SEGMENT_TASKS), ev.hw, ev.space)
-    best_ms = sev.full(structure, _policy_params(sev, structure, policy)).makespan_us
+    best_ms = sev.makespan(structure, _policy_params(sev, structure, policy))
     kinds = {t.kind for t in graph.collectives}
     # Windowed einsum is tried only where XLA would apply it: pairs with a matmul.
     windowed = [("windowed-einsum", 0)] if ev.space.windowed_einsum and eligible_pairs(sev.graph) else []
@@ -363,7 +363,7 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
             trial = dataclasses.replace(structure, latency_hiding=not structure.latency_hiding)
         elif what == "windowed-einsum":
             trial = dataclasses.replace(structure, windowed_einsum=True)
-            ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
+            ms = sev.makespan(trial, _policy_params(sev, trial, policy))
             found = eligible_pairs(sev.graph)
             pairs = len(found)
             # A rewrite of whole collectives must gain more than the model's error on them
@@ -389,7 +389,7 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
             trial = dataclasses.replace(structure, thresholds=thresholds_of({**structure.threshold_map, what: value}))
             if sev.combined(trial).origins == sev.combined(structure).origins:
                 continue  # the same combine groups: nothing new to evaluate
-        ms = sev.full(trial, _policy_params(sev, trial, policy)).makespan_us
+        ms = sev.makespan(trial, _policy_params(sev, trial, policy))
         if _better(ms, best_ms):
             best_ms, structure = ms, trial
     if sev is not ev:
