@@ -401,3 +401,33 @@ def test_a_plan_says_what_the_floor_held_back_and_min_gain_0_takes_it(preset):
     assert eager.makespan_us == pytest.approx(floored.makespan_us - floored.held_back_us)
     text = floored.report()
     assert "held back" in text and "--min-gain 0" in text and "held back" not in eager.report()
+
+
+def test_a_window_starts_where_its_collective_can_start_not_at_a_long_done_producer():
+    """A collective that reads a slice taken at the step's start and a value made just before
+    it is scored on the tasks around it, not on everything since the slice; a producer that
+    is a collective may end late and keeps the window open from it."""
+    from lagom_jax.program.graph import StepGraph
+    from lagom_jax.search import evaluator as evaluator_lib
+    from lagom_jax.search.space import COMBINABLE_KINDS, Structure, thresholds_of
+
+    tasks, add = _builder()
+    group = (tuple(range(8)),)
+    chain = [add(name="c0", kind="compute", flops=1e9, bytes=MiB, opcode="fusion")]
+    early = add(name="early.ag", kind="all-gather", bytes=MiB, deps=(chain[0],), groups=group, is_async=True)
+    for i in range(1, 120):
+        chain.append(add(name=f"c{i}", kind="compute", flops=1e9, bytes=MiB, deps=(chain[-1],), opcode="fusion"))
+    late = add(name="late.ag", kind="all-gather", bytes=MiB, deps=(chain[1], chain[-1]), groups=group, is_async=True)
+    waits = add(name="waits.ag", kind="all-gather", bytes=MiB, deps=(early, chain[-1]), groups=group, is_async=True)
+    add(name="use", kind="compute", flops=1e9, bytes=MiB, deps=(chain[-1], late, waits, early), opcode="fusion")
+    g = StepGraph("window", tuple(tasks), num_devices=8)
+    assert len(g.tasks) > evaluator_lib.FULL_GRAPH_TASKS
+    hw = hardware.get("h100-sxm-8")
+    ev = evaluator_lib.Evaluator(g, hw, search.Space())
+    structure = Structure(thresholds_of(dict.fromkeys(COMBINABLE_KINDS, 0)), True)  # nothing combined
+    g1 = ev.combined(structure).graph
+    ids = {t.name: t.id for t in g1.tasks}
+    names = {k: {t.name for t in ev._window(structure, ids[k]).schedule.graph.tasks} for k in ("late.ag", "waits.ag")}
+    assert "c1" not in names["late.ag"] and f"c{len(chain) - 1}" in names["late.ag"]
+    assert len(names["late.ag"]) < 12
+    assert "early.ag" in names["waits.ag"]  # a collective producer holds the window open

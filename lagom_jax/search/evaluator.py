@@ -245,13 +245,21 @@ class Evaluator:
                            overlap_limit=sched.overlap_limit, priority=sched.priority_map)
 
     def _window(self, structure: Structure, cid: int) -> _Built:
-        """Tasks from a few before ``cid``'s producers to a few after its first consumer."""
+        """Tasks from a few before ``cid`` can start to a few after its first consumer.
+
+        It can start once its last producer is done. Compute runs in schedule order on one
+        stream, so of its compute producers the last in that order ends last; a producer
+        that is a collective may end later than compute after it, and the window starts
+        before the earliest such one. A producer that ended long before (an XLA step often
+        slices every layer's weights at its start) does not stretch the window back to it:
+        nothing before ``cid`` starts depends on ``cid``'s params.
+        """
         g1 = self.combined(structure).graph
         lo, hi = len(g1.tasks), 0
         for m in self.ties(structure)[1][cid]:
             t = g1.tasks[m]
             users = g1.consumers[m]
-            lo = min(lo, max(0, min(t.deps, default=m) - WINDOW_MARGIN_TASKS))
+            lo = min(lo, max(0, _ready_from(g1, t) - WINDOW_MARGIN_TASKS))
             hi = max(hi, min(len(g1.tasks) - 1, max(users[:1], default=m) + WINDOW_MARGIN_TASKS))
         chunks = tuple((c, k) for c, k in structure.chunks if lo <= c <= hi)
         key = (structure.thresholds, structure.windowed_einsum, structure.latency_hiding, structure.overlap_limit,
@@ -270,6 +278,14 @@ class Evaluator:
             self._windows[key] = self._apply(sub, {c - lo: k for c, k in chunks}, structure,
                                              back={new: old for old, new in ids.items()})
         return self._windows[key]
+
+
+def _ready_from(graph: StepGraph, t: Task) -> int:
+    """The producer of ``t`` that ends last, as far as the schedule order tells: the last
+    compute producer, or an earlier collective producer (``Evaluator._window``)."""
+    compute = [d for d in t.deps if not graph.tasks[d].is_collective]
+    start = max(compute, default=t.id)
+    return min([start, *(d for d in t.deps if graph.tasks[d].is_collective)])
 
 
 def clear_caches() -> None:
