@@ -338,10 +338,12 @@ def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_li
 
 def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_lib.HardwareProfile,
                     strategy: str, baselines: tuple[str, ...], log: Log, space: search.Space
-                    ) -> tuple[planning.Planned, tuple[tuple[str, str], ...]]:
+                    ) -> tuple[planning.Planned, tuple[tuple[str, str], ...], graph_lib.StepGraph | None,
+                               search.Space | None]:
     """Step 3b: the structure flags compile-in-the-loop takes (``structures.search``), in
     the Plan beside the search's own; the baselines stay those of the module XLA makes
-    with no flags, so the predicted gain counts the structure too."""
+    with no flags, so the predicted gain counts the structure too. Also the step and space
+    of the module taken (``None`` where the search kept the module it started from)."""
     log("structure: the pipeliner, double buffering and combine-by-dim, each compiled and "
         "predicted where it can hide exposed communication ...")
     outcome = structures.search(compiled.text, planned, hw, compiled.recompile, strategy=strategy,
@@ -351,7 +353,7 @@ def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_
     predicted[strategy] = best.makespan_us
     plan = dataclasses.replace(best, flags=tuple(outcome.flags) + best.flags,
                                predicted_us=tuple(predicted.items()))
-    return dataclasses.replace(outcome.planned, plan=plan), outcome.decisions
+    return dataclasses.replace(outcome.planned, plan=plan), outcome.decisions, outcome.graph, outcome.space
 
 
 def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.HardwareProfile, *,
@@ -379,8 +381,12 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     hw = compiled.hardware
     log(f"hardware: {hw.name}; {len(step.collectives)} collectives, {len(step.tasks)} tasks; searching ...")
     space, kept = planning.module_space(step, space)
+    # What lagom's floor held back is said once, of the plan kept (after the NCCL settings
+    # and the structure search have each planned their candidates).
     planned = planning.plan(step, hw, strategy=strategy, baselines=baselines,
-                            fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest(), space=space)
+                            fingerprint=hashlib.sha256(compiled.text.encode()).hexdigest(), space=space,
+                            floor_note=False)
+    kept_graph, kept_space = step, space
     decisions = compiled.decisions + kept
     missing = custom_calls.unpriced(step.tasks)
     if missing:
@@ -399,13 +405,17 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
         planned, hw, setting = settled.planned, settled.hardware, settled.setting
         decisions += settled.decisions
     if structures and compiled.recompile is not None:
-        planned, structure_decisions = _with_structure(compiled, planned, hw, strategy, baselines, log, space)
+        planned, structure_decisions, taken_graph, taken_space = _with_structure(
+            compiled, planned, hw, strategy, baselines, log, space)
         decisions += structure_decisions
+        if taken_graph is not None and taken_space is not None:
+            kept_graph, kept_space = taken_graph, taken_space
         if setting is not None:  # the structure's plan was made under the setting: say so
             planned = dataclasses.replace(planned, plan=nccl_settings.with_setting(planned.plan, setting,
                                                                                    compiled.hardware))
     elif structures:
         decisions += (("structure search", f"not run: {compiled.where} cannot be compiled again here"),)
+    planned = planning.note_floor(planned, kept_graph, hw, kept_space)
     plan = dataclasses.replace(planned.plan, decisions=decisions)
     flags_lib.validate(plan.xla_flags(), plan.compiler_options())
     if verify and compiled.recompile is not None:

@@ -64,6 +64,12 @@ def test_taken_flags_reach_the_plan_and_its_verification():
                             baselines=("xla-default",), candidates=(cand,))
     assert out.flags == (flags.for_installed(cand.flag),) and out.decisions[0][1].startswith("taken: predicted step")
     assert out.planned.plan.makespan_us < _planned(compiled.text).plan.makespan_us
+    # A trial is planned without the floor's note (a second search); the pipeline notes it
+    # once, on the module kept, as a plan of that module alone says it.
+    assert out.graph is not None and out.space is not None and out.planned.plan.held_back_us == 0
+    noted = planning.note_floor(out.planned, out.graph, HW, out.space).plan
+    alone = planning.plan(out.graph, HW, strategy="lagom", baselines=("xla-default",), space=out.space).plan
+    assert noted.held_back_us == pytest.approx(alone.held_back_us) and noted.makespan_us == alone.makespan_us
 
 
 @needs_gpu_compile

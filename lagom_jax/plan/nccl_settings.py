@@ -170,7 +170,7 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
         log(f"NCCL settings: pricing {setting.name} ({', '.join(kinds)}) ...")
         try:
             again = planning.plan(step, dataclasses.replace(hw, nccl_env=setting.env), strategy=strategy,
-                                  baselines=(), fingerprint=fingerprint, space=space)
+                                  baselines=(), fingerprint=fingerprint, space=space, floor_note=False)
         except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
             decisions.append((setting.name, f"not priced: {err}"))
             continue

@@ -64,8 +64,12 @@ def module_space(graph: StepGraph, space: search.Space = search.Space()
 
 def plan(graph: StepGraph, hardware: HardwareProfile, *, strategy: str = "lagom",
          baselines: tuple[str, ...] = BASELINES, fingerprint: str = "",
-         space: search.Space = search.Space()) -> Planned:
+         space: search.Space = search.Space(), floor_note: bool = True) -> Planned:
     """Search ``graph`` with ``strategy`` and each baseline; the chosen result as a Plan.
+
+    ``floor_note``: say what lagom's floor held back (`note_floor`, a second search). A
+    pipeline that plans several candidate modules or settings and keeps one asks for it
+    once, on the one it keeps.
 
     Raises ValueError for an unknown strategy, or when ``exhaustive`` refuses the step.
     """
@@ -75,12 +79,22 @@ def plan(graph: StepGraph, hardware: HardwareProfile, *, strategy: str = "lagom"
                for name in dict.fromkeys((strategy, *baselines))}
     made = plan_of(results, strategy, hardware, module=graph.name, fingerprint=fingerprint)
     if strategy == "lagom":
-        held_back = 0.0
-        if space.min_gain != 0:
-            eager = search.run_strategy("lagom", graph, hardware, dataclasses.replace(space, min_gain=0.0))
-            held_back = max(0.0, results[strategy].makespan_us - eager.makespan_us)
-        made = dataclasses.replace(made, min_gain=space.min_gain, held_back_us=held_back)
-    return Planned(made, results)
+        made = dataclasses.replace(made, min_gain=space.min_gain)
+    planned = Planned(made, results)
+    return note_floor(planned, graph, hardware, space) if floor_note else planned
+
+
+def note_floor(planned: Planned, graph: StepGraph, hardware: HardwareProfile, space: search.Space) -> Planned:
+    """``planned`` (lagom's plan of ``graph`` on ``hardware`` under ``space``) with what the
+    floor on per-collective changes held back: lagom's step against the same search taking
+    every predicted gain (``min_gain=0``). Other strategies' plans are returned as they are."""
+    if planned.plan.strategy != "lagom":
+        return planned
+    held_back = 0.0
+    if space.min_gain != 0:
+        eager = search.run_strategy("lagom", graph, hardware, dataclasses.replace(space, min_gain=0.0))
+        held_back = max(0.0, planned.chosen.makespan_us - eager.makespan_us)
+    return dataclasses.replace(planned, plan=dataclasses.replace(planned.plan, held_back_us=held_back))
 
 
 def plan_of(results: Mapping[str, search.SearchResult], strategy: str, hardware: HardwareProfile, *,

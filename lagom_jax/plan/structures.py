@@ -103,6 +103,10 @@ class Outcome:
     decisions: tuple[tuple[str, str], ...]
     compiles: int
     compile_seconds: float
+    # The chosen module's step and the search space it was planned in (``None``: the
+    # module the search started from, planned by the caller).
+    graph: graph_lib.StepGraph | None = None
+    space: search_lib.Space | None = None
 
 
 def _exposed_by_kind(planned: planning.Planned) -> dict[str, float]:
@@ -141,6 +145,8 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
     has_loop = any(t.trip_count > 1 for t in planned.chosen.graph.tasks)
     chosen: tuple[XlaFlag, ...] = ()
     best_text, best = text, planned
+    best_graph: graph_lib.StepGraph | None = None
+    best_space: search_lib.Space | None = None
     decisions: list[tuple[str, str]] = []
     exposed = _exposed_by_kind(planned)
     order = sorted(candidates, key=lambda c: -sum(exposed.get(k, 0.0) for k in c.kinds))
@@ -188,15 +194,16 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
             space, default_combine_kinds=tuple(sorted({*space.default_combine_kinds, *apart}))))
         trial_planned = planning.plan(trial_graph, hw, strategy=strategy, baselines=baselines,
                                       fingerprint=hashlib.sha256(trial_text.encode()).hexdigest(),
-                                      space=trial_space)
+                                      space=trial_space, floor_note=False)
         before, after = best.plan.makespan_us, trial_planned.plan.makespan_us
         change = f"predicted step {before / 1e3:.3f} -> {after / 1e3:.3f} ms ({before / after:.3f}x speedup)"
         change += _why(best, trial_planned, cand.kinds)
         if after < before * (1 - MIN_GAIN):
             chosen, best_text, best = trial, trial_text, trial_planned
+            best_graph, best_space = trial_graph, trial_space
             decisions.append((subject, f"taken: {change}"))
         else:
             decisions.append((subject, f"left: {change}, below the {1 / (1 - MIN_GAIN):.3f}x floor "
                                        f"({MIN_GAIN:.0%} of the step)"))
     decisions.append(("structure search", f"{compiles} compile(s) in {seconds:.1f} s"))
-    return Outcome(chosen, best_text, best, tuple(decisions), compiles, seconds)
+    return Outcome(chosen, best_text, best, tuple(decisions), compiles, seconds, best_graph, best_space)
