@@ -42,7 +42,16 @@ def test_settings_round_trip_through_the_environment(env):
     ({"NCCL_ALGO": "PAT"}, "leaves nothing"),
     ({"NCCL_ALGO": "NVLS", "NCCL_NVLS_ENABLE": "0"}, "leaves no algorithm"),
     ({"NCCL_NVLS_ENABLE": "yes"}, "0, 1 or 2"),
-    ({"NCCL_BUFFSIZE": "1"}, "cannot be priced"),
+    ({"NCCL_BUFFSIZE": "1"}, "at least 8192"),
+    ({"NCCL_MAX_CTAS": "0"}, "NCCL_MAX_CTAS=0: must be at least 1"),
+    ({"NCCL_MAX_CTAS": "65"}, "1 to 64"),
+    ({"NCCL_MIN_CTAS": "32", "NCCL_MAX_CTAS": "8"}, "MIN <= MAX"),
+    ({"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "16"}, "deprecated name"),
+    ({"NCCL_NTHREADS": "320"}, "64, 128, 256, 512"),
+    ({"NCCL_NTHREADS": "many"}, "not an integer"),
+    ({"NCCL_MAXCTAS": "8"}, "did you mean NCCL_MAX_CTAS"),
+    ({"NCCL_FOO_BAR": "1"}, "not one NCCL documents"),
+    ({"XLA_FLAGS": "--foo"}, "not an NCCL variable"),
 ])
 def test_bad_settings_are_named(env, match):
     if match is None:  # an empty value is NCCL's default
@@ -109,3 +118,45 @@ def test_the_copy_engines_need_the_policy_and_xlas_symmetric_buffers_together():
     assert not both.copy_engine("all-reduce", 1) and not both.copy_engine("all-gather", 2)
     assert not policy.copy_engine("all-gather", 1) and not flag.copy_engine("all-gather", 1)
     assert both.describe() == "NCCL_CTA_POLICY=2 on XLA's symmetric buffers"
+
+
+def test_cta_pins_threads_and_buffer_are_read_as_nccl_reads_them():
+    env = NcclEnv.from_environ({"NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_CTAS": "16", "NCCL_NTHREADS": "256",
+                                "NCCL_BUFFSIZE": "8388608", "NCCL_NVLS_NCHANNELS": "8"})
+    assert (env.min_ctas, env.max_ctas, env.nthreads, env.buffsize, env.nvls_ctas) == (4, 16, 256, 8 << 20, 8)
+    assert env.ctas(24) == 16 and env.ctas(2) == 4 and env.channel_cap == 16
+    assert env.threads("Simple", 512) == 256 and env.threads("LL128", 640) == 640
+    assert env.simple_chunk(2 << 20, ring=True) == 4 << 20 and env.max_simple_chunk == 4 << 20
+    assert NcclEnv().ctas(24) == 24 and NcclEnv().channel_cap == 64
+    # The deprecated name is written back under the current one, and read the same.
+    assert NcclEnv.from_environ(env.as_environ()) == env
+    assert env.as_environ()["NCCL_MIN_CTAS"] == "4"
+
+
+def test_documented_variables_the_model_does_not_price_are_accepted_and_said():
+    from lagom_jax.cluster import nccl_env
+
+    given = {"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "mlx5", "NCCL_PROTO": "Simple"}
+    assert NcclEnv.from_environ(given) == NcclEnv.from_environ({"NCCL_PROTO": "Simple"})
+    lines = nccl_env.unpriced(given)
+    assert len(lines) == 2 and lines[0].startswith("NCCL_DEBUG=INFO is accepted and changes nothing")
+
+
+def test_cta_pins_bound_every_collective_and_the_search():
+    from lagom_jax.costs import cost
+
+    h100 = hardware.get("h100-sxm-8")
+    capped = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_MAX_CTAS": "8"}))
+    raised = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_MIN_CTAS": "32"}))
+    big = (1 << 30)
+    assert cost.nccl_default_params("all-gather", big, 8, 1, h100).nchannels == h100.nccl_channels
+    assert cost.nccl_default_params("all-gather", big, 8, 1, capped).nchannels == 8
+    assert cost.nccl_default_params("all-gather", big, 8, 1, raised).nchannels == 32
+    # NCCL still cuts a small message's channels under a minimum (topoGetAlgoInfo).
+    assert cost.nccl_default_params("all-gather", 4096, 8, 1, raised).nchannels == 1
+    assert max(p.nchannels for p in cost.candidate_params("all-gather", big, 8, 1, capped)) == 8
+    threads = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_NTHREADS": "256"}))
+    assert {p.nthreads for p in cost.candidate_params("all-gather", big, 8, 1, threads)
+            if p.protocol != "LL128"} == {256}
+    buffer = dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_BUFFSIZE": str(1 << 20)}))
+    assert cost.nccl_default_params("all-gather", big, 8, 1, buffer).chunk_bytes == 512 << 10

@@ -26,8 +26,9 @@ from typing import Any
 
 from lagom_jax import job as job_lib
 from lagom_jax.cluster import hardware as hardware_lib
+from lagom_jax.cluster import nccl_env as nccl_env_lib
 from lagom_jax.cluster.nccl_env import NcclEnv
-from lagom_jax.plan.nccl_settings import SYMMETRIC_BUFFERS
+from lagom_jax.plan.nccl_settings import SYMMETRIC_BUFFERS, USER_BUFFERS
 from lagom_jax.models import attention as attention_lib
 from lagom_jax.models.layers import QUANTIZATIONS
 from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile
@@ -98,28 +99,27 @@ def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
     """``hw`` running with the NCCL channel cap, NCCL environment and runtime XLA flags of a
     prediction; a warning says where a setting the user gave changes nothing priced."""
     runtime = runtime or {}
+    symmetric = runtime.get(SYMMETRIC_BUFFERS, hw.nccl_env.symmetric_buffers)
+    user = runtime.get(USER_BUFFERS, hw.nccl_env.user_buffers)
+    env = NcclEnv.from_environ(nccl_env, symmetric_buffers=symmetric, user_buffers=user) if nccl_env else \
+        dataclasses.replace(hw.nccl_env, symmetric_buffers=symmetric, user_buffers=user)
+    for line in nccl_env_lib.unpriced(nccl_env or {}):
+        warnings.warn(line, PricingWarning, stacklevel=3)
     if cap is not None:
         if cap < 1:
             raise ValueError(f"xla_gpu_nccl_collective_max_nchannels must be >= 1 to price, got {cap}")
-        hw = dataclasses.replace(hw, nccl_channels=min(cap, hw.nccl_channels))
-    symmetric = runtime.get(SYMMETRIC_BUFFERS, hw.nccl_env.symmetric_buffers)
-    env = NcclEnv.from_environ(nccl_env, symmetric_buffers=symmetric) if nccl_env else dataclasses.replace(
-        hw.nccl_env, symmetric_buffers=symmetric)
+        if env.max_ctas:
+            warnings.warn(f"xla_gpu_nccl_collective_max_nchannels={cap} changes nothing beside "
+                          f"NCCL_MAX_CTAS={env.max_ctas}: NCCL's variable overrides the maxCTAs XLA passes "
+                          "in its communicator config", PricingWarning, stacklevel=3)
+        else:
+            hw = dataclasses.replace(hw, nccl_channels=min(cap, hw.nccl_channels))
     hw = dataclasses.replace(hw, nccl_env=env)
     if env.zero_cta and not env.symmetric_buffers:
         warnings.warn(f"NCCL_CTA_POLICY=2 without {SYMMETRIC_BUFFERS}=true moves no collective to the copy "
                       "engines (NCCL runs zero-CTA only on buffers registered as symmetric windows, which "
                       "XLA registers only under that flag): priced as NCCL's default kernels",
                       PricingWarning, stacklevel=3)
-    elif runtime.get(SYMMETRIC_BUFFERS) and not env.zero_cta:
-        warnings.warn(f"{SYMMETRIC_BUFFERS}=true without NCCL_CTA_POLICY=2 (XLA never sets the policy): NCCL "
-                      "runs its symmetric kernels (all-gather, and sum all-reduce/reduce-scatter on floats, "
-                      "inside one NVLink domain), which the model does not price: predicted as its default "
-                      "kernels; with NCCL_CTA_POLICY=2 all-gathers and all-to-alls inside a node run on the "
-                      "copy engines (priced)", PricingWarning, stacklevel=3)
-    if runtime.get("xla_gpu_enable_nccl_user_buffers"):
-        warnings.warn("xla_gpu_enable_nccl_user_buffers=true registers collective buffers with NCCL "
-                      "(zero-copy); the model prices no change from it", PricingWarning, stacklevel=3)
     return hw
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-NcclAlgorithm = Literal["ring", "tree", "nvls"]
+NcclAlgorithm = Literal["ring", "tree", "nvls", "symmetric"]
 NcclProtocol = Literal["LL", "LL128", "Simple"]
 # NVLS: NVLink SHARP, the reduction done by the NVSwitch (Hopper and newer), Simple only.
-ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls")
+# symmetric: NCCL 2.27's symmetric-memory kernels on buffers registered as symmetric
+# windows (``cost.symmetric_pick``); protocol LL for its LL kernels, Simple for the others.
+ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls", "symmetric")
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
 # Kinds the tuner is consulted for, named as in lagom_jax.program.graph.COLLECTIVE_KINDS, with NCCL's ncclFunc_t
@@ -47,6 +49,8 @@ class CollectiveParams:
             raise ValueError(f"unknown algorithm {self.algorithm!r} (known: {', '.join(ALGORITHMS)})")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r} (known: {', '.join(PROTOCOLS)})")
+        if self.algorithm == "symmetric" and self.protocol == "LL128":
+            raise ValueError("NCCL's symmetric kernels are LL or load/store ('Simple'), not LL128")
         if self.algorithm == "nvls" and self.protocol != "Simple":
             raise ValueError(f"NCCL runs NVLS with the Simple protocol only, got {self.protocol!r}")
         if not 1 <= self.nchannels <= MAX_CHANNELS:

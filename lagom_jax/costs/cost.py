@@ -204,7 +204,11 @@ def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: C
         raise ValueError(f"{kind}: nbytes must be >= 0, got {nbytes}")
     if group_size < 1 or nodes < 1 or nodes > group_size:
         raise ValueError(f"{kind}: need 1 <= nodes <= group_size, got nodes={nodes}, group_size={group_size}")
-    if params.algorithm != "ring" and kind != "all-reduce":
+    if params.algorithm == "symmetric":
+        if kind not in SYMMETRIC_KINDS or nodes > 1:
+            raise ValueError(f"{kind} over {nodes} node(s): NCCL's symmetric kernels run "
+                             f"{', '.join(SYMMETRIC_KINDS)} inside one NVLink domain only")
+    elif params.algorithm != "ring" and kind != "all-reduce":
         raise ValueError(f"{kind}: NCCL's {params.algorithm} algorithm is modelled only for all-reduce; "
                          "use algorithm='ring'")
     if params.algorithm == "nvls" and nodes > 1:
@@ -303,7 +307,9 @@ def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwarePr
     if algorithm == "nvls":
         if not hw.nvls_channels:
             raise ValueError(f"{hw.name} has no NVLS (no NVSwitch of Hopper or newer)")
-        per_nvls = hw.nvls_busbw_gbps / hw.nvls_channels * min(1.0, nthreads / cfg.full_rate_threads[p])
+        # Registered buffers reach the NVLS bandwidth on the fewer CTAs NCCL gives them.
+        full = nvls_registered_ctas(hw) if hw.nccl_env.user_buffers else hw.nvls_channels
+        per_nvls = hw.nvls_busbw_gbps / full * min(1.0, nthreads / cfg.full_rate_threads[p])
         return min(nc * per_nvls, hw.nvls_busbw_gbps)
     if algorithm == "tree":
         tree_ch = cfg.lookup(cfg.per_ch_tree, hw.arch)[col] / cta
@@ -330,6 +336,9 @@ def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
     _check_args(kind, nbytes, group_size, nodes, params)
     if group_size <= 1:
         return hw.launch_us
+    if params.algorithm == "symmetric":
+        return hw.launch_us + min(t for _k, _c, t in _symmetric_times(kind, nbytes, group_size, hw, params.protocol,
+                                                                   params.nchannels))
     return _time_from_terms(nbytes, group_size, params, _size_free_terms(kind, group_size, nodes, params, hw, cfg),
                             hw, cfg) * measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
 
@@ -437,7 +446,7 @@ def working_channels(kind: str, nbytes: float, n: int, nodes: int, params: Colle
     time flat through the steps, never lower; ``_time_from_terms`` is its closed form.
     """
     _check_args(kind, nbytes, n, nodes, params)
-    if params.algorithm == "nvls" or n <= 1:
+    if params.algorithm in ("nvls", "symmetric") or n <= 1:
         return params.nchannels
     bus, _bw, one_ch, *_ = _size_free_terms(kind, n, nodes, params, hw, cfg)
     first, _idle = _first_share(n, params, bus, cfg)
@@ -494,8 +503,9 @@ def _algorithms(kind: str, n: int, nodes: int, hw: HardwareProfile) -> tuple[str
     return pairs
 
 
-def _default_threads(algorithm: str, protocol: str) -> int:
-    return 640 if algorithm == "tree" else _DEFAULT_THREADS[protocol]
+def _default_threads(algorithm: str, protocol: str, hw: HardwareProfile) -> int:
+    """NCCL's threads per CTA: 640 for tree, else the protocol's (NCCL_NTHREADS where pinned)."""
+    return 640 if algorithm == "tree" else hw.nccl_env.threads(protocol, _DEFAULT_THREADS[protocol])
 
 
 def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile) -> int:
@@ -506,23 +516,27 @@ def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile
     if protocol == "LL128":
         return _LL128_CHUNK
     if algorithm == "ring" and kind in ("all-reduce", "all-gather", "reduce-scatter"):
-        return _SIMPLE_RING_CHUNK
+        return hw.nccl_env.simple_chunk(_SIMPLE_RING_CHUNK, ring=True)
     if kind in ("all-to-all", "collective-permute") and hw.intra_link == "pcie":
         return 128 << 10  # NCCL_P2P_PCI_CHUNKSIZE
-    return _SIMPLE_OTHER_CHUNK
+    return hw.nccl_env.simple_chunk(_SIMPLE_OTHER_CHUNK, ring=False)
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
                         hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS) -> CollectiveParams:
-    """What NCCL itself would run: algorithm/protocol by its minimum predicted time
+    """What NCCL itself would run: its symmetric kernel where the buffers are symmetric
+    windows (``symmetric_pick``: NCCL 2.27-2.30 take it whenever one applies, before any
+    algorithm is chosen); else algorithm/protocol by its minimum predicted time
     (scan order Tree, Ring x LL, LL128, Simple; strict <, so ties keep the earlier), then
     its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
-    then threads halved), and its default chunk size."""
+    then threads halved; NCCL_MIN_CTAS does not stop it), and its default chunk size."""
+    if symmetric_applies(kind, group_size, nodes, hw):
+        return symmetric_pick(kind, nbytes, group_size, hw)
     best: tuple[float, CollectiveParams] | None = None
     for algo, proto in _algorithms(kind, group_size, nodes, hw):
         p = CollectiveParams(algo, proto, _init_channels(algo, hw), _default_chunk(kind, algo, proto, hw),
-                             _default_threads(algo, proto))
+                             _default_threads(algo, proto, hw))
         t = _nccl_estimate_us(kind, nbytes, group_size, nodes, p, hw, cfg)
         if best is None or t < best[0]:
             best = (t, p)
@@ -550,9 +564,160 @@ def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
 
 
 def _init_channels(algorithm: str, hw: HardwareProfile) -> int:
-    """CTAs NCCL's communicator gives ``algorithm``: nvlsCTAs for NVLS, else the
-    communicator's channels (both capped by maxCTAs, ``hw.nccl_channels``)."""
-    return min(hw.nvls_channels, hw.nccl_channels) if algorithm == "nvls" else hw.nccl_channels
+    """CTAs NCCL's communicator gives ``algorithm``: nvlsCTAs for NVLS (NCCL_NVLS_NCHANNELS
+    where pinned; fewer on registered buffers, ``nvls_registered_ctas``), else the
+    communicator's channels (``hw.nccl_channels``, XLA's maxCTAs already applied), both
+    inside the user's CTA pins (``NcclEnv.ctas``)."""
+    env = hw.nccl_env
+    ctas = min(env.ctas(hw.nccl_channels), hw.sm_count)
+    if algorithm != "nvls":
+        return ctas
+    if env.user_buffers:
+        return min(nvls_registered_ctas(hw), ctas)
+    return min(env.nvls_ctas or hw.nvls_channels, ctas)
+
+
+def nvls_registered_ctas(hw: HardwareProfile) -> int:
+    """CTAs of an NVLS all-reduce on buffers registered with NCCL (XLA's
+    ``--xla_gpu_enable_nccl_user_buffers``: ``ncclCommRegister``): with no copy through
+    NCCL's own buffers it needs fewer, ``ceil(factor / heads)`` with factor 32 on Hopper and
+    64 on Blackwell and one head per GPU of the node (NVIDIA/nccl ``src/transport/nvls.cc``,
+    ``ncclNvlsRegResourcesQuery``, 2.27-2.30): 4 and 8 on 8 GPUs, where unregistered NVLS
+    runs 16 and 24. It reaches the same bandwidth on them (the copies are what it drops)."""
+    heads = min(hw.gpus_per_node, 32)
+    return max(1, min(math.ceil((64 if hw.arch == "blackwell" else 32) / heads), hw.nvls_channels))
+
+
+# NCCL's symmetric-memory kernels (NCCL 2.27+; NVIDIA/nccl ``src/symmetric.cc`` in 2.27,
+# ``src/sym_kernels.cc`` from 2.28, the same constants through 2.30.7). They run where XLA
+# registers a collective's buffers as symmetric windows
+# (``--xla_gpu_experimental_enable_nccl_symmetric_buffers``: ``ncclCommWindowRegister`` with
+# NCCL_WIN_COLL_SYMMETRIC on its collective memory), inside one NVLink domain of direct
+# NVLink peers, for all-gather and for sum all-reduce/reduce-scatter on floats; NCCL 2.27-2.30
+# then take them whenever one applies, consulting no tuner (the source: "just always use
+# symmetric if available"). NCCL's own model of them (``queryModel``):
+#     bw = softmin(CTAs x smBw x busMul, peakBw, smBw);  t = baseLat + softplus(busBytes / bw - 1)
+# with ``softmin(x, c, s) = c - s log1p((e^(c/s) - 1) e^(-x/s))``, ``softplus(x) = log1p(e^x)``;
+# CTAs: the fewest within 2.5% of the time at the kernel's cap, and among kernels the least
+# ``t (1 + 0.025 CTAs)`` (``ncclSymPickKernel``'s SM penalty). Multicast ("MC") kernels need
+# NVLS and more than 2 GPUs and are capped at ceil(16 / n) CTAs on Hopper, ceil(32 / n) on
+# Blackwell: 2 and 4 on 8 GPUs, where a ring holds 24 and NVLS 16-24. That is what they
+# change for the compute beside them: a handful of SMs held instead of tens.
+# NCCL picks the kernel and CTAs by that model; the time priced is the model's, but never a
+# transfer faster than NCCL's regular kernels measured at that size on the same NVLink (the
+# transfer part of the anchored default, ``_measured_transfer_us``): no measurement of
+# these kernels was found, and NCCL's 480 GiB/s multicast all-reduce peak would be 1.7x
+# the measured NVLS all-reduce. So they win where NCCL's model says they win by latency
+# (up to ~9x below 1 MiB, NCCL 2.27's release notes and NVIDIA's blog) and by the SMs they
+# leave to compute, not by a bandwidth nobody measured.
+SYMMETRIC_KINDS = ("all-reduce", "all-gather", "reduce-scatter")
+_GIB_PER_US = (1 << 30) / 1e6  # NCCL's "GBps" unit in bytes per us
+# (kind, name, LL, multicast, bus-bytes rule, busMul rule)
+_SYMMETRIC_KERNELS = (
+    ("all-reduce", "AGxLL_R", True, False), ("all-reduce", "AGxLLMC_R", True, True),
+    ("all-reduce", "RSxLD_AGxST", False, False), ("all-reduce", "RSxLDMC_AGxSTMC", False, True),
+    ("all-gather", "LL", True, False), ("all-gather", "LLMC", True, True),
+    ("all-gather", "ST", False, False), ("all-gather", "STMC", False, True),
+    ("reduce-scatter", "LL", True, False), ("reduce-scatter", "LLMC", True, True),
+    ("reduce-scatter", "LD", False, False), ("reduce-scatter", "LDMC", False, True),
+)
+_SYM_MAX_CTAS = 64  # ncclSymMaxBlocks
+_LL_BUS_FACTOR = 9  # LL_BusFactor: an LL line carries 8 data bytes in 16, read back by every rank
+
+
+def symmetric_applies(kind: str, n: int, nodes: int, hw: HardwareProfile) -> bool:
+    """Whether NCCL runs this collective with a symmetric kernel: XLA's symmetric buffers,
+    one of its kinds, more than one GPU, inside one NVLink domain of Hopper or newer (NCCL's
+    ``symmetricSupport``: all direct NVLink peers, one node, CUDA VMM memory)."""
+    return (hw.nccl_env.symmetric_buffers and kind in SYMMETRIC_KINDS and n > 1 and nodes <= 1
+            and hw.intra_link == "nvlink" and hw.arch in ("hopper", "blackwell"))
+
+
+def _multicast(hw: HardwareProfile) -> bool:
+    return hw.nvls_channels > 0 and hw.nccl_env.nvls
+
+
+def _symmetric_cap_gbps(kind: str, hw: HardwareProfile) -> float:
+    """The busBw (nccl-tests convention) a symmetric kernel reaches at most on ``hw``."""
+    return hw.nvls_busbw_gbps if kind == "all-reduce" and _multicast(hw) else hw.intra_busbw_gbps
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _symmetric_times(kind: str, nbytes: float, n: int, hw: HardwareProfile, protocol: str = "",
+                     ctas: int = 0) -> tuple[tuple[str, int, float], ...]:
+    """(kernel, CTAs, time us without launch) of every symmetric kernel NCCL may pick for
+    this collective (``protocol`` "LL"/"Simple": only that family; ``ctas``: at that count,
+    each kernel's cap applied), at NCCL's CTA choice otherwise."""
+    blackwell = hw.arch == "blackwell"
+    per_rank = nbytes if kind == "all-reduce" else nbytes / n  # NCCL's nBytes of the call
+    bus_bytes = nbytes if kind == "all-reduce" else n * per_rank
+    sm_bw = 55.0 if blackwell else (65.0 if kind == "all-reduce" else 44.0)
+    measured = _measured_transfer_us(kind, nbytes, n, hw)
+    nmax_user = hw.nccl_env.channel_cap
+    out = []
+    for k, name, ll, mc in _SYMMETRIC_KERNELS:
+        if k != kind or (protocol and (protocol == "LL") != ll):
+            continue
+        if mc and not (_multicast(hw) and n > 2):
+            continue
+        if ll and bus_bytes >= 2 << 30:  # NCCL drops LL kernels from 2 GiB of bus bytes
+            continue
+        if ll:
+            moved, mul = n * per_rank * _LL_BUS_FACTOR, 1.1 if mc else 1.0
+            lat = (8.5 if kind == "all-gather" else 11.0) if blackwell else 4.5
+        else:
+            if kind == "all-reduce":
+                moved = nbytes / n + nbytes if mc else 2 * nbytes * (n - 1) / n
+            else:
+                moved = (n - 1) * per_rank
+            mul = (n if kind == "all-reduce" else 0.55 * n) if mc else 1.0
+            lat = (19.5 if kind == "all-reduce" else 13.0) if blackwell else 7.8
+        peak = (1000.0 if blackwell else 480.0) if (mc and not ll and kind == "all-reduce") else (
+            600.0 if blackwell else 320.0)
+        cap = math.ceil((32 if blackwell else 16) / n) if mc else _SYM_MAX_CTAS
+        nmax = max(1, min(cap, nmax_user))
+
+        def model(c: int) -> float:  # NCCL's queryModel
+            return lat + _softplus(moved / (_softmin(c * sm_bw * mul, peak, sm_bw) * _GIB_PER_US) - 1.0)
+
+        if ctas:
+            c = min(ctas, nmax)
+        else:
+            best = model(nmax)
+            c = next((c for c in range(max(1, hw.nccl_env.min_ctas), nmax) if model(c) <= 1.025 * best), nmax)
+        out.append((name, c, max(model(c), lat + measured)))
+    return tuple(out)
+
+
+def _measured_transfer_us(kind: str, nbytes: float, n: int, hw: HardwareProfile,
+                          cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """The transfer part (no launch, no latency) of NCCL's regular default for this
+    collective inside one node, anchored to the measured tables as its time is."""
+    regular = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, symmetric_buffers=False))
+    p = nccl_default_params(kind, nbytes, n, 1, regular, cfg)
+    raw = _time_from_terms(nbytes, n, p, _size_free_terms(kind, n, 1, p, regular, cfg), regular, cfg)
+    transfer = raw - regular.launch_us - latency_us(kind, nbytes, n, 1, p, regular, cfg)
+    return max(transfer, 0.0) * measured_ratio(kind, nbytes, n, 1, regular, cfg)
+
+
+def _softmin(x: float, c: float, s: float) -> float:
+    return c - s * math.log1p((math.exp(min(c / s, 700.0)) - 1.0) * math.exp(-x / s))
+
+
+def _softplus(x: float) -> float:
+    return x if x >= 100.0 else math.log1p(math.exp(x))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def symmetric_pick(kind: str, nbytes: float, n: int, hw: HardwareProfile) -> CollectiveParams:
+    """The symmetric kernel and CTAs NCCL runs for this collective (``ncclSymPickKernel``:
+    the least time x (1 + 0.025 CTAs)), as CollectiveParams (protocol LL for its LL kernels)."""
+    times = _symmetric_times(kind, nbytes, n, hw)
+    if not times:
+        raise ValueError(f"{kind} of {nbytes:.0f} B over {n} GPUs: no symmetric kernel applies")
+    name, ctas, _t = min(times, key=lambda x: x[2] * (1 + 0.025 * x[1]))
+    ll = any(k == kind and nm == name and isll for k, nm, isll, _mc in _SYMMETRIC_KERNELS)
+    return CollectiveParams("symmetric", "LL" if ll else "Simple", ctas, _NVLS_CHUNK, 512)
 
 
 _CHANNEL_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -564,8 +729,10 @@ def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
     allows here x a channel ladder (plus NCCL's count) up to the SMs available; for
     Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
     """
-    fixed = _size_free_candidates(kind, group_size, nodes, hw)
     default = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
+    if default.algorithm == "symmetric":  # NCCL asks no tuner: its kernel pick is the only choice
+        return (default,)
+    fixed = _size_free_candidates(kind, group_size, nodes, hw)
     i = bisect.bisect_left(fixed, default)
     if i < len(fixed) and fixed[i] == default:
         return fixed
@@ -578,12 +745,15 @@ def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwarePr
     """``candidate_params`` without NCCL's pick, the only member that depends on the size
     (sorting ~60 ordered dataclasses per collective size cost more than timing them).
     NVLS runs its communicator's CTAs whatever a call asks (NCCL), so it has one member."""
-    max_nc = min(MAX_CHANNELS, hw.sm_count - 1)
-    ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {min(hw.nccl_channels, max_nc)})
+    # Under the user's NCCL_MAX_CTAS (a tuner plugin's channels act only inside the
+    # communicator's) and, where NCCL_NTHREADS is pinned, at its threads (no plugin sets
+    # threads per call).
+    max_nc = min(MAX_CHANNELS, hw.sm_count - 1, hw.nccl_env.channel_cap)
+    ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {min(_init_channels("ring", hw), max_nc)})
     out = set()
     for algo, proto in _algorithms(kind, group_size, nodes, hw):
         chunk = _default_chunk(kind, algo, proto, hw)
-        nt = _default_threads(algo, proto)
+        nt = _default_threads(algo, proto, hw)
         if algo == "nvls":
             out.add(CollectiveParams(algo, proto, _init_channels(algo, hw), chunk, nt))
             continue
@@ -591,7 +761,8 @@ def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwarePr
             out.add(CollectiveParams(algo, proto, nc, chunk, nt))
             if proto == "Simple":
                 out.add(CollectiveParams(algo, proto, nc, chunk // 4, nt))
-                out.add(CollectiveParams(algo, proto, nc, chunk, nt // 2 // 64 * 64))
+                if not hw.nccl_env.nthreads:
+                    out.add(CollectiveParams(algo, proto, nc, chunk, nt // 2 // 64 * 64))
     return tuple(sorted(out))
 
 
@@ -601,7 +772,7 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
     """Every ``candidate_params`` entry with its ``collective_time_us``, in the same order:
     the one tabulation per collective size that the overlap bound and the search share."""
     cands = candidate_params(kind, nbytes, group_size, nodes, hw, cfg)
-    if group_size <= 1:
+    if group_size <= 1 or cands[0].algorithm == "symmetric":
         return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw, cfg)) for p in cands)
     # The size-free candidates are timed from their tabulated terms (no cache lookup per
     # candidate); NCCL's pick, when it is not one of them, through collective_time_us.
@@ -736,8 +907,11 @@ def _resource_terms(params: CollectiveParams, hw: HardwareProfile, nodes: int, c
     """(SMs held, peak bus GB/s, HBM bytes per bus byte) of ``comm_resource_use``: the same
     few params come back for every collective size the search prices."""
     sms = 0.0 if hw.nccl_env.copy_engine(kind, nodes) else params.nchannels * hw.sm_share_per_channel
-    per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if params.algorithm == "nvls" else cfg.hbm_bytes_per_bus_byte
+    multicast = params.algorithm == "nvls" or (params.algorithm == "symmetric" and _multicast(hw))
+    per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if multicast else cfg.hbm_bytes_per_bus_byte
     per_bus_byte *= cfg.protocol_wire_bytes[PROTOCOL_INDEX[params.protocol]]
+    if params.algorithm == "symmetric":
+        return sms, _symmetric_cap_gbps(kind, hw), per_bus_byte
     return sms, busbw_gbps(params, hw, nodes, cfg), per_bus_byte
 
 
@@ -760,7 +934,8 @@ def candidate_resources(kind: str, nbytes: float, group_size: int, nodes: int, h
     SMs, HBM GB/s), as ``collective_resource_use`` gives them, in one pass (the search's
     Pareto front is cut from this table once per collective size)."""
     out = []
-    table = _size_free_resources(kind, group_size, nodes, hw, cfg)
+    table = {} if symmetric_applies(kind, group_size, nodes, hw) else _size_free_resources(
+        kind, group_size, nodes, hw, cfg)
     for p, time_us in candidate_times(kind, nbytes, group_size, nodes, hw, cfg):
         sms, peak, per_bus_byte, bus = table.get(p) or (*_resource_terms(p, hw, nodes, cfg, kind),
                                                          bus_factor(kind, p.algorithm, group_size))

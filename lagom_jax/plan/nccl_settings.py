@@ -56,6 +56,7 @@ SETTING_FLOOR = 0.013
 # xla/backends/gpu/target_config/specs that has the field: 2 MiB).
 COLLECTIVE_MEMORY_GRANULARITY = 2 << 20
 SYMMETRIC_BUFFERS = "xla_gpu_experimental_enable_nccl_symmetric_buffers"
+USER_BUFFERS = "xla_gpu_enable_nccl_user_buffers"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -213,11 +213,13 @@ class Plan:
         (``search.strategies.one_choice_per_key``), so a searched plan's rules say exactly
         what it predicted; for a plan edited by hand, the collective with the longest
         predicted time decides its key.
-        Collective-permutes are point-to-point, which NCCL never asks a tuner about.
+        Collective-permutes are point-to-point, which NCCL never asks a tuner about, nor a
+        collective on symmetric buffers (NCCL runs its symmetric kernel before any algorithm
+        choice, ``cost.symmetric_pick``).
         """
         by_key: dict[tuple, dict[int, CollectiveChoice]] = {}
         for c in self.collectives:
-            if c.kind not in nccl_tuner.TUNER_KINDS:
+            if c.kind not in nccl_tuner.TUNER_KINDS or c.params.algorithm == "symmetric":
                 continue
             sizes = by_key.setdefault((c.kind, c.group_size, c.nodes), {})
             if c.bytes not in sizes or c.predicted_us > sizes[c.bytes].predicted_us:
