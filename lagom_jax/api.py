@@ -34,7 +34,7 @@ from typing import Any
 import jax
 
 from lagom_jax import job, search as search_lib
-from lagom_jax.cluster import hardware as hardware_lib
+from lagom_jax.cluster import hardware as hardware_lib, nccl_env as nccl_env_lib
 from lagom_jax.costs import calibrate as calibrate_lib
 from lagom_jax.files import atomic_write_text
 from lagom_jax.plan import nccl_settings, planning, sharing
@@ -161,10 +161,17 @@ class Tuned:
     def __init__(self, fn: Callable, *, hardware="auto", strategy: str = "lagom",
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool = True,
                  with_profile: bool = False, verbose: bool = False,
-                 retune: Retune | bool | None = None, min_gain: float | None = None) -> None:
+                 retune: Retune | bool | None = None, min_gain: float | None = None,
+                 nccl_env: Mapping[str, str] | None = None) -> None:
         if strategy not in search_lib.STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(search_lib.STRATEGIES)})")
         self._space = search_lib.Space(min_gain=min_gain)  # ValueError for a bad min_gain
+        # The NCCL variables the job runs with (``lagom-jax tune --nccl-env``): checked now,
+        # planned inside, and set with the plan's environment. ValueError for a bad one.
+        self._nccl_env = dict(nccl_env or {})
+        nccl_env_lib.NcclEnv.from_environ(self._nccl_env)
+        for line in nccl_env_lib.unpriced(self._nccl_env):
+            warnings.warn(f"lagom-jax: {line}", TuningWarning, stacklevel=2)
         self._jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         self.__wrapped__ = fn
         functools.update_wrapper(self, fn, updated=())
@@ -238,6 +245,8 @@ class Tuned:
         try:
             resolved = hardware_lib.resolve_cluster(self._hardware)
             hw, note = resolved.hardware, resolved.note
+            if self._nccl_env:
+                hw = dataclasses.replace(hw, nccl_env=nccl_env_lib.pinned(hw.nccl_env, self._nccl_env))
             if self._verbose:
                 print(f"lagom-jax: {note}")
             text = self._module_text(baseline, args, kwargs, hw)
@@ -326,7 +335,8 @@ class Tuned:
             graph = graph_lib.from_hlo_text(text)
             space, kept = planning.module_space(graph, self._space)
             made = planning.plan(graph, hw, strategy=self._strategy, fingerprint=fingerprint, space=space).plan
-            return dataclasses.replace(made, decisions=made.decisions + kept)
+            pinned = {**hw.nccl_env.as_environ(), **dict(made.nccl_settings)}  # planned under them
+            return dataclasses.replace(made, decisions=made.decisions + kept, nccl_settings=tuple(sorted(pinned.items())))
 
         plan = sharing.one_plan_for_all_processes(key, tune)
         if self._verbose:

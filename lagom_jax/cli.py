@@ -19,7 +19,7 @@ from typing import Any
 
 from lagom_jax import api, job, models, quiet, search
 from lagom_jax.advise import configtuner as advise, predict
-from lagom_jax.cluster import hardware
+from lagom_jax.cluster import hardware, nccl_env as nccl_env_lib
 from lagom_jax.costs import calibrate, profile
 from lagom_jax.models import FAMILIES, pipeline
 from lagom_jax.plan import nccl_tuner, report, trace
@@ -299,6 +299,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    "rings (recipe part cf) when the cost model predicts it faster (auto), never, "
                    "or always (default auto)")
     _add_hardware_args(p, default="h100-sxm-8")
+    _add_nccl_env_arg(p)
     p.add_argument("--strategy", default="lagom", choices=STRATEGY_CHOICES)
     _add_min_gain_arg(p)
     p.add_argument("--no-structures", action="store_true",
@@ -308,6 +309,12 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--out", metavar="DIR", help="write every artifact (plan, flags, env, "
                    "tuner config, LHS profile, trace) into DIR")
+
+
+def _add_nccl_env_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nccl-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an NCCL variable the run uses (repeatable): " + ", ".join(nccl_env_lib.PRICED_VARIABLES)
+                   + " are priced; NCCL's other documented variables are accepted and change nothing priced")
 
 
 def _min_gain(text: str) -> float:
@@ -380,6 +387,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         text = _read_text(args)
         _parse_graph(text, args)  # unreadable HLO: one line, exit 2
         source, hw = job.HloSource(text, _where(args), args.partitions), _hardware(args)
+    hw = _with_nccl_env(args, hw)
     try:
         tuned = job.run(source, hw, strategy=args.strategy, structures=not args.no_structures, log=_log,
                         space=search.Space(min_gain=args.min_gain))
@@ -606,9 +614,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
                    help="--model: flash, the fused kernel (default); xla, the score matrix materialised")
     p.add_argument("--xla-flag", action="append", default=[], metavar="NAME=VALUE",
                    help="--model: an XLA flag applied to the compile (repeatable)")
-    p.add_argument("--nccl-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="an NCCL setting the run uses: NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE or "
-                   "NCCL_CTA_POLICY (repeatable)")
+    _add_nccl_env_arg(p)
     p.add_argument("--strategy", default="xla-default", choices=("xla-default", "lagom"),
                    help="--model: the step as XLA compiles it, or as lagom-jax tunes it")
     p.add_argument("--hardware", default=None,
@@ -710,7 +716,27 @@ def _xla_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _nccl_env(args: argparse.Namespace) -> dict[str, str]:
-    return {name: value.strip() for name, value in _name_values(args.nccl_env, "--nccl-env").items()}
+    env = {name: value.strip() for name, value in _name_values(args.nccl_env, "--nccl-env").items()}
+    try:
+        nccl_env_lib.check_names(env)
+    except ValueError as err:
+        raise _UsageError(str(err)) from None
+    return env
+
+
+def _with_nccl_env(args: argparse.Namespace, hw: hardware.HardwareProfile) -> hardware.HardwareProfile:
+    """``hw`` running the NCCL settings of ``--nccl-env``: the plan is searched inside them
+    (a CTA cap bounds every collective's channels) and carries them into its environment."""
+    env = _nccl_env(args)
+    if not env:
+        return hw
+    try:
+        pinned = nccl_env_lib.pinned(hw.nccl_env, env)
+    except ValueError as err:
+        raise _UsageError(str(err)) from None
+    for line in nccl_env_lib.unpriced(env):
+        _log(line)
+    return dataclasses.replace(hw, nccl_env=pinned)
 
 
 def _run_predict_hlo(args: argparse.Namespace) -> int:

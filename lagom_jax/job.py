@@ -312,13 +312,16 @@ def _as_compiled_for(hw: hardware_lib.HardwareProfile, options: Mapping[str, Any
     (``xla_gpu_enable_highest_priority_async_stream``, default true; read in openxla/xla
     ``GpuExecutable::ExecuteThunksImpl``) and whether XLA registers their buffers as NCCL
     symmetric windows (``xla_gpu_experimental_enable_nccl_symmetric_buffers``, default false;
-    the copy engines need it, ``NcclEnv``)."""
+    NCCL's symmetric kernels and copy engines need it, ``NcclEnv``) or with ``ncclCommRegister``
+    (``xla_gpu_enable_nccl_user_buffers``, default false: NVLS on fewer CTAs)."""
     high = flags_lib.bool_setting("xla_gpu_enable_highest_priority_async_stream", options)
     if high is not None and high != hw.comm_high_priority:
         hw = dataclasses.replace(hw, comm_high_priority=high)
-    symmetric = flags_lib.bool_setting(nccl_settings.SYMMETRIC_BUFFERS, options)
-    if symmetric is not None and symmetric != hw.nccl_env.symmetric_buffers:
-        hw = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, symmetric_buffers=symmetric))
+    registered = {field: value for field, flag in (("symmetric_buffers", nccl_settings.SYMMETRIC_BUFFERS),
+                                                   ("user_buffers", nccl_settings.USER_BUFFERS))
+                  if (value := flags_lib.bool_setting(flag, options)) is not None}
+    if registered:
+        hw = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, **registered))
     return hw
 
 
@@ -416,7 +419,10 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     elif structures:
         decisions += (("structure search", f"not run: {compiled.where} cannot be compiled again here"),)
     planned = planning.note_floor(planned, kept_graph, hw, kept_space)
-    plan = dataclasses.replace(planned.plan, decisions=decisions)
+    # The cluster's own NCCL settings (a user's pins) are part of the plan's environment:
+    # it was planned under them.
+    pinned = {**compiled.hardware.nccl_env.as_environ(), **dict(planned.plan.nccl_settings)}
+    plan = dataclasses.replace(planned.plan, decisions=decisions, nccl_settings=tuple(sorted(pinned.items())))
     flags_lib.validate(plan.xla_flags(), plan.compiler_options())
     if verify and compiled.recompile is not None:
         if plan.compiler_options():

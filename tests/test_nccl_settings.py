@@ -33,6 +33,8 @@ def test_candidates_follow_the_hardware():
     h100 = hardware.get("h100-sxm-8")
     names = [s.name for s in nccl_settings.candidates(h100)]
     assert any("zero-CTA" in n for n in names) and any("NVLS off" in n for n in names)
+    assert any("symmetric kernels" in n for n in names) and any("user buffers" in n for n in names)
+    assert {n for n in names if n.startswith("NCCL_MAX_CTAS")} == {"NCCL_MAX_CTAS=4", "NCCL_MAX_CTAS=8"}
     zero = [s for s in nccl_settings.candidates(h100) if s.env.zero_cta][0]
     assert [f.name for f in zero.flags] == ["xla_gpu_experimental_enable_nccl_symmetric_buffers"]
     # No NVLink: no copy-engine collectives; no NVSwitch multicast: no NVLS to turn off.
@@ -81,7 +83,11 @@ def test_settings_that_change_no_collective_are_not_priced():
     planned = planning.plan(step, two, strategy="lagom", baselines=())
     out = nccl_settings.choose(step, planned, two, strategy="lagom")
     assert out.setting is None
-    assert [why for _, why in out.decisions] == ["not priced: no collective of this step would change"] * 2
+    buffers_and_nvls = [why for name, why in out.decisions if not name.startswith("NCCL_MAX_CTAS")]
+    assert buffers_and_nvls == ["not priced: no collective of this step would change"] * 4
+    # A CTA cap changes every collective's channels: priced, and here only slower.
+    caps = [why for name, why in out.decisions if name.startswith("NCCL_MAX_CTAS")]
+    assert caps and all("not taken" in why for why in caps)
 
 
 def test_memory_overhead_rounds_each_collective_buffer_to_the_granularity():
@@ -94,7 +100,7 @@ def test_memory_overhead_rounds_each_collective_buffer_to_the_granularity():
                                          (NcclEnv(), {"NCCL_NVLS_ENABLE": "0"})])
 def test_turning_nvls_back_on_is_said(env, expect):
     hw = dataclasses.replace(hardware.get("h100-sxm-8"), nccl_env=env)
-    setting = [s for s in nccl_settings.candidates(hw) if "NVLS" in s.name][0]
+    setting = [s for s in nccl_settings.candidates(hw) if s.name.startswith(("NVLS on (", "NVLS off ("))][0]
     plan = nccl_settings.with_setting(Plan(module="m", fingerprint="", hardware=hw.name, gpus_per_node=8, nodes=1,
                                            strategy="lagom", version="0"), setting, hw)
     assert dict(plan.nccl_settings) == expect
@@ -131,6 +137,6 @@ def test_a_setting_that_leaves_no_algorithm_is_reported_not_fatal():
     step = StepGraph("ar+gemm", (ar, gemm), num_devices=8)
     planned = planning.plan(step, hw, strategy="lagom", baselines=())
     out = nccl_settings.choose(step, planned, hw, strategy="lagom")
-    assert out.planned is planned
+    assert out.setting is None or not out.setting.name.startswith("NVLS off")
     why = dict(out.decisions)["NVLS off (NCCL_NVLS_ENABLE=0)"]
     assert why.startswith("not priced:") and "no" in why and "algorithm" in why

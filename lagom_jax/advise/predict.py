@@ -42,10 +42,11 @@ FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
 MESH_AXES = ("data", "fsdp", "stage", "model", "expert")
 # Flags that change how NCCL runs the program, not the program: priced through the
 # cluster's NCCL settings (``NcclEnv``). Symmetric buffers: XLA puts collective buffers in
-# collective memory and registers them as NCCL symmetric windows; with
-# ``NCCL_CTA_POLICY=2`` (which XLA never sets itself, ``nccl_env``) all-gathers and
-# all-to-alls inside a node then run on the copy engines, holding no SM. User buffers:
-# ``ncclCommRegister`` (zero-copy); no SM or time change the model can price.
+# collective memory and registers them as NCCL symmetric windows, where NCCL runs its
+# symmetric kernels (``cost.symmetric_pick``) and, with ``NCCL_CTA_POLICY=2`` (which XLA
+# never sets itself, ``nccl_env``), all-gathers and all-to-alls inside a node on the copy
+# engines, holding no SM. User buffers: ``ncclCommRegister``, where NCCL runs NVLS on fewer
+# CTAs (``cost.nvls_registered_ctas``).
 RUNTIME_PRICED_FLAGS = frozenset({"xla_gpu_experimental_enable_nccl_symmetric_buffers",
                                   "xla_gpu_enable_nccl_user_buffers"})
 # Flags that change the program XLA compiles, so compiling with them prices them: the
@@ -112,8 +113,7 @@ def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
             warnings.warn(f"xla_gpu_nccl_collective_max_nchannels={cap} changes nothing beside "
                           f"NCCL_MAX_CTAS={env.max_ctas}: NCCL's variable overrides the maxCTAs XLA passes "
                           "in its communicator config", PricingWarning, stacklevel=3)
-        else:
-            hw = dataclasses.replace(hw, nccl_channels=min(cap, hw.nccl_channels))
+        env = dataclasses.replace(env, config_max_ctas=min(cap, 64))
     hw = dataclasses.replace(hw, nccl_env=env)
     if env.zero_cta and not env.symmetric_buffers:
         warnings.warn(f"NCCL_CTA_POLICY=2 without {SYMMETRIC_BUFFERS}=true moves no collective to the copy "
@@ -270,8 +270,8 @@ def predict_train_step_ms(
     the number of GPUs; hardware: a preset (``nodes = GPUs / GPUs per node``); xla_flags:
     applied to the compile (and the NCCL channel cap to the cost model); a flag the cost
     model cannot price is a ValueError naming it. nccl_env: NCCL's process-wide settings
-    the run uses (``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_NVLS_ENABLE``, ``NCCL_CTA_POLICY``;
-    ``nccl_env.NcclEnv``),
+    the run uses (``nccl_env.PRICED_VARIABLES``: algorithms, protocols, NVLS, the CTA policy
+    and pins, threads, buffer size; ``nccl_env.NcclEnv``),
     which restrict NCCL's choice for every collective. strategy "xla-default": the program as XLA
     compiles it with ``xla_flags`` and NCCL's own choices; "lagom": as lagom-jax tunes it.
     scan (beyond the issue's contract, default as MaxText): layers under ``scan``, else
@@ -338,7 +338,8 @@ def repredict_ms(job: Any, *, nccl_env: Mapping[str, str] | None = None,
     _, _, runtime = _split_flags(xla_flags)
     compiled = job.compiled
     base = dataclasses.replace(compiled.hardware, nccl_env=dataclasses.replace(
-        NcclEnv(), symmetric_buffers=compiled.hardware.nccl_env.symmetric_buffers))
+        NcclEnv(), symmetric_buffers=compiled.hardware.nccl_env.symmetric_buffers,
+        user_buffers=compiled.hardware.nccl_env.user_buffers))
     hw = _with_nccl_settings(base, None, nccl_env, runtime)
     again = job_lib.plan_compiled(dataclasses.replace(compiled, hardware=hw), strategy=strategy,
                                   baselines=("xla-default",), verify=False)

@@ -137,6 +137,9 @@ class NcclEnv:
     # XLA's --xla_gpu_enable_nccl_user_buffers: collective buffers registered with NCCL
     # (ncclCommRegister), so NVLS reads and writes them in place (not an NCCL variable).
     user_buffers: bool = False
+    # The maxCTAs XLA passes in ncclConfig_t (--xla_gpu_nccl_collective_max_nchannels; 0:
+    # unset), which NCCL_MAX_CTAS overrides.
+    config_max_ctas: int = 0
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -146,7 +149,8 @@ class NcclEnv:
             if p not in PROTOCOLS:
                 raise ValueError(f"NCCL protocol {p!r} is not one the model prices (known: {', '.join(PROTOCOLS)})")
         for name, value in (("NCCL_MIN_CTAS", self.min_ctas), ("NCCL_MAX_CTAS", self.max_ctas),
-                            ("NCCL_NVLS_NCHANNELS", self.nvls_ctas)):
+                            ("NCCL_NVLS_NCHANNELS", self.nvls_ctas),
+                            ("xla_gpu_nccl_collective_max_nchannels", self.config_max_ctas)):
             if value and not 1 <= value <= MAX_CTAS:
                 raise ValueError(f"{name}={value}: NCCL takes 1 to {MAX_CTAS} CTAs (unset it for NCCL's own)")
         if self.min_ctas and self.max_ctas and self.min_ctas > self.max_ctas:
@@ -171,18 +175,18 @@ class NcclEnv:
         return not self.protocols or protocol in self.protocols
 
     def ctas(self, default: int) -> int:
-        """The CTAs of a communicator whose own count (or XLA's ``maxCTAs`` over it) is
-        ``default``: NCCL's ``ncclTopoPostset`` clamps it to [minCTAs, maxCTAs], the pins
-        taking precedence over the config XLA passes."""
+        """The CTAs of a communicator whose own count is ``default``: NCCL clamps it to
+        [minCTAs, maxCTAs] (``ncclTopoPostset``), NCCL_MAX_CTAS taking precedence over the
+        maxCTAs XLA passes (``envConfigOverride``)."""
         out = max(default, self.min_ctas) if self.min_ctas else default
-        return min(out, self.max_ctas) if self.max_ctas else out
+        return min(out, self.channel_cap)
 
     @property
     def channel_cap(self) -> int:
         """The most channels any call may run under the pins (a tuner plugin's per-call
         channels act inside the communicator's CTAs; NCCL_MIN_CTAS raises the communicator's
         count but no call's floor: NCCL still cuts a small message's channels)."""
-        return self.max_ctas or MAX_CTAS
+        return self.max_ctas or self.config_max_ctas or MAX_CTAS
 
     def threads(self, protocol: str, default: int) -> int:
         """Threads per CTA of ``protocol`` where NCCL's own is ``default``: the pin for LL
@@ -256,7 +260,8 @@ class NcclEnv:
         text = " ".join(f"{k}={v}" for k, v in self.as_environ().items()) or "NCCL's defaults"
         registered = [what for what, on in (("XLA's symmetric buffers", self.symmetric_buffers),
                                             ("XLA's user buffers", self.user_buffers)) if on]
-        return text + (" on " + " and ".join(registered) if registered else "")
+        cap = f" under XLA's maxCTAs {self.config_max_ctas}" if self.config_max_ctas and not self.max_ctas else ""
+        return text + (" on " + " and ".join(registered) if registered else "") + cap
 
 
 def pinned(base: NcclEnv, env: Mapping[str, str]) -> NcclEnv:

@@ -41,6 +41,7 @@ import numpy as np
 from lagom_jax import hashing
 from lagom_jax.cluster import collective_tables
 from lagom_jax.cluster.hardware import HardwareProfile
+from lagom_jax.cluster.nccl_env import NcclEnv
 from lagom_jax.cluster.params import CollectiveParams, MAX_CHANNELS
 from lagom_jax.costs import kernels
 
@@ -362,8 +363,11 @@ def measured_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: Ha
 
 
 def _raw_default_us(kind: str, nbytes: float, n: int, hw: HardwareProfile, cfg: CostConfig) -> float:
-    """The model alone under NCCL's own choice, inside one node."""
-    return default_time_us(kind, nbytes, n, 1, hw.with_nodes(1), dataclasses.replace(cfg, measured_tables=False))
+    """The model alone under NCCL's own choice, inside one node, with NCCL's default settings:
+    what the tables measured. A user's settings (a protocol, a CTA cap, symmetric buffers)
+    then move a collective's time by what the model says they change, from the measurement."""
+    measured_as = dataclasses.replace(hw.with_nodes(1), nccl_env=NcclEnv())
+    return default_time_us(kind, nbytes, n, 1, measured_as, dataclasses.replace(cfg, measured_tables=False))
 
 
 @functools.lru_cache(maxsize=1 << 10)
@@ -693,7 +697,8 @@ def _measured_transfer_us(kind: str, nbytes: float, n: int, hw: HardwareProfile,
                           cfg: CostConfig = DEFAULT_COSTS) -> float:
     """The transfer part (no launch, no latency) of NCCL's regular default for this
     collective inside one node, anchored to the measured tables as its time is."""
-    regular = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, symmetric_buffers=False))
+    regular = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, symmetric_buffers=False,
+                                                                   zero_cta=False))
     p = nccl_default_params(kind, nbytes, n, 1, regular, cfg)
     raw = _time_from_terms(nbytes, n, p, _size_free_terms(kind, n, 1, p, regular, cfg), regular, cfg)
     transfer = raw - regular.launch_us - latency_us(kind, nbytes, n, 1, p, regular, cfg)

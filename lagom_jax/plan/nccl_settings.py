@@ -80,28 +80,58 @@ class Outcome:
 
 
 def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> list[str]:
-    """The kinds of the step's collectives that ``setting`` can change (empty: none)."""
-    kinds = set()
+    """The kinds of the step's collectives that ``setting`` can change (empty: none): what
+    NCCL would run for them by itself, or where it runs them (the copy engines)."""
+    other = dataclasses.replace(hw, nccl_env=setting.env)
+    kinds, seen = set(), set()
     for t in step.collectives:
         shape = collective_shape(t, step.num_devices, hw.gpus_per_node)
+        if shape in seen or t.kind in kinds or shape.ranks <= 1:
+            continue
+        seen.add(shape)
         if setting.env.copy_engine(t.kind, shape.nodes) != hw.nccl_env.copy_engine(t.kind, shape.nodes):
             kinds.add(t.kind)
-        if setting.env.nvls != hw.nccl_env.nvls and cost.nvls_shape(t.kind, shape.ranks, shape.nodes):
+            continue
+        try:
+            changed = cost.nccl_default_params(*shape, other) != cost.nccl_default_params(*shape, hw)
+        except ValueError:  # the setting leaves it no algorithm: ``choose`` says so
+            changed = True
+        if changed:
             kinds.add(t.kind)
     return sorted(kinds)
 
 
+# NCCL_MAX_CTAS values priced where they would cap NVLS's CTAs (no per-call choice reaches
+# those: the tuner plugin leaves NVLS NCCL's own CTAs, ``TunerRule.from_params``).
+CTA_CAPS = (4, 8)
+
+
 def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
-    """The settings worth pricing on ``hw`` beside its own."""
+    """The settings worth pricing on ``hw`` beside its own: XLA's symmetric buffers (NCCL's
+    symmetric kernels), those with NCCL's zero-CTA policy (copy engines), XLA's user buffers
+    (NVLS on fewer CTAs), NVLS on or off, and a CTA cap under NVLS's CTAs."""
     base = hw.nccl_env
     out = []
-    if not (base.zero_cta and base.symmetric_buffers) and hw.intra_link == "nvlink" and hw.gpus_per_node > 1:
-        out.append(Setting("zero-CTA collectives (NCCL_CTA_POLICY=2, symmetric buffers)",
-                           dataclasses.replace(base, zero_cta=True, symmetric_buffers=True),
-                           (XlaFlag(SYMMETRIC_BUFFERS, True),), "NCCL 2.28 or later"))
+    if hw.intra_link == "nvlink" and hw.gpus_per_node > 1:
+        if not base.symmetric_buffers and hw.arch in ("hopper", "blackwell"):
+            out.append(Setting("symmetric kernels (XLA's symmetric buffers)",
+                               dataclasses.replace(base, symmetric_buffers=True),
+                               (XlaFlag(SYMMETRIC_BUFFERS, True),), "NCCL 2.27 or later"))
+        if not (base.zero_cta and base.symmetric_buffers):
+            out.append(Setting("zero-CTA collectives (NCCL_CTA_POLICY=2, symmetric buffers)",
+                               dataclasses.replace(base, zero_cta=True, symmetric_buffers=True),
+                               (XlaFlag(SYMMETRIC_BUFFERS, True),), "NCCL 2.28 or later"))
     if hw.nvls_channels > 0:
+        if not base.user_buffers and base.nvls:
+            out.append(Setting("NVLS on registered buffers (XLA's user buffers)",
+                               dataclasses.replace(base, user_buffers=True),
+                               (XlaFlag(USER_BUFFERS, True),), "NVSwitch with NVLS, XLA's collective memory"))
         name = "NVLS off (NCCL_NVLS_ENABLE=0)" if base.nvls else "NVLS on (NCCL_NVLS_ENABLE=1)"
         out.append(Setting(name, dataclasses.replace(base, nvls=not base.nvls), (), "NVSwitch with NVLS"))
+        for cap in CTA_CAPS:
+            if cap < min(base.max_ctas or hw.nvls_channels, hw.nvls_channels) and base.nvls:
+                out.append(Setting(f"NCCL_MAX_CTAS={cap}", dataclasses.replace(base, max_ctas=cap), (),
+                                   "nothing beyond NCCL"))
     return tuple(out)
 
 
@@ -129,10 +159,17 @@ def installed_nccl_version() -> tuple[int, ...] | None:
 def unmet_needs(plan: Plan, version: tuple[int, ...] | None) -> str:
     """Why ``plan``'s NCCL settings will not act with NCCL ``version`` ("" when they will
     or the version is unknown)."""
-    if version is not None and dict(plan.nccl_settings).get("NCCL_CTA_POLICY") == "2" and version < (2, 28):
+    if version is None:
+        return ""
+    have = ".".join(map(str, version))
+    if dict(plan.nccl_settings).get("NCCL_CTA_POLICY") == "2" and version < (2, 28):
         return (f"the plan asks for zero-CTA collectives (NCCL_CTA_POLICY=2), which need NCCL 2.28 or later; "
-                f"this process has NCCL {'.'.join(map(str, version))}, so its collectives keep their SMs "
+                f"this process has NCCL {have}, so its collectives keep their SMs "
                 "and the predicted gain of that setting will not come")
+    if any(f.name == SYMMETRIC_BUFFERS and f.value for f in plan.flags) and version < (2, 27):
+        return (f"the plan registers symmetric buffers for NCCL's symmetric kernels, which need NCCL 2.27 or "
+                f"later; this process has NCCL {have}, so NCCL runs its regular kernels and the predicted gain "
+                "of that setting will not come")
     return ""
 
 

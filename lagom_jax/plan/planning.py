@@ -151,7 +151,9 @@ def plan_flags(result: search.SearchResult, hw: HardwareProfile) -> tuple[XlaFla
             for kind, threshold in structure.thresholds if kind in THRESHOLD_FLAGS]
     if structure.windowed_einsum:  # every eligible einsum becomes a collective matmul
         out.append(XlaFlag("xla_gpu_threshold_for_windowed_einsum_mib", 0))
-    channels = [p.nchannels for _, p in result.params]
-    if channels and max(channels) < MAX_CHANNELS:
+    # The channels the search chose: NCCL's symmetric kernels take their own CTAs.
+    channels = [p.nchannels for _, p in result.params if p.algorithm != "symmetric"]
+    # NCCL_MAX_CTAS overrides the maxCTAs XLA passes (NcclEnv), so beside it XLA's cap acts not.
+    if channels and max(channels) < MAX_CHANNELS and not hw.nccl_env.max_ctas:
         out.append(XlaFlag("xla_gpu_nccl_collective_max_nchannels", max(channels)))
     return tuple(f for f in out if not f.is_default)

@@ -113,6 +113,9 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
         FlagSpec("xla_gpu_experimental_enable_nccl_symmetric_buffers", bool, False,
                  "register collective buffers as NCCL symmetric windows (NCCL 2.27+ symmetric "
                  "kernels; with NCCL_CTA_POLICY=2, copy-engine collectives)", runtime=True),
+        FlagSpec("xla_gpu_enable_nccl_user_buffers", bool, False,
+                 "register collective buffers with NCCL (ncclCommRegister): NVLS on fewer CTAs",
+                 runtime=True),
         FlagSpec("xla_gpu_threshold_for_windowed_einsum_mib", int, 100000,
                  "operand size above which einsums become collective matmuls"),
         FlagSpec("xla_gpu_pgle_accuracy_checker", str, "PGLE_STRICTNESS_LEVEL_WARN",
