@@ -34,7 +34,7 @@ from typing import Any
 
 from lagom_jax import models, search
 from lagom_jax.cluster import hardware as hardware_lib
-from lagom_jax.costs import commfuse, kernels
+from lagom_jax.costs import commfuse, kernels, launch
 from lagom_jax.plan import artifacts, nccl_settings, planning, structures, verify as verify_lib
 from lagom_jax.plan.schema import Plan
 from lagom_jax.program import (custom_calls, flags as flags_lib, gpu_compile, graph as graph_lib, hlo,
@@ -313,7 +313,8 @@ def _as_compiled_for(hw: hardware_lib.HardwareProfile, options: Mapping[str, Any
     ``GpuExecutable::ExecuteThunksImpl``) and whether XLA registers their buffers as NCCL
     symmetric windows (``xla_gpu_experimental_enable_nccl_symmetric_buffers``, default false;
     NCCL's symmetric kernels and copy engines need it, ``NcclEnv``) or with ``ncclCommRegister``
-    (``xla_gpu_enable_nccl_user_buffers``, default false: NVLS on fewer CTAs)."""
+    (``xla_gpu_enable_nccl_user_buffers``, default false: NVLS on fewer CTAs), and what XLA
+    captures in command buffers (``xla_gpu_enable_command_buffer``, ``costs/launch.py``)."""
     high = flags_lib.bool_setting("xla_gpu_enable_highest_priority_async_stream", options)
     if high is not None and high != hw.comm_high_priority:
         hw = dataclasses.replace(hw, comm_high_priority=high)
@@ -322,6 +323,9 @@ def _as_compiled_for(hw: hardware_lib.HardwareProfile, options: Mapping[str, Any
                   if (value := flags_lib.bool_setting(flag, options)) is not None}
     if registered:
         hw = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, **registered))
+    captured = flags_lib.text_setting(launch.FLAG, options)
+    if captured is not None:
+        hw = dataclasses.replace(hw, command_buffer=launch.parse(captured))
     return hw
 
 

@@ -365,9 +365,13 @@ def test_symmetric_buffers_are_priced_as_xla_and_nccl_run_them():
     both, said = job(xla_flags=flag, nccl_env=policy)
     assert not said and both.compiled.hardware.nccl_env.copy_engine("all-gather", 1)
     assert both.predicted_ms("xla-default") <= base.predicted_ms("xla-default")
-    # Either alone moves nothing off the SMs, and says so.
-    for kw in ({"xla_flags": flag}, {"nccl_env": policy}):
-        alone, said = job(**kw)
-        assert said, kw
-        assert not alone.compiled.hardware.nccl_env.copy_engine("all-gather", 1)
-        assert alone.predicted_ms("xla-default") == pytest.approx(base.predicted_ms("xla-default"))
+    # The policy alone moves nothing off the SMs, and says so.
+    alone, said = job(nccl_env=policy)
+    assert said and not alone.compiled.hardware.nccl_env.copy_engine("all-gather", 1)
+    assert alone.predicted_ms("xla-default") == pytest.approx(base.predicted_ms("xla-default"))
+    # The flag alone: NCCL's symmetric kernels for the collectives inside the node, priced.
+    sym, said = job(xla_flags=flag)
+    assert not said and not sym.compiled.hardware.nccl_env.copy_engine("all-gather", 1)
+    algorithms = {c.params.algorithm for c in sym.plan.collectives if c.nodes == 1 and c.group_size > 1
+                  and c.kind in ("all-gather", "reduce-scatter", "all-reduce")}
+    assert algorithms == {"symmetric"}

@@ -31,6 +31,7 @@ from lagom_jax.cluster.nccl_env import NcclEnv
 from lagom_jax.plan.nccl_settings import SYMMETRIC_BUFFERS, USER_BUFFERS
 from lagom_jax.models import attention as attention_lib
 from lagom_jax.models.layers import QUANTIZATIONS
+from lagom_jax.costs import launch
 from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile
 
 __all__ = ["COMPILE_PRICED_FLAGS", "RUNTIME_PRICED_FLAGS", "PricingWarning", "hlo_step_job", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
@@ -47,8 +48,10 @@ MESH_AXES = ("data", "fsdp", "stage", "model", "expert")
 # never sets itself, ``nccl_env``), all-gathers and all-to-alls inside a node on the copy
 # engines, holding no SM. User buffers: ``ncclCommRegister``, where NCCL runs NVLS on fewer
 # CTAs (``cost.nvls_registered_ctas``).
+# Command buffers: the thunks XLA captures in CUDA graphs, which no compiled module shows
+# (``costs/launch.py``: the host's launches and captured collectives' overlap).
 RUNTIME_PRICED_FLAGS = frozenset({"xla_gpu_experimental_enable_nccl_symmetric_buffers",
-                                  "xla_gpu_enable_nccl_user_buffers"})
+                                  "xla_gpu_enable_nccl_user_buffers", launch.FLAG})
 # Flags that change the program XLA compiles, so compiling with them prices them: the
 # module the cost model reads is the one they make. The NCCL channel cap changes no
 # program; it caps the cost model's NCCL channels instead.
@@ -63,17 +66,19 @@ COMPILE_PRICED_FLAGS = frozenset(
 MODEL_PRICED_FLAGS = frozenset({"xla_gpu_nccl_collective_max_nchannels"})
 
 
-def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], int | None, dict[str, bool]]:
+def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], int | None, dict[str, Any]]:
     """(compile options, NCCL channel cap, runtime flags by name) of ``xla_flags``;
     ValueError on a flag the cost model cannot price (it would be silently ignored
     otherwise), FlagError (a ValueError) on one the installed XLA lacks."""
     options: dict[str, Any] = {}
     cap = None
-    runtime: dict[str, bool] = {}
+    runtime: dict[str, Any] = {}
     for name, value in (xla_flags or {}).items():
         name = name.removeprefix("--")
         if name in MODEL_PRICED_FLAGS:
             cap = int(value)
+        elif name == launch.FLAG:
+            runtime[name] = launch.parse(value)
         elif name in RUNTIME_PRICED_FLAGS:
             runtime[name] = value.strip().lower() in ("true", "1") if isinstance(value, str) else bool(value)
         elif name in COMPILE_PRICED_FLAGS:
@@ -96,7 +101,7 @@ def _check_strategy(strategy: str) -> None:
 
 def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
                         nccl_env: Mapping[str, str] | None,
-                        runtime: Mapping[str, bool] | None = None) -> hardware_lib.HardwareProfile:
+                        runtime: Mapping[str, Any] | None = None) -> hardware_lib.HardwareProfile:
     """``hw`` running with the NCCL channel cap, NCCL environment and runtime XLA flags of a
     prediction; a warning says where a setting the user gave changes nothing priced."""
     runtime = runtime or {}
@@ -114,7 +119,7 @@ def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
                           f"NCCL_MAX_CTAS={env.max_ctas}: NCCL's variable overrides the maxCTAs XLA passes "
                           "in its communicator config", PricingWarning, stacklevel=3)
         env = dataclasses.replace(env, config_max_ctas=min(cap, 64))
-    hw = dataclasses.replace(hw, nccl_env=env)
+    hw = dataclasses.replace(hw, nccl_env=env, command_buffer=runtime.get(launch.FLAG, hw.command_buffer))
     if env.zero_cta and not env.symmetric_buffers:
         warnings.warn(f"NCCL_CTA_POLICY=2 without {SYMMETRIC_BUFFERS}=true moves no collective to the copy "
                       "engines (NCCL runs zero-CTA only on buffers registered as symmetric windows, which "

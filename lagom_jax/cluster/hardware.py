@@ -33,6 +33,11 @@ LinkKind = Literal["nvlink", "pcie"]
 # In NCCL's order of compute capabilities (src/graph/tuning.cc: Volta, Ampere, Hopper,
 # Blackwell; sm_100 and newer is Blackwell).
 ARCHS: tuple[str, ...] = ("volta", "ampere", "hopper", "blackwell")
+# XLA's command types (DebugOptions.CommandBufferCmdType) and the set it captures by default
+# (``DefaultDebugOptionsIgnoringFlags``, openxla/xla xla/debug_options_flags.cc).
+COMMAND_TYPES: tuple[str, ...] = ("FUSION", "CUBLAS", "CUBLASLT", "CUDNN", "CUSTOM_CALL", "COLLECTIVES", "CONDITIONAL",
+                                  "WHILE", "DYNAMIC_SLICE_FUSION", "DYNAMIC_SLICE_COPY_FUSION")
+DEFAULT_COMMAND_BUFFER: tuple[str, ...] = ("CUBLAS", "CUBLASLT", "CUDNN", "CUSTOM_CALL", "DYNAMIC_SLICE_FUSION", "FUSION")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -125,6 +130,10 @@ class HardwareProfile:
     # The process-wide NCCL settings the cluster runs with (NCCL_ALGO, NCCL_PROTO,
     # NCCL_NVLS_ENABLE, NCCL_CTA_POLICY); NCCL's defaults unless a user's run sets them.
     nccl_env: NcclEnv = NcclEnv()
+    # The thunk types XLA captures in command buffers (``--xla_gpu_enable_command_buffer``,
+    # sorted; empty: off), which ``costs/launch.py`` prices: XLA's default set unless a
+    # user's run sets the flag.
+    command_buffer: tuple[str, ...] = DEFAULT_COMMAND_BUFFER
 
     # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
     __hash__ = hashing.hash_fields_once
@@ -157,6 +166,10 @@ class HardwareProfile:
         if self.collective_table and self.collective_table not in collective_tables.tables():
             raise ValueError(f"hardware {self.name!r}: unknown collective_table {self.collective_table!r} "
                              f"(known: {', '.join(collective_tables.tables())})")
+        bad = sorted(set(self.command_buffer) - set(COMMAND_TYPES))
+        if bad or tuple(sorted(set(self.command_buffer))) != tuple(self.command_buffer):
+            raise ValueError(f"hardware {self.name!r}: command_buffer must be XLA's command types, sorted, once "
+                             f"each (known: {', '.join(COMMAND_TYPES)}), got {list(self.command_buffer)}")
         if not isinstance(self.nccl_env, NcclEnv):
             raise ValueError(f"hardware {self.name!r}: nccl_env must be an NcclEnv, got {type(self.nccl_env).__name__}")
         if self.nvls_busbw_gbps < 0 or (self.nvls_busbw_gbps > 0) != (self.nvls_channels > 0):
@@ -230,6 +243,8 @@ class HardwareProfile:
         if isinstance(d.get("nccl_env"), dict):
             env = d["nccl_env"]
             d = {**d, "nccl_env": NcclEnv(**{k: tuple(v) if isinstance(v, list) else v for k, v in env.items()})}
+        if isinstance(d.get("command_buffer"), list):
+            d = {**d, "command_buffer": tuple(d["command_buffer"])}
         return cls(**d)
 
     @property

@@ -22,7 +22,10 @@ Semantics (the shared contract):
   progresses at ``1/k`` of its own rate), so the communication never beats the sum of
   its parts and the overlap bound holds;
 * a task with ``trip_count`` r stands for r executions unless the graph holds unrolled
-  copies (some task has ``iteration > 0``); then each copy counts once.
+  copies (some task has ``iteration > 0``); then each copy counts once;
+* command buffers (``hw.command_buffer``, ``launch``): the step takes at least the host's
+  time to issue it, and a collective captured in a graph holds back the compute after it
+  (it runs between the graph's barriers, not beside the compute).
 
 The simulator is called O(N*K) times by the search, so everything that depends only on
 (graph, hardware) is computed once per pair and cached, and ``makespan_us`` replays
@@ -42,7 +45,7 @@ from typing import Any
 
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.params import CollectiveParams
-from lagom_jax.costs import cost
+from lagom_jax.costs import cost, launch
 from lagom_jax.program.graph import StepGraph, Task
 
 COMPUTE_STREAM = "compute"
@@ -87,6 +90,8 @@ class Timeline:
     intervals: tuple[Interval, ...]
     per_collective: tuple[CollectiveRecord, ...]
     overlap_limit: int = 1
+    # The host's time to issue the step (``launch.host_issue_us``): the makespan's floor.
+    host_us: float = 0.0
 
     @property
     def exposed(self) -> dict[int, float]:
@@ -101,6 +106,7 @@ class Timeline:
             "comm_us": self.comm_us,
             "exposed_comm_us": self.exposed_comm_us,
             "overlap_limit": self.overlap_limit,
+            "host_us": self.host_us,
             "intervals": [dataclasses.asdict(i) for i in self.intervals],
             "per_collective": [
                 dataclasses.asdict(r) | {"params": dataclasses.asdict(r.params)} for r in self.per_collective
@@ -139,6 +145,8 @@ class _Prepared:
     # continuously).
     sm_share: tuple[float, ...] = ()
     waves: tuple[int, ...] = ()
+    # The host's time to issue the step under the cluster's command buffers (``launch``).
+    host_us: float = 0.0
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # (compute task id, SMs taken, HBM GB/s taken) -> its duration under that contention.
     durations: dict[tuple[int, float, float], float] = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -187,6 +195,17 @@ def _kernel_us(work: tuple, hw: HardwareProfile, sms_taken: float, hbm_gbps_take
                                 itemsize=itemsize, attention=attention, kernel=kernel)
 
 
+def _next_compute(is_coll: tuple[bool, ...]) -> tuple[int | None, ...]:
+    """For each task, the first compute task after it in schedule order (None: none)."""
+    out: list[int | None] = [None] * len(is_coll)
+    nxt = None
+    for i in range(len(is_coll) - 1, -1, -1):
+        out[i] = nxt
+        if not is_coll[i]:
+            nxt = i
+    return tuple(out)
+
+
 def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
     key = (id(graph), hw)
     hit = _PREPARED.get(key)
@@ -199,8 +218,12 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
     coll_key = tuple(graph.shape(t, hw.gpus_per_node) if c else None for t, c in zip(tasks, is_coll))
     pending = [len(t.deps) for t in tasks]
     succ: list[list[int]] = [list(c) for c in graph.consumers]
+    captured = launch.serialised(graph, hw.command_buffer)
+    next_compute = _next_compute(is_coll) if captured else ()
     for t in tasks:
         j = t.done_before
+        if t.id in captured and next_compute[t.id] is not None and (j is None or next_compute[t.id] < j):
+            j = next_compute[t.id]  # in a graph: the next kernel waits for it
         if t.is_collective and j is not None:
             if not 0 <= j < len(tasks) or is_coll[j]:
                 raise ValueError(
@@ -221,6 +244,7 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
         compute_us=sum(compute_alone),
         sm_share=tuple(0.0 if c else hw.resident_sm_share(bool(t.gemm)) for t, c in zip(tasks, is_coll)),
         waves=tuple(0 if c else cost.cta_waves(t.gemm, hw) for t, c in zip(tasks, is_coll)),
+        host_us=launch.host_issue_us(graph, hw.command_buffer),
     )
 
     def forget(ref: weakref.ref[StepGraph], key: tuple[int, HardwareProfile] = key) -> None:
@@ -459,7 +483,7 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
         raise ValueError(
             f"graph {graph.name!r} cannot complete: tasks {stuck} wait on work that never runs "
             f"(check deps and done_before)")
-    return prep, _Run(now, start, end, stream_of, exposed, exposed_total, chosen, coll_time)
+    return prep, _Run(max(now, prep.host_us), start, end, stream_of, exposed, exposed_total, chosen, coll_time)
 
 
 def makespan_us(graph: StepGraph, hw: HardwareProfile,
@@ -486,5 +510,5 @@ def simulate(graph: StepGraph, hw: HardwareProfile,
     return Timeline(
         makespan_us=run.makespan_us, bound_us=prep.bound_us(hw), compute_us=prep.compute_us,
         comm_us=sum(run.coll_time.values()), exposed_comm_us=run.exposed_total,
-        intervals=intervals, per_collective=records, overlap_limit=overlap_limit,
+        intervals=intervals, per_collective=records, overlap_limit=overlap_limit, host_us=prep.host_us,
     )

@@ -197,11 +197,21 @@ def bool_setting(name: str, options: Mapping[str, FlagValue] | None = None,
     parser takes it), else None (XLA's default)."""
     if options and name in options:
         return bool(options[name])
+    found = text_setting(name, None, environ)
+    return None if found is None else found.strip().lower() in ("", "true", "1")
+
+
+def text_setting(name: str, options: Mapping[str, FlagValue] | None = None,
+                 environ: Mapping[str, str] | None = None) -> str | None:
+    """``bool_setting`` for a flag of any type, as the text given (a bare ``--name`` is "")."""
+    if options and name in options:
+        value = options[name]
+        return ",".join(value) if isinstance(value, (list, tuple)) else str(value)
     found = None
     for token in (environ if environ is not None else os.environ).get("XLA_FLAGS", "").split():
-        key, eq, value = token.removeprefix("--").partition("=")
+        key, _eq, value = token.removeprefix("--").partition("=")
         if key == name:
-            found = not eq or value.strip().lower() in ("true", "1")
+            found = value.strip().strip("'\"")
     return found
 
 
