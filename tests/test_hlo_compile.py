@@ -242,7 +242,7 @@ def test_predict_hlo_step_ms_compiles_a_module_before_optimization():
     assert ms > 0
     assert lagom_jax.predict_hlo_step_ms(path, strategy="lagom") <= ms * (1 + 1e-9)
     with pytest.raises(ValueError, match="cannot be priced"):
-        lagom_jax.predict_hlo_step_ms(path, xla_flags={"xla_gpu_enable_command_buffer": ""})
+        lagom_jax.predict_hlo_step_ms(path, xla_flags={"xla_gpu_graph_min_graph_size": 2})
 
 
 @needs_gpu_compile

@@ -147,10 +147,14 @@ def ispass() -> list[Point]:
             Point("ispass25", "worst slowdown", 1.40, max(slow))]
 
 
-def gemm_beside_all_gather_ms(nccl_env: dict[str, str] | None = None, *, overlapped: bool = True) -> float:
+def gemm_beside_all_gather_ms(nccl_env: dict[str, str] | None = None, *, overlapped: bool = True,
+                              command_buffer: str | None = None) -> float:
     """PyTorch's microbenchmark as a step, predicted (ms): an fp16 8192^3 GEMM and an
     all-gather of 64 MiB per rank over 8 H100 (512 MiB gathered), side by side or one after
-    the other, under the NCCL settings ``nccl_env``."""
+    the other, under the NCCL settings ``nccl_env`` (and XLA's command buffers
+    ``command_buffer``, its flag's syntax, where given)."""
+    from lagom_jax.costs import launch
+
     from lagom_jax import search
     from lagom_jax.program.graph import StepGraph, Task
     from lagom_jax.cluster.nccl_env import NcclEnv
@@ -164,10 +168,15 @@ def gemm_beside_all_gather_ms(nccl_env: dict[str, str] | None = None, *, overlap
                 gemm=(1, n, n, n))
     ag = Task(id=ag_id, name="all-gather", kind="all-gather", bytes=512 << 20, groups=(tuple(range(8)),),
               is_async=True, deps=() if overlapped else (0,))
-    # The microbenchmark's buffers are NCCL symmetric windows (what XLA's symmetric-buffers
-    # flag makes), without which NCCL_CTA_POLICY=2 would move nothing to the copy engines.
+    # The copy-engine run's buffers are NCCL symmetric windows (what XLA's symmetric-buffers
+    # flag makes), without which NCCL_CTA_POLICY=2 would move nothing to the copy engines; the
+    # baseline is NCCL's SM-based all-gather on ordinary buffers (NCCL's regular kernels, not
+    # its symmetric ones).
+    env = nccl_env or {}
     hw = dataclasses.replace(hardware.get("h100-sxm-8"),
-                             nccl_env=NcclEnv.from_environ(nccl_env or {}, symmetric_buffers=True))
+                             nccl_env=NcclEnv.from_environ(env, symmetric_buffers="NCCL_CTA_POLICY" in env))
+    if command_buffer is not None:
+        hw = dataclasses.replace(hw, command_buffer=launch.parse(command_buffer))
     step = StepGraph("gemm+all-gather", tuple(sorted((gemm, ag), key=lambda t: t.id)), num_devices=8)
     return search.run_strategy("xla-default", step, hw).makespan_us / 1e3
 

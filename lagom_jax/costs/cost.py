@@ -632,9 +632,11 @@ _LL_BUS_FACTOR = 9  # LL_BusFactor: an LL line carries 8 data bytes in 16, read 
 def symmetric_applies(kind: str, n: int, nodes: int, hw: HardwareProfile) -> bool:
     """Whether NCCL runs this collective with a symmetric kernel: XLA's symmetric buffers,
     one of its kinds, more than one GPU, inside one NVLink domain of Hopper or newer (NCCL's
-    ``symmetricSupport``: all direct NVLink peers, one node, CUDA VMM memory)."""
+    ``symmetricSupport``: all direct NVLink peers, one node, CUDA VMM memory), unless the
+    zero-CTA policy gives it to the copy engines (priced at NCCL's regular time, no SM)."""
     return (hw.nccl_env.symmetric_buffers and kind in SYMMETRIC_KINDS and n > 1 and nodes <= 1
-            and hw.intra_link == "nvlink" and hw.arch in ("hopper", "blackwell"))
+            and hw.intra_link == "nvlink" and hw.arch in ("hopper", "blackwell")
+            and not hw.nccl_env.copy_engine(kind, nodes))  # the zero-CTA policy's copy engines instead
 
 
 def _multicast(hw: HardwareProfile) -> bool:

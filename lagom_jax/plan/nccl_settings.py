@@ -101,6 +101,9 @@ def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> list[st
     return sorted(kinds)
 
 
+# Registered buffers live in XLA's collective memory, which the JAX client sizes
+# (XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB).
+_COLLECTIVE_MEMORY = "XLA's collective memory (XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB)"
 # NCCL_MAX_CTAS values priced where they would cap NVLS's CTAs (no per-call choice reaches
 # those: the tuner plugin leaves NVLS NCCL's own CTAs, ``TunerRule.from_params``).
 CTA_CAPS = (4, 8)
@@ -116,16 +119,16 @@ def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
         if not base.symmetric_buffers and hw.arch in ("hopper", "blackwell"):
             out.append(Setting("symmetric kernels (XLA's symmetric buffers)",
                                dataclasses.replace(base, symmetric_buffers=True),
-                               (XlaFlag(SYMMETRIC_BUFFERS, True),), "NCCL 2.27 or later"))
+                               (XlaFlag(SYMMETRIC_BUFFERS, True),), f"NCCL 2.27 or later, {_COLLECTIVE_MEMORY}"))
         if not (base.zero_cta and base.symmetric_buffers):
             out.append(Setting("zero-CTA collectives (NCCL_CTA_POLICY=2, symmetric buffers)",
                                dataclasses.replace(base, zero_cta=True, symmetric_buffers=True),
-                               (XlaFlag(SYMMETRIC_BUFFERS, True),), "NCCL 2.28 or later"))
+                               (XlaFlag(SYMMETRIC_BUFFERS, True),), f"NCCL 2.28 or later, {_COLLECTIVE_MEMORY}"))
     if hw.nvls_channels > 0:
         if not base.user_buffers and base.nvls:
             out.append(Setting("NVLS on registered buffers (XLA's user buffers)",
                                dataclasses.replace(base, user_buffers=True),
-                               (XlaFlag(USER_BUFFERS, True),), "NVSwitch with NVLS, XLA's collective memory"))
+                               (XlaFlag(USER_BUFFERS, True),), f"NVSwitch with NVLS, {_COLLECTIVE_MEMORY}"))
         name = "NVLS off (NCCL_NVLS_ENABLE=0)" if base.nvls else "NVLS on (NCCL_NVLS_ENABLE=1)"
         out.append(Setting(name, dataclasses.replace(base, nvls=not base.nvls), (), "NVSwitch with NVLS"))
         for cap in CTA_CAPS:
