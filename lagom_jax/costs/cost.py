@@ -151,6 +151,9 @@ class CostConfig:
     # channels x 10-15 GB/s) = 0.09-0.14 us (A100/H100), so a CTA costs about that. No
     # published channel sweep measures it.
     idle_channel_us: float = 0.1
+    # NCCL's own choice never takes less time for more bytes (``_monotone_floor_us``); False:
+    # the model and its anchor as they fall.
+    monotone_default: bool = True
     # NVLS all-reduce latency (us): NCCL's hwLat[NVLINK][NVLS] with base 0, one node
     # (src/graph/tuning.cc); its time has no per-hop or per-chunk term in NCCL's model.
     nvls_lat_us: float = 25.0
@@ -346,11 +349,63 @@ def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
 
 def measured_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
                    cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """The factor every candidate's time for this collective is scaled by: measured over
+    modelled time of NCCL's own choice (``_table_ratio``), raised where NCCL's own choice
+    would otherwise take less time than at a smaller size (``_monotone_floor_us``)."""
+    ratio = _table_ratio(kind, nbytes, group_size, nodes, hw, cfg)
+    if not cfg.monotone_default or group_size <= 1 or nbytes < 1 or symmetric_applies(kind, group_size, nodes, hw):
+        return ratio
+    own = _default_model_us(kind, nbytes, group_size, nodes, hw, cfg) * ratio
+    floor = _monotone_floor_us(kind, int(_GRID_STEPS * math.log2(nbytes)), group_size, nodes, hw, cfg)
+    return ratio * floor / own if floor > own else ratio
+
+
+# Sizes 2^(k/8) at which NCCL's own choice is timed for the monotone floor.
+_GRID_STEPS = 8
+
+
+def _default_model_us(kind: str, nbytes: float, n: int, nodes: int, hw: HardwareProfile, cfg: CostConfig) -> float:
+    p = nccl_default_params(kind, nbytes, n, nodes, hw, cfg)
+    return _time_from_terms(nbytes, n, p, _size_free_terms(kind, n, nodes, p, hw, cfg), hw, cfg)
+
+
+class _Floors(dict):
+    """(kind, ranks, nodes, hw, cfg) -> the running maximum of ``_monotone_floor_us`` by grid
+    index, grown as larger sizes are asked for; ``cache_clear`` as ``clear_caches`` expects."""
+
+    cache_clear = dict.clear
+
+
+_FLOORS = _Floors()
+
+
+def _monotone_floor_us(kind: str, k: int, n: int, nodes: int, hw: HardwareProfile, cfg: CostConfig) -> float:
+    """The longest time of NCCL's own choice (anchored) at any size 2^(j/8) <= 2^(k/8).
+
+    NCCL's choice changes with the size (algorithm, protocol, channels and threads cut for
+    small messages), and at such a switch the model, anchored or not, can time a larger
+    collective below a smaller one: 2 A100 gathered 1 KiB in 8.70 us and 4 KiB in 8.10 us
+    (the ring/LL pick doubling its threads, anchored at all-reduce rows of half the size),
+    and 306 such falls showed on a grid of every preset, kind and group. No nccl-tests log
+    read here shows a time that falls with the size beyond its noise, so a collective takes
+    at least what a smaller one took (``CostConfig.monotone_default``): monotone on this
+    grid, within 1/8 of an octave between its points."""
+    if k < 0:
+        return 0.0
+    floors = _FLOORS.setdefault((kind, n, nodes, hw, cfg), [])
+    while len(floors) <= k:
+        size = 2.0 ** (len(floors) / _GRID_STEPS)
+        here = _default_model_us(kind, size, n, nodes, hw, cfg) * _table_ratio(kind, size, n, nodes, hw, cfg)
+        floors.append(max(here, floors[-1]) if floors else here)
+    return floors[k]
+
+
+def _table_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
+                 cfg: CostConfig = DEFAULT_COSTS) -> float:
     """Measured over modelled time of NCCL's own choice for this collective
-    (``collective_tables``), the factor every candidate's time is scaled by; 1 for groups
-    spanning nodes, without a table, or with ``measured_tables`` off. Zero bytes take the
-    smallest measured size's time like any size below it (not the model's: 0 B cost more
-    than 1 B)."""
+    (``collective_tables``); 1 for groups spanning nodes, without a table, or with
+    ``measured_tables`` off. Zero bytes take the smallest measured size's time like any size
+    below it (not the model's: 0 B cost more than 1 B)."""
     if not cfg.measured_tables or nodes > 1 or group_size <= 1 or not hw.collective_table:
         return 1.0
     a = _anchor(kind, group_size, hw, cfg)
