@@ -156,8 +156,10 @@ def predict(text: str, hw: Any, strategies: Sequence[str]) -> dict[str, dict[str
     (`lagom_jax.job.run`): step time, speedups, efficiency, search cost."""
     from lagom_jax import job
 
-    results = job.run(job.HloSource(text), hw, strategy=strategies[0], baselines=tuple(strategies[1:]),
-                      verify=False).planned.results
+    done = job.run(job.HloSource(text), hw, strategy=strategies[0], baselines=tuple(strategies[1:]), verify=False)
+    results = done.planned.results
+    # The process-wide NCCL setting the plan took (nccl_settings.choose), if any.
+    taken = [name for name, why in done.plan.decisions if "; taken;" in why]
     out: dict[str, dict[str, float]] = {}
     for name in strategies:
         r = results[name]
@@ -172,6 +174,8 @@ def predict(text: str, hw: Any, strategies: Sequence[str]) -> dict[str, dict[str
         for ref in ("xla-default", "autoccl"):
             if ref in results:
                 row[f"speedup_vs_{ref}"] = results[ref].makespan_us / r.makespan_us
+        if name == strategies[0]:
+            row["nccl_setting"] = "; ".join(taken)
         out[name] = row
     return out
 
@@ -292,8 +296,8 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
         "`eff` = overlap bound / lagom step time; `vs autoccl` = autoccl / lagom.",
         "",
         "| cell | batch x seq | hardware | " + " | ".join(strategies)
-        + " | bound ms | lagom eff | lagom vs autoccl | lagom evals | lagom search s |",
-        "|---|---|---|" + "---:|" * (len(strategies) + 5),
+        + " | bound ms | lagom eff | lagom vs autoccl | lagom evals | lagom search s | NCCL setting taken |",
+        "|---|---|---|" + "---:|" * (len(strategies) + 5) + "---|",
     ]
     worse = []
     for row in report["rows"]:
@@ -301,9 +305,10 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
         head = (f"| {row['label']} | {spec.get('batch_size', '?')} x {spec.get('seq_len', '?')} | "
                 f"{row['hardware']} x{row['nodes']} |")
         if "error" in row:
-            lines.append(head + f" failed: {row['error'][:120]} |" + " |" * (len(strategies) + 4))
+            lines.append(head + f" failed: {row['error'][:120]} |" + " |" * (len(strategies) + 5))
             continue
         pred = row["strategies"]
+        setting = (pred.get("lagom") or {}).get("nccl_setting") or "-"
         cols = []
         for s in strategies:
             sp = pred[s].get("speedup_vs_xla-default")
@@ -317,7 +322,7 @@ def markdown(report: Mapping[str, Any], machine_line: str) -> str:
                     str(lag["evaluations"]), f"{lag['search_time_s']:.2f}"]
             if "speedup_vs_xla-default" in lag and lag["speedup_vs_xla-default"] < 1 - 1e-9:
                 worse.append(row["label"])
-        lines.append(head + " " + " | ".join(cols + [bound] + tail) + " |")
+        lines.append(head + " " + " | ".join(cols + [bound] + tail + [setting]) + " |")
     ok = [r for r in report["rows"] if "error" not in r and "lagom" in r["strategies"]]
     if ok:
         lines.append("")

@@ -86,8 +86,8 @@ RESERVED_GB = 6.0
 # beyond its micro-batches. Fitted to Megatron-LM's functional-test iteration times on one
 # DGX A100 node (Selene, 2023) and one DGX H100 node (2024) (`Eager`; benchmarks/data/
 # megatron_ci_runs.md): median abs error 5.1% / 6.4% on the fitted layouts.
-LAYER_HOST_US = 3805.0
-STEP_HOST_US = 6739.0
+LAYER_HOST_US = 3801.0
+STEP_HOST_US = 6805.0
 MICROBATCH_HOST_US = 0.0
 HOPPER_LAYER_HOST_US = 2237.0
 HOPPER_MICROBATCH_HOST_US = 1534.0
