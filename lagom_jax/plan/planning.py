@@ -153,7 +153,9 @@ def plan_flags(result: search.SearchResult, hw: HardwareProfile) -> tuple[XlaFla
         out.append(XlaFlag("xla_gpu_threshold_for_windowed_einsum_mib", 0))
     # The channels the search chose: NCCL's symmetric kernels take their own CTAs.
     channels = [p.nchannels for _, p in result.params if p.algorithm != "symmetric"]
-    # NCCL_MAX_CTAS overrides the maxCTAs XLA passes (NcclEnv), so beside it XLA's cap acts not.
-    if channels and max(channels) < MAX_CHANNELS and not hw.nccl_env.max_ctas:
+    # NCCL_MAX_CTAS overrides the maxCTAs XLA passes (NcclEnv), so beside it XLA's cap acts not;
+    # under a user's NCCL_MIN_CTAS a lower cap would lower that minimum (NCCL: min := max).
+    env = hw.nccl_env
+    if channels and max(channels) < MAX_CHANNELS and not env.max_ctas and max(channels) >= env.min_ctas:
         out.append(XlaFlag("xla_gpu_nccl_collective_max_nchannels", max(channels)))
     return tuple(f for f in out if not f.is_default)

@@ -1,0 +1,104 @@
+"""What each NCCL setting changes, as the cost model prices it (predictions, no GPU).
+
+For 8 H100 and 8 B200 of one node: NCCL's own choice against its symmetric kernels (XLA's
+symmetric buffers) and NVLS on registered buffers (XLA's user buffers), per kind and size:
+the kernel, its CTAs and its time alone; then a GEMM beside each collective, the step with
+each setting and with NCCL_MAX_CTAS caps, so the SMs a setting hands back to compute show.
+
+    python -m benchmarks.predicted.nccl_mechanisms [--no-record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from lagom_jax import search
+from lagom_jax.cluster import hardware
+from lagom_jax.cluster.nccl_env import NcclEnv
+from lagom_jax.costs import cost
+from lagom_jax.program.graph import StepGraph, Task
+
+PRESETS = ("h100-sxm-8", "b200-sxm-8")
+KINDS = ("all-reduce", "all-gather", "reduce-scatter")
+SIZES = (4 << 10, 1 << 20, 16 << 20, 256 << 20)
+SETTINGS = (("NCCL's defaults", {}), ("symmetric buffers", {"symmetric_buffers": True}),
+            ("user buffers", {"user_buffers": True}), ("NCCL_MAX_CTAS=8", {"max_ctas": 8}),
+            ("NCCL_MAX_CTAS=4", {"max_ctas": 4}))
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def collective_rows() -> list[str]:
+    rows = []
+    for name in PRESETS:
+        base = hardware.get(name)
+        for kind in KINDS:
+            for nbytes in SIZES:
+                cells = []
+                for _label, env in SETTINGS[:3]:
+                    hw = dataclasses.replace(base, nccl_env=NcclEnv(**env))
+                    p = cost.nccl_default_params(kind, nbytes, 8, 1, hw)
+                    t = cost.collective_time_us(kind, nbytes, 8, 1, p, hw)
+                    cells.append(f"{p.algorithm}/{p.protocol} {p.nchannels} CTAs, {t:.1f} us")
+                rows.append(f"| {name} | {kind} | {_size(nbytes)} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _gemm_beside(kind: str, nbytes: int) -> StepGraph:
+    coll = Task(id=0, name="c", kind=kind, bytes=nbytes, groups=(tuple(range(8)),), is_async=True)
+    gemm = Task(id=1, name="gemm", kind="compute", flops=2 * 8192**3, bytes=3 * 8192**2 * 2, opcode="fusion",
+                gemm=(1, 8192, 8192, 8192))
+    return StepGraph("gemm+c", (coll, gemm), num_devices=8)
+
+
+def step_rows() -> list[str]:
+    rows = []
+    for name in PRESETS:
+        base = hardware.get(name)
+        for kind in KINDS:
+            step = _gemm_beside(kind, 256 << 20)
+            cells = []
+            for _label, env in SETTINGS:
+                hw = dataclasses.replace(base, nccl_env=NcclEnv(**env))
+                cells.append(f"{search.run_strategy('xla-default', step, hw).makespan_us / 1e3:.3f}")
+            rows.append(f"| {name} | {kind} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def section() -> str:
+    from benchmarks.common import machine_line
+
+    labels = [label for label, _ in SETTINGS]
+    return "\n".join([
+        "## nccl_mechanisms (what NCCL's settings change, predicted)", "",
+        f"Machine: {machine_line()}. `python -m benchmarks.predicted.nccl_mechanisms`. One node of 8 GPUs. "
+        "NCCL's own pick for one collective (kernel, CTAs, time alone) under its defaults, on XLA's "
+        "symmetric buffers (NCCL 2.27's symmetric kernels) and on XLA's user buffers (NVLS on registered "
+        "buffers); docs/nccl.md says how each is priced and from which source.", "",
+        "| GPUs | kind | bytes | " + " | ".join(labels[:3]) + " |", "|---|---|---:|---|---|---|",
+        *collective_rows(), "",
+        "An 8192^3 bf16 GEMM beside an independent 256 MiB collective, the step (ms) under each setting: what "
+        "the SMs a setting frees or takes do to the compute beside it.", "",
+        "| GPUs | collective | " + " | ".join(labels) + " |", "|---|---|" + "---:|" * len(labels),
+        *step_rows(),
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--no-record", action="store_true", help="print only; do not write RESULTS.md")
+    args = parser.parse_args(argv)
+    md = section()
+    print(md)
+    if not args.no_record:
+        from benchmarks.common import write_section
+
+        write_section("nccl_mechanisms", md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
