@@ -49,8 +49,15 @@ MARIN = "marin-community/marin issue #8054"
 # layers of 512 with every 6th global, 48 heads / 12 KV heads (6 on global layers), vocab
 # 128256), seq 4096 x batch 1024, pure FSDP over 64 GB200 of one NVL72 rack, recompute-all
 # remat; 18.101 s per step (median of steps 5-19) with NCCL's defaults.
+# The stand-in keeps the optimizer state on the GPU, which marin offloads to the host, so it
+# overflows a GB200's memory (303 GiB after XLA's rematerialization, 138.7 GiB available) where
+# the real run fits; XLA's rematerialization pass then recomputes to squeeze it (6.3% of the
+# step, more under the settings that hold more memory: double buffering 6.3 -> 15.3%). The real
+# run fits and pays none of it, so the stand-in compiles without that pass
+# (``flag_effects_marin`` shows both).
+NO_XLA_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
 MARIN_MOE = dict(family="mixtral", config="marin-moe", seq_len=4096, global_batch=1024, mesh={"fsdp": 64},
-                 hardware="gb200-nvl72", remat="full")
+                 hardware="gb200-nvl72", remat="full", xla_flags=NO_XLA_REMAT)
 MARIN_NOTE = ("the family's marin-moe config; its stand-ins: GShard's one-hot dispatch for the sorted grouped "
               "GEMMs ('sonic' kernels), blocked einsums for FA4's windowed attention, no SConv/XSA/head "
               "gates/gated norms/QK-norm, optimizer state on the GPU (marin offloads it to the host); GB200's "
@@ -157,8 +164,9 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
             kw = dict(WORKLOADS[e.workload])
             if "config" in kw:  # a named config of the family: its dimensions
                 kw.update(predict.config_dims(kw["family"], kw.pop("config")))
+            base_flags = kw.pop("xla_flags", {})
             if e.workload not in jobs:
-                jobs[e.workload] = predict.train_step_job(**kw, strategy="xla-default")
+                jobs[e.workload] = predict.train_step_job(**kw, strategy="xla-default", xla_flags=base_flags)
             job = jobs[e.workload]
             base = (predict.repredict_ms(job, xla_flags=e.base_xla_flags) if e.base_xla_flags
                     else job.predicted_ms("xla-default"))
@@ -166,7 +174,7 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
             if e.how == "nccl":
                 new = predict.repredict_ms(job, nccl_env=e.nccl_env, xla_flags=e.xla_flags)
             else:
-                flagged = predict.train_step_job(**kw, strategy="xla-default", xla_flags=e.xla_flags)
+                flagged = predict.train_step_job(**kw, strategy="xla-default", xla_flags={**base_flags, **e.xla_flags})
                 new = flagged.predicted_ms("xla-default")
                 if _collectives(flagged) == _collectives(job):
                     row["how"] = "xla: same collectives"
@@ -315,6 +323,74 @@ MOE_SETTINGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 
 
+# XLA's structure flags on MARIN's step (issue 63, item 6): the collective pipeliner for
+# all-gather, reduce-scatter and all-reduce, and with while-loop double buffering as well (the
+# structure part of XLA's O1). Their measured effects are kept aside to judge the model.
+_PIPELINED = {"xla_gpu_enable_pipelined_all_gather": True, "xla_gpu_enable_pipelined_reduce_scatter": True,
+              "xla_gpu_enable_pipelined_all_reduce": True}
+MARIN_STRUCTURES = (("collective pipeliner (all-gather, reduce-scatter, all-reduce)", _PIPELINED),
+                    ("O1 structure: the pipeliner and while-loop double buffering",
+                     {**_PIPELINED, "xla_gpu_enable_while_loop_double_buffering": True}))
+
+
+def predict_marin_structures() -> list[dict[str, Any]]:
+    """Each of MARIN_STRUCTURES on MARIN's step, compiled with and without XLA's
+    rematerialization pass: what the flags change in the module, and how it is priced."""
+    from lagom_jax.advise import predict
+
+    kw = dict(MARIN_MOE)
+    kw.update(predict.config_dims(kw["family"], kw.pop("config")))
+    kw.pop("xla_flags")
+    rows = []
+    for remat, extra in (("XLA's rematerialization on (as compiled)", {}), ("without it (the stand-in)", NO_XLA_REMAT)):
+        print(f"[flag_effects] marin structures, {remat}: base ...", file=sys.stderr, flush=True)
+        base_job = predict.train_step_job(**kw, strategy="xla-default", xla_flags=extra)
+        base = base_job.predicted_ms("xla-default")
+        for setting, flags in MARIN_STRUCTURES:
+            print(f"[flag_effects] marin structures, {remat}: {setting} ...", file=sys.stderr, flush=True)
+            job = predict.train_step_job(**kw, strategy="xla-default", xla_flags={**flags, **extra})
+            rows.append({"remat": remat, "setting": setting, "base_ms": base, "new_ms": job.predicted_ms("xla-default"),
+                         "parts": (_parts(base_job), _parts(job))})
+    return rows
+
+
+def _parts(job: Any) -> dict[str, float]:
+    """Where a compiled step's time goes under XLA's defaults (ms): its kernels alone
+    (matmuls, copies, the rest) and its exposed communication."""
+    from lagom_jax.costs import simulate
+
+    graph, hw = job.compiled.graph(), job.compiled.hardware
+    timeline = simulate.simulate(graph, hw)
+    unrolled = any(t.iteration > 0 for t in graph.tasks)
+    parts = {"matmuls": 0.0, "copies": 0.0, "other kernels": 0.0}
+    for t in graph.tasks:
+        if not t.is_collective:
+            key = "matmuls" if t.gemm else "copies" if t.opcode == "copy" else "other kernels"
+            parts[key] += simulate.alone_us(t, hw) * (1 if unrolled else max(t.trip_count, 1)) / 1e3
+    parts["exposed communication"] = timeline.exposed_comm_us / 1e3
+    return parts
+
+
+def marin_section(rows: list[dict[str, Any]]) -> str:
+    from benchmarks.common import machine_line
+
+    lines = ["## flag_effects_marin (XLA's structure flags on MARIN's MoE step, predicted)", "",
+             f"Machine: {machine_line()}. `python -m benchmarks.measured.flag_effects --marin-structures`. MARIN's "
+             "stand-in (`flag_effects`' marin-moe workload, 64 GB200) compiled deviceless with each setting, with "
+             "XLA's rematerialization pass on (as XLA compiles it) and off (the stand-in overflows the GPU's memory "
+             "where the real run fits, NO_XLA_REMAT in the source), predicted under XLA's and NCCL's defaults. The "
+             "measured effects of these settings are kept aside to judge the model: predictions only. Parts: the "
+             "step's kernels alone and its exposed communication, ms (XLA's defaults, one replay).", "",
+             "| XLA rematerialization | setting | base step | with the setting | effect | parts, base -> with |",
+             "|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        before, after = r["parts"]
+        parts = "; ".join(f"{k} {before[k]:.0f} -> {after[k]:.0f}" for k in before)
+        lines.append(f"| {r['remat']} | {r['setting']} | {r['base_ms'] / 1e3:.3f} s | {r['new_ms'] / 1e3:.3f} s | "
+                     f"{100 * (r['base_ms'] - r['new_ms']) / r['base_ms']:+.1f}% | {parts} |")
+    return "\n".join(lines)
+
+
 def predict_moe_effects() -> list[dict[str, Any]]:
     """Every setting of MOE_SETTINGS on every step of MOE_STEPS, predicted."""
     from lagom_jax.advise import predict
@@ -364,7 +440,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="predict the SM-free settings on XLA's one-node benchmark modules in DIR instead")
     parser.add_argument("--moe", action="store_true",
                         help="predict NCCL and XLA settings on the MoE steps of MaxText's GPU recipes instead")
+    parser.add_argument("--marin-structures", action="store_true",
+                        help="predict XLA's structure flags on MARIN's step, with and without XLA's rematerialization")
     args = parser.parse_args(argv)
+    if args.marin_structures:
+        _show("flag_effects_marin", marin_section(predict_marin_structures()), record=not args.no_record)
+        return 0
     if args.moe:
         _show("flag_effects_moe", moe_section(predict_moe_effects()), record=not args.no_record)
         return 0
