@@ -128,3 +128,16 @@ def test_the_decorator_takes_the_same_variables():
         api.Tuned(jax.jit(lambda x: x), nccl_env={"NCCL_NTHREADS": "100"})
     tuned = api.Tuned(jax.jit(lambda x: x), nccl_env={"NCCL_MAX_CTAS": "16"}, use_cache=False)
     assert tuned._nccl_env == {"NCCL_MAX_CTAS": "16"}
+
+
+def test_verification_says_the_nccl_settings_act_only_at_run_time():
+    from lagom_jax.plan import verify
+    from lagom_jax.plan.schema import Plan
+    from lagom_jax.program import graph as graph_lib
+
+    text = cli.example_text()
+    plan = Plan(module="m", fingerprint="", hardware="h100-sxm-8", gpus_per_node=8, nodes=1, strategy="lagom",
+                version="0", nccl_settings=(("NCCL_MAX_CTAS", "8"),))
+    checked, _ = verify.verify_plan(plan, graph_lib.from_hlo_text(text), text, lambda options: text)
+    lines = dict(checked.verification)
+    assert "NCCL_MAX_CTAS=8" in lines["NCCL settings"] and "only at run time" in lines["NCCL settings"]

@@ -97,6 +97,8 @@ class Verification:
     compiles: int
     # Options that act when NCCL runs the step, not on the module (``flags.RUNTIME_FLAGS``).
     runtime: tuple[str, ...] = ()
+    # The plan's NCCL variables (``Plan.nccl_settings``), which act when NCCL runs the step.
+    nccl: tuple[str, ...] = ()
 
     @property
     def inventory_matches(self) -> bool:
@@ -126,6 +128,9 @@ class Verification:
                 for name, changed in self.option_changed]
         out += [(name, "kept: it changes how NCCL runs the step, not the compiled module, so no recompile "
                  "can check it") for name in self.runtime]
+        if self.nccl:
+            out.append(("NCCL settings", f"{' '.join(self.nccl)}: set in the run's environment before NCCL "
+                        "starts; they act only at run time, so no recompile can check them"))
         if not self.option_changed and not self.runtime:
             out.append(("options", "none to apply: the plan runs XLA's default module"))
         return tuple(out)
@@ -158,6 +163,7 @@ def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
             without = compile_fn({k: v for k, v in options.items() if k != name})
             compiles += 1
             changed.append((name, not _same_module(without, full)))
-    result = dataclasses.replace(result, option_changed=tuple(changed), compiles=compiles, runtime=runtime)
+    result = dataclasses.replace(result, option_changed=tuple(changed), compiles=compiles, runtime=runtime,
+                                 nccl=tuple(f"{k}={v}" for k, v in plan.nccl_settings))
     kept = tuple(f for f in plan.flags if f.name not in result.dropped)
     return dataclasses.replace(plan, flags=kept, verification=result.lines()), result
