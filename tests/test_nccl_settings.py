@@ -37,8 +37,14 @@ def test_candidates_follow_the_hardware():
     assert {n for n in names if n.startswith("NCCL_MAX_CTAS")} == {"NCCL_MAX_CTAS=4", "NCCL_MAX_CTAS=8"}
     zero = [s for s in nccl_settings.candidates(h100) if s.env.zero_cta][0]
     assert [f.name for f in zero.flags] == ["xla_gpu_experimental_enable_nccl_symmetric_buffers"]
-    # No NVLink: no copy-engine collectives; no NVSwitch multicast: no NVLS to turn off.
-    assert nccl_settings.candidates(hardware.get("a40-pcie-8")) == ()
+    assert {n for n in names if n.startswith("NCCL_MIN_CTAS")} == {
+        "NCCL_MIN_CTAS=32 (more channels than the communicator's 24)",
+        "NCCL_MIN_CTAS=64 (more channels than the communicator's 24)"}
+    # No NVLink: no copy-engine collectives; no NVSwitch multicast: no NVLS to turn off; only
+    # more channels than the communicator's 8.
+    assert [s.name for s in nccl_settings.candidates(hardware.get("a40-pcie-8"))] == [
+        "NCCL_MIN_CTAS=32 (more channels than the communicator's 8)",
+        "NCCL_MIN_CTAS=64 (more channels than the communicator's 8)"]
     off = dataclasses.replace(h100, nccl_env=NcclEnv(nvls=False))
     assert any("NVLS on" in s.name for s in nccl_settings.candidates(off))
 
@@ -82,12 +88,13 @@ def test_settings_that_change_no_collective_are_not_priced():
     two = h100.with_nodes(2)
     planned = planning.plan(step, two, strategy="lagom", baselines=())
     out = nccl_settings.choose(step, planned, two, strategy="lagom")
-    assert out.setting is None
-    buffers_and_nvls = [why for name, why in out.decisions if not name.startswith("NCCL_MAX_CTAS")]
+    buffers_and_nvls = [why for name, why in out.decisions if not name.startswith(("NCCL_MAX_CTAS", "NCCL_MIN_CTAS"))]
     assert buffers_and_nvls == ["not priced: no collective of this step would change"] * 4
     # A CTA cap changes every collective's channels: priced, and here only slower.
     caps = [why for name, why in out.decisions if name.startswith("NCCL_MAX_CTAS")]
     assert caps and all("not taken" in why for why in caps)
+    # More channels than the communicator's: the only setting these all-gathers can take.
+    assert out.setting is None or out.setting.name.startswith("NCCL_MIN_CTAS")
 
 
 def test_memory_overhead_rounds_each_collective_buffer_to_the_granularity():

@@ -104,14 +104,15 @@ def test_lagoms_floored_seed_keeps_nccls_choice_unless_the_gain_beats_the_floor(
 @pytest.mark.parametrize("preset", ["a40-pcie-8", "a100-sxm-8"])
 def test_lagom_strictly_better_where_compute_and_communication_contend(preset):
     # Taking every predicted gain (min_gain=0), the contention-aware choice per collective
-    # beats every baseline; the margin is small (0.5% on A40, 0.4% on A100). On H100 the
-    # calibrated contention (0.2 SM per channel, NVLS's 16 CTAs) leaves nothing between it
-    # and each collective's fastest choice: lagom only ties autoccl there.
+    # beats every baseline; the margin is small (0.04% on A40, 0.45% on A100, with channels
+    # at most the communicator's, as NCCL caps a tuner's). On H100 the calibrated contention
+    # (0.2 SM per channel, NVLS's 16 CTAs) leaves nothing between it and each collective's
+    # fastest choice: lagom only ties autoccl there.
     hw = hardware.get(preset)
     g = benchmark_graphs(8)["contended"]
     lagom = search.run_strategy("lagom", g, hw, search.Space(min_gain=0.0))
     best_baseline = min(search.run_strategy(b, g, hw).makespan_us for b in BASELINES)
-    assert lagom.makespan_us < best_baseline * (1 - 1e-3)
+    assert lagom.makespan_us < best_baseline * (1 - 2e-4)
 
 
 # (On H100 lagom starts from autoccl there, which already takes the fastest candidates.)
@@ -151,8 +152,9 @@ def test_lagom_changes_a_collective_only_for_a_gain_above_the_model_error(preset
 
 def test_lagom_explains_every_collective():
     # Seed 1: a collective ready at a kernel boundary waits one kernel (launch order), and in
-    # this graph two of them still overlap compute they could slow.
-    r = search.run_strategy("lagom", benchmark_graphs(8, seed=1)["compute-bound"], A40)
+    # this graph some still overlap compute they could slow (on A100's 24 channels: A40's
+    # communicator has 8, too few for a choice below NCCL's fastest to pay).
+    r = search.run_strategy("lagom", benchmark_graphs(8, seed=1)["contended"], hardware.get("a100-sxm-8"))
     assert len(r.explanations) == len(r.graph.collectives)
     assert all(e.reason and e.time_us > 0 for e in r.explanations)
     # Somewhere the fastest-alone choice lost to one that slows the compute less.
@@ -380,9 +382,11 @@ def _overlapped_and_exposed(nbytes=64 * MiB, flops=1e12):
     return StepGraph("one-key-two-roles", tuple(tasks), num_devices=8)
 
 
-@pytest.mark.parametrize("preset", ["h100-sxm-8", "a40-pcie-8"])
+@pytest.mark.parametrize("preset", ["a40-pcie-8"])
 def test_a_searched_plan_never_gives_one_tuner_key_two_choices(preset):
-    r = search.run_strategy("lagom", _overlapped_and_exposed(), hardware.get(preset))
+    # Every gain taken: the overlapped role wants fewer channels than the exposed one. (On
+    # H100 neither wants other than the communicator's 24 channels, the most a tuner can ask.)
+    r = search.run_strategy("lagom", _overlapped_and_exposed(), hardware.get(preset), search.Space(min_gain=0))
     params = {e.name: e.params for e in r.explanations}
     assert params["ag.overlapped"] == params["ag.exposed"]
     # The two were in conflict (the projection says so in their reasons).

@@ -636,7 +636,8 @@ def _init_channels(algorithm: str, hw: HardwareProfile) -> int:
         return ctas
     if env.user_buffers:
         return min(nvls_registered_ctas(hw), ctas)
-    return min(env.nvls_ctas or hw.nvls_channels, ctas)
+    # NCCL_MIN_CTAS raises NVLS's CTAs as it raises the communicator's (ncclNvlsTuning).
+    return min(max(env.nvls_ctas or hw.nvls_channels, env.min_ctas), ctas)
 
 
 def nvls_registered_ctas(hw: HardwareProfile) -> int:
@@ -810,11 +811,11 @@ def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwarePr
     """``candidate_params`` without NCCL's pick, the only member that depends on the size
     (sorting ~60 ordered dataclasses per collective size cost more than timing them).
     NVLS runs its communicator's CTAs whatever a call asks (NCCL), so it has one member."""
-    # Under the user's NCCL_MAX_CTAS (a tuner plugin's channels act only inside the
-    # communicator's) and, where NCCL_NTHREADS is pinned, at its threads (no plugin sets
-    # threads per call).
-    max_nc = min(MAX_CHANNELS, hw.sm_count - 1, hw.nccl_env.channel_cap)
-    ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {min(_init_channels("ring", hw), max_nc)})
+    # At most the communicator's CTAs: NCCL caps a tuner plugin's channels at them
+    # (``nChannels <= comm->nChannels``), so more need NCCL_MIN_CTAS (``nccl_settings``); and,
+    # where NCCL_NTHREADS is pinned, at its threads (no plugin sets threads per call).
+    max_nc = min(MAX_CHANNELS, hw.sm_count - 1, _init_channels("ring", hw))
+    ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {max_nc})
     out = set()
     for algo, proto in _algorithms(kind, group_size, nodes, hw):
         chunk = _default_chunk(kind, algo, proto, hw)

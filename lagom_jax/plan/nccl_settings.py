@@ -107,6 +107,9 @@ _COLLECTIVE_MEMORY = "XLA's collective memory (XLA_PYTHON_CLIENT_COLLECTIVE_MEM_
 # NCCL_MAX_CTAS values priced where they would cap NVLS's CTAs (no per-call choice reaches
 # those: the tuner plugin leaves NVLS NCCL's own CTAs, ``TunerRule.from_params``).
 CTA_CAPS = (4, 8)
+# NCCL_MIN_CTAS values priced where they raise the communicator's CTAs: a tuner plugin's
+# per-call channels stay at or below them, so only these let a collective run on more.
+CTA_FLOORS = (32, 64)
 
 
 def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
@@ -135,6 +138,11 @@ def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
             if cap < min(base.max_ctas or hw.nvls_channels, hw.nvls_channels) and base.nvls:
                 out.append(Setting(f"NCCL_MAX_CTAS={cap}", dataclasses.replace(base, max_ctas=cap), (),
                                    "nothing beyond NCCL"))
+    own = base.ctas(hw.nccl_channels)
+    for floor in CTA_FLOORS:
+        if own < floor <= min(base.channel_cap, hw.sm_count - 1):
+            out.append(Setting(f"NCCL_MIN_CTAS={floor} (more channels than the communicator's {own})",
+                               dataclasses.replace(base, min_ctas=floor), (), "nothing beyond NCCL"))
     return tuple(out)
 
 
