@@ -423,3 +423,11 @@ def test_nccls_own_pick_never_takes_less_time_for_more_bytes_on_any_preset_kind_
     off = dataclasses.replace(cost.DEFAULT_COSTS, monotone_default=False)
     assert cost.default_time_us("all-gather", 4096, 2, 1, a100, off) < cost.default_time_us("all-gather", 1024, 2, 1, a100, off)
     assert cost.default_time_us("all-gather", 4096, 2, 1, a100) >= cost.default_time_us("all-gather", 1024, 2, 1, a100)
+
+
+def test_clearing_the_caches_forgets_the_monotone_floors_and_prices_the_same():
+    a100 = hardware.get("a100-sxm-8")
+    before = cost.default_time_us("all-gather", 4096, 2, 1, a100)
+    cost.clear_caches()
+    assert not cost._FLOORS
+    assert cost.default_time_us("all-gather", 4096, 2, 1, a100) == before

@@ -369,14 +369,9 @@ def _default_model_us(kind: str, nbytes: float, n: int, nodes: int, hw: Hardware
     return _time_from_terms(nbytes, n, p, _size_free_terms(kind, n, nodes, p, hw, cfg), hw, cfg)
 
 
-class _Floors(dict):
-    """(kind, ranks, nodes, hw, cfg) -> the running maximum of ``_monotone_floor_us`` by grid
-    index, grown as larger sizes are asked for; ``cache_clear`` as ``clear_caches`` expects."""
-
-    cache_clear = dict.clear
-
-
-_FLOORS = _Floors()
+# (kind, ranks, nodes, hw, cfg) -> the running maximum of ``_monotone_floor_us`` by grid
+# index, grown as larger sizes are asked for.
+_FLOORS: dict[tuple, list[float]] = {}
 
 
 def _monotone_floor_us(kind: str, k: int, n: int, nodes: int, hw: HardwareProfile, cfg: CostConfig) -> float:
@@ -1057,3 +1052,4 @@ def clear_caches() -> None:
     for value in list(globals().values()):
         if callable(getattr(value, "cache_clear", None)):
             value.cache_clear()
+    _FLOORS.clear()
