@@ -670,7 +670,8 @@ def nvls_registered_ctas(hw: HardwareProfile) -> int:
 # leave to compute, not by a bandwidth nobody measured.
 SYMMETRIC_KINDS = ("all-reduce", "all-gather", "reduce-scatter")
 _GIB_PER_US = (1 << 30) / 1e6  # NCCL's "GBps" unit in bytes per us
-# (kind, name, LL, multicast, bus-bytes rule, busMul rule)
+# (kind, NCCL's kernel name, an LL kernel, a multicast kernel): their bus bytes, busMul and
+# latency follow in ``_symmetric_times``.
 _SYMMETRIC_KERNELS = (
     ("all-reduce", "AGxLL_R", True, False), ("all-reduce", "AGxLLMC_R", True, True),
     ("all-reduce", "RSxLD_AGxST", False, False), ("all-reduce", "RSxLDMC_AGxSTMC", False, True),

@@ -64,10 +64,6 @@ def parse(value: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
-def describe(types: tuple[str, ...]) -> str:
-    return ",".join(types) or '"" (off)'
-
-
 def _command_type(task: Task) -> str:
     if task.is_collective:
         return "COLLECTIVES"
