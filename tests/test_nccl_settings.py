@@ -90,9 +90,9 @@ def test_settings_that_change_no_collective_are_not_priced():
     out = nccl_settings.choose(step, planned, two, strategy="lagom")
     buffers_and_nvls = [why for name, why in out.decisions if not name.startswith(("NCCL_MAX_CTAS", "NCCL_MIN_CTAS"))]
     assert buffers_and_nvls == ["not priced: no collective of this step would change"] * 4
-    # A CTA cap changes every collective's channels: priced, and here only slower.
+    # A CTA cap reaches only the CTAs no tuner rule sets (NVLS, symmetric kernels): none here.
     caps = [why for name, why in out.decisions if name.startswith("NCCL_MAX_CTAS")]
-    assert caps and all("not taken" in why for why in caps)
+    assert caps and all(why.startswith("not priced: a cap reaches only NVLS") for why in caps)
     # More channels than the communicator's: the only setting these all-gathers can take.
     assert out.setting is None or out.setting.name.startswith("NCCL_MIN_CTAS")
 
@@ -147,3 +147,20 @@ def test_a_setting_that_leaves_no_algorithm_is_reported_not_fatal():
     assert out.setting is None or not out.setting.name.startswith("NVLS off")
     why = dict(out.decisions)["NVLS off (NCCL_NVLS_ENABLE=0)"]
     assert why.startswith("not priced:") and "no" in why and "algorithm" in why
+
+
+def test_cta_pins_are_priced_only_where_they_can_do_what_the_search_cannot():
+    # One node: the all-reduce runs NVLS, whose CTAs only a cap reaches; the all-gathers took
+    # their communicator's 24 channels, so more might help. Across nodes neither holds.
+    h100 = hardware.get("h100-sxm-8")
+    step = _gemms_beside_all_gathers()
+    planned = planning.plan(step, h100, strategy="lagom", baselines=())
+    out = dict(nccl_settings.choose(step, planned, h100, strategy="lagom").decisions)
+    ar = Task(id=0, name="ar", kind="all-reduce", bytes=64 << 20, groups=(tuple(range(8)),), is_async=True)
+    gemm = Task(id=1, name="gemm", kind="compute", flops=2 * 4096**3, bytes=3 * 4096**2 * 2, opcode="fusion",
+                gemm=(1, 4096, 4096, 4096))
+    nvls_step = StepGraph("ar+gemm", (ar, gemm), num_devices=8)
+    nvls = dict(nccl_settings.choose(nvls_step, planning.plan(nvls_step, h100, strategy="lagom", baselines=()),
+                                     h100, strategy="lagom").decisions)
+    assert nvls["NCCL_MAX_CTAS=8"].startswith("step ")  # priced
+    assert out["NCCL_MAX_CTAS=8"].startswith("not priced: a cap reaches only NVLS")

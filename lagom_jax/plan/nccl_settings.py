@@ -112,6 +112,22 @@ CTA_CAPS = (4, 8)
 CTA_FLOORS = (32, 64)
 
 
+def _cta_pin_unneeded(setting: Setting, plan: Plan, hw: HardwareProfile) -> str:
+    """Why a CTA pin cannot do what the search could not ("" where it might): a cap only
+    reaches the CTAs no tuner rule sets (NVLS, symmetric kernels), so it needs one of those in
+    the plan; a raised minimum only helps a collective the search already gave the
+    communicator's every CTA."""
+    base, env = hw.nccl_env, setting.env
+    if env.max_ctas and env.max_ctas != base.max_ctas:
+        if not any(c.params.algorithm in ("nvls", "symmetric") for c in plan.collectives):
+            return "a cap reaches only NVLS's and the symmetric kernels' CTAs (the tuner sets the others'), none here"
+    if env.min_ctas and env.min_ctas != base.min_ctas:
+        own = base.ctas(hw.nccl_channels)
+        if not any(c.params.nchannels >= own and c.params.algorithm in ("ring", "tree") for c in plan.collectives):
+            return f"no collective was given all the communicator's {own} channels, so none wants more"
+    return ""
+
+
 def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
     """The settings worth pricing on ``hw`` beside its own: XLA's symmetric buffers (NCCL's
     symmetric kernels), those with NCCL's zero-CTA policy (copy engines), XLA's user buffers
@@ -212,6 +228,10 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
     best: tuple[float, Setting, planning.Planned] | None = None
     decisions = []
     for setting in candidates(hw):
+        unneeded = _cta_pin_unneeded(setting, planned.plan, hw)
+        if unneeded:
+            decisions.append((setting.name, f"not priced: {unneeded}"))
+            continue
         kinds = _affected(step, hw, setting)
         if not kinds:
             decisions.append((setting.name, "not priced: no collective of this step would change"))
