@@ -164,3 +164,12 @@ def test_cta_pins_are_priced_only_where_they_can_do_what_the_search_cannot():
                                      h100, strategy="lagom").decisions)
     assert nvls["NCCL_MAX_CTAS=8"].startswith("step ")  # priced
     assert out["NCCL_MAX_CTAS=8"].startswith("not priced: a cap reaches only NVLS")
+
+
+def test_only_the_kept_setting_reads_taken():
+    h100 = hardware.get("h100-sxm-8")
+    step = _gemms_beside_all_gathers()
+    planned = planning.plan(step, h100, strategy="lagom", baselines=("xla-default",))
+    out = nccl_settings.choose(step, planned, h100, strategy="lagom")
+    taken = [name for name, why in out.decisions if "; taken;" in why]
+    assert taken == [out.setting.name]

@@ -257,6 +257,9 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
     if best is None:
         return Outcome(planned, hw, None, tuple(decisions))
     us, setting, again = best
+    # Only one setting is kept: any other above the floor says which beat it.
+    decisions = [(name, why.replace("; taken;", f"; not taken: above the floor, but {setting.name} is predicted "
+                                    "faster;")) if name != setting.name else (name, why) for name, why in decisions]
     predicted = dict(planned.plan.predicted_us)
     predicted[strategy] = us
     plan = with_setting(dataclasses.replace(again.plan, predicted_us=tuple(predicted.items())), setting, hw)
