@@ -275,21 +275,27 @@ def predict_modules(folder: Any, hardware: str = "h100-sxm-8") -> list[dict[str,
     return rows
 
 
-def modules_section(rows: list[dict[str, Any]]) -> str:
+def _table_section(title: str, intro: str, header: str, cells: list[str]) -> str:
+    """A predictions-only section: its title, the machine and ``intro``, a table of ``header``
+    (columns after the first two numeric) and one row per item of ``cells``."""
     from benchmarks.common import machine_line
 
-    lines = ["## flag_effects_modules (SM-free settings on XLA's benchmark modules, predicted)", "",
-             f"Machine: {machine_line()}. Each module of openxla/xla `xla/tools/benchmarks/hlo/` compiled deviceless "
-             "for one node of 8 H100 (Transformer Engine attention stood in for the compile and priced from its "
-             "config, as `benchmarks.measured.xla_modules` does) and predicted under XLA's and NCCL's defaults, then again "
-             "with the setting (it changes no program). Effect = (base - with the setting) / base, positive = "
-             "faster. The measured effects are kept aside to judge the model; only predictions are shown.", "",
-             "| module | setting | predicted base step | predicted with the setting | predicted effect |",
-             "|---|---|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['module']} | {r['setting']} | {r['base_ms']:.1f} ms | {r['new_ms']:.1f} ms | "
-                     f"{r['predicted_pct']:+.2f}% |")
-    return "\n".join(lines)
+    columns = header.count("|") - 1
+    return "\n".join([f"## {title}", "", f"Machine: {machine_line()}. {intro}", "", header,
+                      "|---|---|" + "---:|" * (columns - 2), *cells])
+
+
+def modules_section(rows: list[dict[str, Any]]) -> str:
+    return _table_section(
+        "flag_effects_modules (SM-free settings on XLA's benchmark modules, predicted)",
+        "Each module of openxla/xla `xla/tools/benchmarks/hlo/` compiled deviceless "
+        "for one node of 8 H100 (Transformer Engine attention stood in for the compile and priced from its "
+        "config, as `benchmarks.measured.xla_modules` does) and predicted under XLA's and NCCL's defaults, then again "
+        "with the setting (it changes no program). Effect = (base - with the setting) / base, positive = "
+        "faster. The measured effects are kept aside to judge the model; only predictions are shown.",
+        "| module | setting | predicted base step | predicted with the setting | predicted effect |",
+        [f"| {r['module']} | {r['setting']} | {r['base_ms']:.1f} ms | {r['new_ms']:.1f} ms | "
+         f"{r['predicted_pct']:+.2f}% |" for r in rows])
 
 
 # The MoE steps MaxText's GPU configurations run, as the mixtral family builds them (layers
@@ -372,23 +378,21 @@ def _parts(job: Any) -> dict[str, float]:
 
 
 def marin_section(rows: list[dict[str, Any]]) -> str:
-    from benchmarks.common import machine_line
-
-    lines = ["## flag_effects_marin (XLA's structure flags on MARIN's MoE step, predicted)", "",
-             f"Machine: {machine_line()}. `python -m benchmarks.measured.flag_effects --marin-structures`. MARIN's "
-             "stand-in (`flag_effects`' marin-moe workload, 64 GB200) compiled deviceless with each setting, with "
-             "XLA's rematerialization pass on (as XLA compiles it) and off (the stand-in overflows the GPU's memory "
-             "where the real run fits, NO_XLA_REMAT in the source), predicted under XLA's and NCCL's defaults. The "
-             "measured effects of these settings are kept aside to judge the model: predictions only. Parts: the "
-             "step's kernels alone and its exposed communication, ms (XLA's defaults, one replay).", "",
-             "| XLA rematerialization | setting | base step | with the setting | effect | parts, base -> with |",
-             "|---|---|---:|---:|---:|---|"]
+    cells = []
     for r in rows:
         before, after = r["parts"]
         parts = "; ".join(f"{k} {before[k]:.0f} -> {after[k]:.0f}" for k in before)
-        lines.append(f"| {r['remat']} | {r['setting']} | {r['base_ms'] / 1e3:.3f} s | {r['new_ms'] / 1e3:.3f} s | "
+        cells.append(f"| {r['remat']} | {r['setting']} | {r['base_ms'] / 1e3:.3f} s | {r['new_ms'] / 1e3:.3f} s | "
                      f"{100 * (r['base_ms'] - r['new_ms']) / r['base_ms']:+.1f}% | {parts} |")
-    return "\n".join(lines)
+    return _table_section(
+        "flag_effects_marin (XLA's structure flags on MARIN's MoE step, predicted)",
+        "`python -m benchmarks.measured.flag_effects --marin-structures`. MARIN's "
+        "stand-in (`flag_effects`' marin-moe workload, 64 GB200) compiled deviceless with each setting, with "
+        "XLA's rematerialization pass on (as XLA compiles it) and off (the stand-in overflows the GPU's memory "
+        "where the real run fits, NO_XLA_REMAT in the source), predicted under XLA's and NCCL's defaults. The "
+        "measured effects of these settings are kept aside to judge the model: predictions only. Parts: the "
+        "step's kernels alone and its exposed communication, ms (XLA's defaults, one replay).",
+        "| XLA rematerialization | setting | base step | with the setting | effect | parts, base -> with |", cells)
 
 
 def predict_moe_effects() -> list[dict[str, Any]]:
