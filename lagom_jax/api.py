@@ -335,8 +335,8 @@ class Tuned:
             graph = graph_lib.from_hlo_text(text)
             space, kept = planning.module_space(graph, self._space)
             made = planning.plan(graph, hw, strategy=self._strategy, fingerprint=fingerprint, space=space).plan
-            pinned = {**hw.nccl_env.as_environ(), **dict(made.nccl_settings)}  # planned under them
-            return dataclasses.replace(made, decisions=made.decisions + kept, nccl_settings=tuple(sorted(pinned.items())))
+            return nccl_settings.carrying_cluster_settings(
+                dataclasses.replace(made, decisions=made.decisions + kept), hw)
 
         plan = sharing.one_plan_for_all_processes(key, tune)
         if self._verbose:

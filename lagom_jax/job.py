@@ -423,10 +423,8 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     elif structures:
         decisions += (("structure search", f"not run: {compiled.where} cannot be compiled again here"),)
     planned = planning.note_floor(planned, kept_graph, hw, kept_space)
-    # The cluster's own NCCL settings (a user's pins) are part of the plan's environment:
-    # it was planned under them.
-    pinned = {**compiled.hardware.nccl_env.as_environ(), **dict(planned.plan.nccl_settings)}
-    plan = dataclasses.replace(planned.plan, decisions=decisions, nccl_settings=tuple(sorted(pinned.items())))
+    plan = nccl_settings.carrying_cluster_settings(dataclasses.replace(planned.plan, decisions=decisions),
+                                                   compiled.hardware)
     flags_lib.validate(plan.xla_flags(), plan.compiler_options())
     if verify and compiled.recompile is not None:
         if plan.compiler_options():

@@ -757,8 +757,8 @@ def _measured_transfer_us(kind: str, nbytes: float, n: int, hw: HardwareProfile,
     regular = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, symmetric_buffers=False,
                                                                    zero_cta=False))
     p = nccl_default_params(kind, nbytes, n, 1, regular, cfg)
-    raw = _time_from_terms(nbytes, n, p, _size_free_terms(kind, n, 1, p, regular, cfg), regular, cfg)
-    transfer = raw - regular.launch_us - latency_us(kind, nbytes, n, 1, p, regular, cfg)
+    transfer = (_default_model_us(kind, nbytes, n, 1, regular, cfg) - regular.launch_us
+                - latency_us(kind, nbytes, n, 1, p, regular, cfg))
     return max(transfer, 0.0) * measured_ratio(kind, nbytes, n, 1, regular, cfg)
 
 

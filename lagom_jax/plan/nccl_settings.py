@@ -48,7 +48,8 @@ from lagom_jax.program.flags import XlaFlag
 from lagom_jax.program.graph import StepGraph, collective_shape
 from lagom_jax.units import human_bytes
 
-__all__ = ["SETTING_FLOOR", "Setting", "Outcome", "candidates", "memory_overhead_bytes", "choose", "with_setting",
+__all__ = ["SETTING_FLOOR", "Setting", "Outcome", "candidates", "carrying_cluster_settings", "memory_overhead_bytes",
+           "choose", "with_setting",
            "installed_nccl_version", "unmet_needs"]
 
 SETTING_FLOOR = 0.013
@@ -207,6 +208,13 @@ def _environ(env: NcclEnv, base: NcclEnv) -> tuple[tuple[str, str], ...]:
     if env.nvls and not base.nvls:
         out["NCCL_NVLS_ENABLE"] = "1"
     return tuple(sorted(out.items()))
+
+
+def carrying_cluster_settings(plan: Plan, hw: HardwareProfile) -> Plan:
+    """``plan`` whose NCCL environment also holds the cluster's own settings (a user's
+    pins): it was planned under them, so a run needs them too."""
+    merged = {**hw.nccl_env.as_environ(), **dict(plan.nccl_settings)}
+    return dataclasses.replace(plan, nccl_settings=tuple(sorted(merged.items())))
 
 
 def with_setting(plan: Plan, setting: Setting, hw: HardwareProfile) -> Plan:
