@@ -215,7 +215,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    + "; or dimensions 'layers=80,d_model=8192,heads=64,kv_heads=8,d_ff=28672,vocab=128256' "
                    "(default: the smallest real size)")
     p.add_argument("--mesh", default="data=2,model=4",
-                   help="mesh axes for --model: data, fsdp, model, stage, expert (default data=2,model=4)")
+                   help="mesh axes for --model: data, fsdp, context, model, stage, expert (default data=2,model=4)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--remat", default="none", choices=tuple(pipeline.REMAT_POLICIES),
                    help="rematerialisation policy of each layer, by MaxText's names (default none)")
@@ -288,7 +288,9 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     _add_input_args(p)
     _add_model_args(p)
     p.add_argument("--recipe", default=None,
-                   help="sharding recipe for --model (default: from the mesh axes, e.g. dp+tp)")
+                   help="sharding recipe for --model (default: from the mesh axes, e.g. dp+tp; context=N "
+                   "gives cp, context parallelism with all-gathered keys/values; cp+ring passes them "
+                   "around a ring)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="global batch in sequences (default: one per data-parallel rank of the mesh, "
                    "times the micro-batches of a pipeline)")

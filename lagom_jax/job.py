@@ -44,7 +44,7 @@ __all__ = ["Compiled", "HloSource", "Job", "ModelSource", "StepSource", "compile
            "plan_compiled", "run", "silent"]
 
 Log = Callable[[str], None]
-_AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp", "expert": "ep"}
+_AXIS_PART = {"data": "dp", "fsdp": "fsdp", "model": "tp", "stage": "pp", "expert": "ep", "context": "cp"}
 
 
 def silent(_: str) -> None:
@@ -56,7 +56,7 @@ class ModelSource:
     """A built-in model's train step (``lagom_jax.models.build``) on a mesh.
 
     ``recipe`` defaults to one part per mesh axis (data: dp, fsdp: fsdp, model: tp,
-    stage: pp, expert: ep). ``commfuse`` (auto|off|on) applies to tp+sp recipes: whether
+    stage: pp, expert: ep, context: cp). ``commfuse`` (auto|off|on) applies to tp+sp recipes: whether
     the MLP runs CommFuse rings (``commfuse.choose_mlp`` decides under auto).
     """
     model: str

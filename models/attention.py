@@ -42,6 +42,29 @@ attention (``heads`` query heads share ``kv_heads`` key/value heads, ``heads % k
     ``flash_attention_causal`` (or ``flash_attention``); `lagom_jax.program.graph` reads it from the
     kernels' op_name to price them (``graph.flash_attention_flops``).
 
+Context parallelism (recipe part ``cp``, ``Layout.context``): q/k/v arrive split along the
+sequence over the ``context`` axis, *load-balanced*: with ``n`` context ranks the sequence is
+cut into ``2n`` chunks and rank ``i`` holds chunks ``i`` and ``2n-1-i`` (`balanced_order`;
+MaxText's ``reorder_causal_load_balanced``, Transformer Engine's load-balanced causal ring),
+so every rank has the same share of the causal triangle. Inside a shard_map over the mesh:
+
+``"all-gather"`` (MaxText's default strategy)
+    the keys and values are all-gathered over ``context`` (their gradient reduce-scattered
+    back) and each rank attends its own queries to every key, masked by the positions the
+    load-balanced order gives both.
+``"ring"`` (``cp+ring``)
+    the key/value chunks travel around the ring of ranks, ``n-1`` collective-permutes forward
+    (and their transposes backward); at each step a rank attends to what it holds and merges
+    the partial result by its log-sum-exp. Under load balancing a step with another rank's
+    chunks is exactly two unmasked ``c x c`` blocks (``c = seq / 2n``): the late queries
+    against the early keys, and the early queries against the early keys (the source rank
+    comes earlier) or the late queries against the late keys (it comes later); the first
+    step is the causal ``2c x 2c`` block of the rank's own chunks.
+
+The blocks are einsums with their scores materialised (``impl`` must be "xla"): jax's Pallas
+kernel returns no log-sum-exp to merge partial results by, and MaxText's cuDNN kernel does
+not compile here. Sliding windows are not combined with it.
+
 Restrictions of ``flash``: q and k/v have the same sequence length (self-attention), a
 multiple of 16 (Triton blocks are powers of two of at least 16), and ``head_dim >= 16``.
 
@@ -61,6 +84,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from .sharding import BATCH_AXES, HEADS, PART_AXIS, Layout, to_mesh_spec
@@ -92,6 +116,14 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, impl: str,
     Returns [batch, seq, heads, head_dim] in q.dtype. Softmax in float32, logits scaled by head_dim**-0.5.
     ``window`` > 0: causal sliding-window attention over the last ``window`` positions (see the module)."""
     _check(q, k, v, impl)
+    if layout.context:
+        if window and window < q.shape[1]:
+            raise ValueError("sliding-window attention with context parallelism is not built; use a recipe "
+                             "without 'cp'")
+        if impl != "xla" or not causal:
+            raise ValueError(f"context parallelism runs causal attention as einsum blocks (attention='xla'); "
+                             f"got attention={impl!r}, causal={causal} (see models/attention.py)")
+        return _context_parallel(q, k, v, layout)
     if window and window < q.shape[1]:  # a window as long as the sequence is causal attention
         s = q.shape[1]
         if not causal or s % window:
@@ -274,3 +306,96 @@ def _heads_index(axes: tuple[str, ...], mesh) -> jax.Array:
     for a in axes:
         idx = idx * mesh.shape[a] + jax.lax.axis_index(a)
     return idx
+
+
+# ------------------------------------------------------------------ context parallelism
+
+
+def balanced_order(seq: int, ways: int) -> np.ndarray:
+    """The positions held in slot order when ``ways`` context ranks share a causal sequence
+    load-balanced: ``2 * ways`` chunks, rank ``i`` holding chunks ``i`` and ``2*ways-1-i``
+    (slots ``[2ic, 2(i+1)c)``, ``c = seq / (2 * ways)``)."""
+    if ways < 1 or seq % (2 * ways):
+        raise ValueError(f"context parallelism over {ways} ranks cuts the sequence into {2 * ways} equal chunks; "
+                         f"sequence {seq} does not divide")
+    c = seq // (2 * ways)
+    chunks = [ch for i in range(ways) for ch in (i, 2 * ways - 1 - i)]
+    return np.concatenate([np.arange(ch * c, (ch + 1) * c) for ch in chunks])
+
+
+def _context_parallel(q: jax.Array, k: jax.Array, v: jax.Array, layout: Layout) -> jax.Array:
+    axis, ways = PART_AXIS["cp"], layout.context_ways
+    spec = to_mesh_spec(HEADS, layout.rules)
+    n_heads = math.prod(layout.mesh.shape[a] for a in _axes(spec[2]))
+    if k.shape[2] % n_heads:
+        raise ValueError(f"context parallelism: kv heads {k.shape[2]} do not divide over the tensor-parallel "
+                         f"axis ({n_heads})")
+    order = balanced_order(q.shape[1], ways)
+    if layout.context == "ring":
+        local = functools.partial(_ring, axis=axis, ways=ways)
+    else:
+        local = functools.partial(_gathered, axis=axis, order=order)
+    return jax.shard_map(local, mesh=layout.mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                         check_vma=False)(q, k, v)
+
+
+def _partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """Attention of q [b, r, kv_heads, group, d] to k/v [b, s, kv_heads, d] under ``mask``
+    [r, s] (None: every key visible): (output [b, r, kv_heads, group, d] float32, normalised
+    over these keys; log-sum-exp [b, kv_heads, group, r] float32)."""
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32) * (q.shape[-1] ** -0.5)
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    probs = jnp.exp(logits - lse[..., None]).astype(v.dtype)
+    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32), lse
+
+
+def _merge(o1: jax.Array, l1: jax.Array, o2: jax.Array, l2: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Two partial attentions of the same queries over disjoint keys, merged by log-sum-exp."""
+    lse = jnp.logaddexp(l1, l2)
+
+    def weight(l: jax.Array) -> jax.Array:  # [b, kvh, g, r] -> [b, r, kvh, g, 1]
+        return jnp.moveaxis(jnp.exp(l - lse), -1, 1)[..., None]
+
+    return o1 * weight(l1) + o2 * weight(l2), lse
+
+
+def _grouped(q: jax.Array, kv_heads: int) -> jax.Array:
+    b, r, h, d = q.shape
+    return q.reshape(b, r, kv_heads, h // kv_heads, d)
+
+
+def _gathered(q: jax.Array, k: jax.Array, v: jax.Array, *, axis: str, order: np.ndarray) -> jax.Array:
+    """One rank's queries against every key, gathered over ``axis``, masked by position."""
+    r = q.shape[1]
+    kv = jax.lax.all_gather(jnp.stack([k, v]), axis, axis=2, tiled=True)  # [2, b, seq, kvh, d]
+    positions = jnp.asarray(order)
+    mine = jax.lax.dynamic_slice_in_dim(positions, jax.lax.axis_index(axis) * r, r)
+    o, _ = _partial(_grouped(q, k.shape[2]), kv[0], kv[1], mine[:, None] >= positions[None, :])
+    return o.reshape(q.shape).astype(q.dtype)
+
+
+def _ring(q: jax.Array, k: jax.Array, v: jax.Array, *, axis: str, ways: int) -> jax.Array:
+    """Load-balanced ring attention on one rank's chunks (see the module)."""
+    r = q.shape[1]
+    c = r // 2
+    qg = _grouped(q, k.shape[2])
+    me = jax.lax.axis_index(axis)
+    o, lse = _partial(qg, k, v, jnp.tril(jnp.ones((r, r), bool)))
+    kv = jnp.stack([k, v])
+    for step in range(1, ways):
+        kv = jax.lax.ppermute(kv, axis, [(j, (j + 1) % ways) for j in range(ways)])
+        kk, vv = kv[0], kv[1]
+        # The late queries see the source's early chunk whichever rank it is.
+        ox, lx = _partial(qg[:, c:], kk[:, :c], vv[:, :c], None)
+        late_o, late_l = _merge(o[:, c:], lse[..., c:], ox, lx)
+        o, lse = o.at[:, c:].set(late_o), lse.at[..., c:].set(late_l)
+        # Early queries on early keys where the source rank comes earlier, else late on late.
+        at = jnp.where((me - step) % ways < me, 0, c)
+        oy, ly = _partial(*(jax.lax.dynamic_slice_in_dim(x, at, c, axis=1) for x in (qg, kk, vv)), None)
+        at_o, at_l = _merge(jax.lax.dynamic_slice_in_dim(o, at, c, axis=1),
+                            jax.lax.dynamic_slice_in_dim(lse, at, c, axis=3), oy, ly)
+        o = jax.lax.dynamic_update_slice_in_dim(o, at_o, at, axis=1)
+        lse = jax.lax.dynamic_update_slice_in_dim(lse, at_l, at, axis=3)
+    return o.reshape(q.shape).astype(q.dtype)

@@ -25,8 +25,8 @@ from . import fp8
 from .families import FAMILIES, resolve_config
 from .layers import ModelConfig
 from .pipeline import Pipeline, Stack, check_remat
-from .sharding import (Layout, activation_rules, check_mesh, default_mesh_shape, make_mesh,
-                       param_rules, parse_mesh, parse_recipe, to_mesh_spec)
+from .sharding import (PART_AXIS, Layout, activation_rules, check_mesh, context_strategy, default_mesh_shape,
+                       make_mesh, param_rules, parse_mesh, parse_recipe, to_mesh_spec)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -138,6 +138,20 @@ def _check_model_axes(model: str, cfg: ModelConfig, shape: Mapping[str, int]) ->
         raise ValueError(f"{model}: experts {cfg.experts} not divisible by the expert axis {e}")
 
 
+def _check_context(model: str, cfg: ModelConfig, attention: str, seq_len: int, ways: int) -> None:
+    """Context parallelism (recipe part ``cp``) is built for llama's causal attention."""
+    if model != "llama" or cfg.experts:
+        raise ValueError(f"context parallelism ('cp') is built for the llama family, not {model}")
+    if cfg.window:
+        raise ValueError("context parallelism ('cp') with sliding-window layers is not built; drop the window")
+    if attention != "xla":
+        raise ValueError(f"context parallelism ('cp') runs attention as einsum blocks: use attention='xla' "
+                         f"(--attention xla), not {attention!r}")
+    if seq_len % (2 * ways):
+        raise ValueError(f"context parallelism over {ways} ranks cuts the sequence into {2 * ways} equal chunks "
+                         f"(load-balanced): seq_len {seq_len} does not divide; use a multiple of {2 * ways}")
+
+
 def _batch_ways(shape: Mapping[str, int]) -> int:
     """Data-parallel ranks of a mesh: its ``data`` and ``fsdp`` axes."""
     return math.prod(shape.get(a, 1) for a in ("data", "fsdp"))
@@ -165,7 +179,7 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     model: ``gpt2`` | ``bert`` | ``t5`` | ``llama`` | ``mixtral``; config: a name (e.g.
     ``tiny``, ``124M``, ``llama3-8b``, ``mixtral-8x7b``) or dimensions
     ``"layers=80,d_model=8192,..."`` (families.resolve_config); recipe: parts
-    ``dp fsdp tp sp ep pp`` joined by ``+`` (see sharding.py); mesh_shape:
+    ``dp fsdp tp sp ep pp cp`` joined by ``+`` (see sharding.py); mesh_shape:
     ``"data=2,model=4"`` or a dict (default: all devices on the recipe's one axis); seq_len
     defaults to the config's maximum length; dtype is the compute dtype (weights and
     optimizer state stay float32); microbatches (``pp`` only) defaults to twice the number
@@ -205,6 +219,9 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
         shape = parse_mesh(mesh_shape)
     check_mesh(parts, shape)
     _check_model_axes(model, cfg, shape)
+    context = context_strategy(parts)
+    if context:
+        _check_context(model, cfg, attention, seq_len, shape[PART_AXIS["cp"]])
     mesh = make_mesh(shape, devices)
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -249,7 +266,7 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     batch_sh_one = NamedSharding(mesh, to_mesh_spec(("act_batch", None), arules))
     batch_shapes = family.batch_shapes(batch_size, seq_len)
     batch_sh = {k: batch_sh_one for k in batch_shapes}
-    layout = Layout(mesh, arules, commfuse="cf" in parts, attention=attention)
+    layout = Layout(mesh, arules, commfuse="cf" in parts, attention=attention, context=context)
     stack = Stack(pipeline, remat=remat, scan=scan)
 
     def loss_fn(params: Any, batch: dict[str, jax.Array]) -> jax.Array:

@@ -108,13 +108,15 @@ def _expert_ffn(c: ModelConfig) -> int:
     return getattr(c, "ffn_e", c.d_ff)
 
 
-def rope(x: jax.Array, theta: float) -> jax.Array:
+def rope(x: jax.Array, theta: float, positions: Any = None) -> jax.Array:
     """Rotary position embedding of ``x`` [batch, seq, heads, head_dim] (Su et al., 2021,
     arXiv 2104.09864), rotating the two halves of each head as Llama's reference code does
-    after its checkpoint conversion (Hugging Face ``rotate_half``)."""
+    after its checkpoint conversion (Hugging Face ``rotate_half``). ``positions`` [seq]: the
+    position of each slot (default ``0..seq-1``; context parallelism holds them reordered)."""
     half = x.shape[-1] // 2
     freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freq[None, :]
+    pos = jnp.arange(x.shape[1]) if positions is None else jnp.asarray(positions)
+    angle = pos.astype(jnp.float32)[:, None] * freq[None, :]
     cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -138,9 +140,10 @@ class LlamaAttention(nn.Module):
 
         # Names for the remat policies (MaxText's: query_proj, key_proj, value_proj, context,
         # out_proj, mlpwi, mlpwo).
-        q = checkpoint_name(rope(project("wq", c.heads, ("embed", "heads", "kv")), c.rope_theta),
+        positions = attention.balanced_order(x.shape[1], lay.context_ways) if lay.context else None
+        q = checkpoint_name(rope(project("wq", c.heads, ("embed", "heads", "kv")), c.rope_theta, positions),
                             "query_proj")
-        k = checkpoint_name(rope(project("wk", kv, ("embed", "kv_heads", "kv")), c.rope_theta),
+        k = checkpoint_name(rope(project("wk", kv, ("embed", "kv_heads", "kv")), c.rope_theta, positions),
                             "key_proj")
         v = checkpoint_name(project("wv", kv, ("embed", "kv_heads", "kv")), "value_proj")
         o = attention.attend(q, k, v, causal=True, impl=lay.attention, layout=lay, window=window)
@@ -530,12 +533,18 @@ class Llama:
         outer = LlamaOuter(cfg, dtype, layout)
         po = {"params": params["outer"]}
         block = _unit(cfg, dtype, block_layout(layout, stack))
-        x = outer.apply(po, batch["inputs"], method="embed")
+        inputs, targets = batch["inputs"], batch["targets"]
+        if layout.context:
+            # Context parallelism holds the sequence load-balanced (MaxText reorders the batch in
+            # its step the same way): the tokens and their targets in the order the ranks hold.
+            order = attention.balanced_order(inputs.shape[1], layout.context_ways)
+            inputs, targets = inputs[:, order], targets[:, order]
+        x = outer.apply(po, inputs, method="embed")
         if "dense_blocks" in params:
             dense = LlamaBlock(cfg, dtype, block_layout(layout, stack), dense=True)
             x = stack(lambda p, h, enc, bias: dense.apply({"params": p}, h), params["dense_blocks"], x)
         x = stack(lambda p, h, enc, bias: block.apply({"params": p}, h), params["blocks"], x)
-        return outer.apply(po, x, batch["targets"], method="loss")
+        return outer.apply(po, x, targets, method="loss")
 
     def batch_shapes(self, batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
         return next_token_batch_shapes(batch_size, seq_len)

@@ -18,6 +18,15 @@ part        mesh axis  what it shards
 ``cf``      ``model``  with ``tp+sp``: the MLP's all-gather + matmul and matmul +
                        reduce-scatter run as CommFuse rings of point-to-point
                        steps beside partial matmuls (`lagom_jax.ops`)
+``cp``      ``context`` context parallelism (llama): every activation along the
+                       sequence, load-balanced, and every weight along its
+                       ``embed`` dimension as under ``fsdp`` (MaxText shards
+                       ``embed`` over its ``context`` axis too); attention
+                       all-gathers the keys and values (MaxText's default
+                       ``context_parallel_strategy: all_gather``)
+``ring``    ``context`` with ``cp``: attention passes the key/value chunks around a
+                       ring of point-to-point steps instead (Transformer
+                       Engine's ring attention, MaxText's strategy ``ring``)
 ==========  =========  ==========================================================
 
 Combinations follow from the mesh, e.g. recipe ``dp+tp`` on ``data=2,model=4`` or
@@ -37,19 +46,19 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from lagom_jax import ops
 
 PART_AXIS: dict[str, str] = {"dp": "data", "fsdp": "fsdp", "tp": "model", "sp": "model",
-                             "pp": "stage", "cf": "model", "ep": "expert"}
+                             "pp": "stage", "cf": "model", "ep": "expert", "cp": "context", "ring": "context"}
 
 # Logical names of activation dimensions; a recipe maps them to mesh axes (below).
 RESID = ("act_batch", "act_res_len", "act_embed")  # the residual stream between sublayers
-HEADS = ("act_batch", None, "act_heads", None)  # q/k/v: [batch, length, heads, head_dim]
-HIDDEN = ("act_batch", None, "act_mlp")  # MLP hidden: [batch, length, d_ff]
-LOGITS = ("act_batch", None, "act_vocab")  # output logits: [batch, length, vocab]
+HEADS = ("act_batch", "act_len", "act_heads", None)  # q/k/v: [batch, length, heads, head_dim]
+HIDDEN = ("act_batch", "act_len", "act_mlp")  # MLP hidden: [batch, length, d_ff]
+LOGITS = ("act_batch", "act_len", "act_vocab")  # output logits: [batch, length, vocab]
 
 BATCH_AXES = ("data", "fsdp", "expert")
 # The order of mesh axes, slowest-varying first: with devices numbered host by host, the
 # last axes (``model``, ``expert``) stay inside a node and ``data``/``fsdp`` span nodes, the
 # split MaxText makes between its DCN and ICI meshes.
-AXIS_ORDER = ("data", "stage", "fsdp", "model", "expert")
+AXIS_ORDER = ("data", "stage", "fsdp", "context", "model", "expert")
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
@@ -67,6 +76,12 @@ def parse_recipe(recipe: str) -> frozenset[str]:
     if "cf" in parts and not {"tp", "sp"} <= parts:
         raise ValueError(f"recipe {recipe!r}: 'cf' decomposes the all-gather and reduce-scatter "
                          "of sequence parallelism; use it as 'tp+sp+cf'")
+    if "ring" in parts and "cp" not in parts:
+        raise ValueError(f"recipe {recipe!r}: 'ring' is a context-parallel attention strategy; use it as "
+                         "'cp+ring'")
+    if "cp" in parts and parts & {"sp", "pp", "ep"}:
+        raise ValueError(f"recipe {recipe!r}: context parallelism ('cp') is built beside dp, fsdp and tp "
+                         f"only, not {sorted(parts & {'sp', 'pp', 'ep'})}")
     if {"sp", "pp"} <= parts:
         raise ValueError(f"recipe {recipe!r}: inside the pipeline activations follow the "
                          "weights' shardings, so 'sp' cannot be combined with 'pp'; use "
@@ -133,8 +148,12 @@ def param_rules(parts: frozenset[str]) -> Rules:
         rules.append(("exp", "expert"))
     if "tp" in parts:
         rules += [("heads", "model"), ("kv_heads", "model"), ("mlp", "model"), ("vocab", "model")]
-    if "fsdp" in parts:
-        rules.append(("embed", "fsdp"))
+    # Weights along ``embed`` over ``fsdp`` and ``context`` (MaxText's rule for ``embed``
+    # lists both): context ranks hold different tokens, so they shard the weights as FSDP
+    # ranks do.
+    embed = tuple(PART_AXIS[p] for p in ("fsdp", "cp") if p in parts)
+    if embed:
+        rules.append(("embed", embed if len(embed) > 1 else embed[0]))
     return tuple(rules)
 
 
@@ -161,7 +180,16 @@ def activation_rules(parts: frozenset[str], mesh_axes: Sequence[str], *, batch_o
         rules += [("act_heads", "model"), ("act_mlp", "model"), ("act_vocab", "model")]
     if "sp" in parts:
         rules.append(("act_res_len", "model"))
+    if "cp" in parts:
+        rules += [("act_res_len", "context"), ("act_len", "context")]
     return tuple(rules)
+
+
+def context_strategy(parts: frozenset[str]) -> str:
+    """How attention runs under context parallelism: "" (none), "all-gather" or "ring"."""
+    if "cp" not in parts:
+        return ""
+    return "ring" if "ring" in parts else "all-gather"
 
 
 def to_mesh_spec(logical: Sequence[str | None], rules: Rules) -> PartitionSpec:
@@ -182,6 +210,13 @@ class Layout:
     # How attention runs (models/attention.py): "xla" materialises the scores, "flash" runs
     # the fused flash-attention kernel.
     attention: str = "xla"
+    # Context parallelism (recipe part ``cp``): "" none, "all-gather" or "ring"; the sequence
+    # is then held load-balanced over ``context`` (attention.balanced_order).
+    context: str = ""
+
+    @property
+    def context_ways(self) -> int:
+        return self.mesh.shape[PART_AXIS["cp"]] if self.context and self.mesh is not None else 1
 
     def constrain(self, x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
         if self.mesh is None:

@@ -109,6 +109,72 @@ def test_xla_gqa_does_not_copy_kv():
     assert jaxpr.invars[1] in dots[0].invars and jaxpr.invars[2] in dots[1].invars
 
 
+# ----------------------------------------------------------- context parallelism
+
+
+def _context_layout(mesh_spec: str, recipe: str) -> Layout:
+    layout = _layout(mesh_spec, recipe)
+    return Layout(layout.mesh, layout.rules, context=sharding.context_strategy(sharding.parse_recipe(recipe)))
+
+
+def test_the_load_balanced_order_gives_every_rank_the_same_causal_work():
+    order = attention.balanced_order(32, 4)
+    assert sorted(order) == list(range(32))
+    work = [(order[r * 8:(r + 1) * 8] + 1).sum() for r in range(4)]  # keys each rank's queries see
+    assert len(set(work)) == 1
+    assert list(order[:8]) == [0, 1, 2, 3, 28, 29, 30, 31]  # rank 0: the first and the last chunk
+    with pytest.raises(ValueError, match="8 equal chunks; sequence 20 does not divide"):
+        attention.balanced_order(20, 4)
+
+
+@pytest.mark.parametrize("mesh_spec, recipe", [("context=8", "cp+ring"), ("context=4", "cp"),
+                                               ("data=2,context=2,model=2", "dp+cp+ring+tp")])
+def test_context_parallel_attention_is_attention_in_the_balanced_order(mesh_spec, recipe):
+    layout = _context_layout(mesh_spec, recipe)
+    q, k, v, w = _qkvw(jnp.float32, b=4, s=32, h=4, kvh=2, d=8)
+    order = attention.balanced_order(32, layout.context_ways)
+    # The slots hold positions ``order``: attention over them is attention in position order, reordered.
+    want = _reference(q[:, np.argsort(order)], k[:, np.argsort(order)], v[:, np.argsort(order)], True)[:, order]
+    lc, gc = _value_and_grads("xla", layout, True, q, k, v, w)
+    o = jax.jit(functools.partial(attention.attend, causal=True, impl="xla", layout=layout))(q, k, v)
+    assert _rel(o, want) < 1e-5
+
+    def plain(q, k, v):  # the same loss in position order on one device
+        inv = np.argsort(order)
+        o = attention.attend(q[:, inv], k[:, inv], v[:, inv], causal=True, impl="xla", layout=Layout())
+        return jnp.sum(o[:, order] * w)
+
+    lp, gp = jax.jit(jax.value_and_grad(plain, argnums=(0, 1, 2)))(q, k, v)
+    assert float(lc) == pytest.approx(float(lp), rel=1e-5)
+    for a, b in zip(gc, gp):
+        assert _rel(a, b) < 1e-5
+
+
+def _bytes(shape: str) -> int:
+    dtype, dims = re.match(r"(\w+)\[([\d,]*)\]", shape).groups()
+    return {"f32": 4, "bf16": 2}[dtype] * int(np.prod([int(d) for d in dims.split(",") if d]))
+
+
+def test_the_ring_and_the_gather_move_the_bytes_counted_by_hand():
+    q, k, v, w = _qkvw(jnp.float32, b=4, s=32, h=4, kvh=2, d=8)
+
+    def collectives(recipe, kind):
+        layout = _context_layout("context=8", recipe)
+        text = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attention.attend(
+            q, k, v, causal=True, impl="xla", layout=layout) * w), argnums=(0, 1, 2))).lower(q, k, v).compile().as_text()
+        return [_bytes(m) for m in re.findall(rf"= (\w+\[[\d,]*\])\{{[^}}]*\}} {kind}\(", text)]
+
+    # One k/v chunk pair per rank: [2 (k and v), batch 4, 32/8 rows, 2 kv heads, 8] float32.
+    chunk = 2 * 4 * 4 * 2 * 8 * 4
+    # Seven steps forward; backward, the gradients of the seven (and the chunks again, to
+    # recompute each step's scores).
+    permutes = collectives("cp+ring", "collective-permute")
+    assert len(permutes) >= 14 and set(permutes) == {chunk}
+    # The gather: every rank receives the 7 other ranks' chunks (the whole sequence's k/v).
+    gathers = collectives("cp", "all-gather")
+    assert gathers and set(gathers) == {8 * chunk}
+
+
 # ------------------------------------------------- flash == xla on 8 CPU devices (interpret)
 
 

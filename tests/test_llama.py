@@ -31,6 +31,9 @@ def _losses(model, recipe, mesh, steps=3, **kw):
     ("llama", "dp+tp", "data=4,model=2", "minimal_flash"),
     ("mixtral", "fsdp+ep", "fsdp=2,expert=4", "save_dot_except_mlp"),
     ("mixtral", "dp+tp+ep", "data=2,model=2,expert=2", "none"),
+    ("llama", "cp+ring", "context=8", "minimal_flash"),
+    ("llama", "fsdp+cp", "fsdp=2,context=4", "none"),
+    ("llama", "dp+cp+ring+tp", "data=2,context=2,model=2", "full"),
 ])
 def test_sharded_training_matches_one_device(model, recipe, mesh, remat):
     one = _losses(model, "dp", "data=1")
@@ -47,6 +50,16 @@ def test_unrolled_layers_and_full_remat_compute_the_same_step():
 def _module(model, recipe, mesh, **kw):
     devices = jax.devices()[: math.prod(models.parse_mesh(mesh).values())]
     return models.build(model, "tiny", recipe, mesh, batch_size=8, devices=devices, **kw).compiled_text()
+
+
+def test_context_parallelism_shards_the_weights_and_the_sequence_over_context():
+    built = models.build("llama", "tiny", "cp+ring", "context=8", batch_size=8)
+    state_sh, _ = built.shardings
+    wq = state_sh.params["blocks"]["attn"]["wq"].spec
+    assert "context" in jax.tree.leaves(tuple(wq))  # embed over context, as fsdp
+    text = built.compiled_text()
+    # The ring's point-to-point steps: 7 forward and their transposes backward.
+    assert sum(" collective-permute(" in ln or "collective-permute-start(" in ln for ln in text.splitlines()) >= 14
 
 
 def test_scan_is_one_loop_and_unrolling_removes_it():
@@ -121,6 +134,11 @@ def test_configs_match_the_published_shapes():
     (lambda: models.build("llama", "tiny", "dp", "data=8", remat="most"), "unknown remat policy 'most'"),
     (lambda: models.build("llamas", "tiny", "dp", "data=8"), "unknown model 'llamas'"),
     (lambda: models.families.resolve_config("llama", "layers=x"), "layers='x' is not a number"),
+    (lambda: models.build("mixtral", "tiny", "cp", "context=8"), "built for the llama family, not mixtral"),
+    (lambda: models.build("llama", "tiny", "cp", "context=8", seq_len=8), "seq_len 8 does not divide"),
+    (lambda: models.build("llama", "tiny", "cp", "context=8", attention="flash"), "use attention='xla'"),
+    (lambda: models.build("llama", "tiny", "ring", "context=8"), "use it as 'cp\\+ring'"),
+    (lambda: models.build("llama", "tiny", "cp+tp+sp", "context=4,model=2"), "not \\['sp'\\]"),
 ])
 def test_bad_input_names_the_numbers(call, message):
     with pytest.raises(ValueError, match=message):

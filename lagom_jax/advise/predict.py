@@ -40,7 +40,8 @@ __all__ = ["COMPILE_PRICED_FLAGS", "RUNTIME_PRICED_FLAGS", "PricingWarning", "hl
 FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
 # The contract's mesh axes, outermost first (the last varies fastest): a stage axis runs
 # `models.build`'s GPipe pipeline.
-MESH_AXES = ("data", "fsdp", "stage", "model", "expert")
+MESH_AXES = ("data", "fsdp", "stage", "context", "model", "expert")
+CONTEXT_STRATEGIES = ("all-gather", "ring")
 # Flags that change how NCCL runs the program, not the program: priced through the
 # cluster's NCCL settings (``NcclEnv``). Symmetric buffers: XLA puts collective buffers in
 # collective memory and registers them as NCCL symmetric windows, where NCCL runs its
@@ -139,7 +140,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                       shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0,
                       capacity_factor: float | None = None, expert_imbalance: float = 1.0,
                       quantization: str = "", window: int = 0, global_every: int = 0, global_kv_heads: int = 0,
-                      compiler_options: Mapping[str, Any] | None = None, microbatches: int | None = None):
+                      compiler_options: Mapping[str, Any] | None = None, microbatches: int | None = None,
+                      context_parallel: str = "all-gather"):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
@@ -173,6 +175,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                          "on GPUs; use moe='dropping'")
     if family == "gpt" and kv_heads not in (0, heads):
         raise ValueError(f"family 'gpt' has no grouped-query attention: kv_heads must equal heads {heads}")
+    if context_parallel not in CONTEXT_STRATEGIES:
+        raise ValueError(f"context_parallel must be one of {', '.join(CONTEXT_STRATEGIES)}, got {context_parallel!r}")
     shape = {a: int(mesh[a]) for a in MESH_AXES if mesh.get(a, 1) > 1} or {"data": 1}
     ways = math.prod(shape.get(a, 1) for a in ("data", "fsdp", "expert"))
     if global_batch % ways:
@@ -199,9 +203,12 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
     dims.update({k: v for k, v in dict(window=window, global_every=global_every,
                                        global_kv_heads=global_kv_heads).items() if v})
     config = ",".join(f"{k}={v}" for k, v in dims.items())
-    return job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
-                           remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())),
-                           microbatches)
+    source = job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
+                                 remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())),
+                                 microbatches)
+    if "context" in shape and context_parallel == "ring":
+        source = dataclasses.replace(source, recipe=source.resolved_recipe() + "+ring")
+    return source
 
 
 def config_dims(family: str, config: str) -> dict[str, Any]:
@@ -266,13 +273,13 @@ def predict_train_step_ms(
     nccl_env: Mapping[str, str] | None = None, attention: str = "flash", moe: str = "dropping",
     shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0, capacity_factor: float | None = None,
     expert_imbalance: float = 1.0, quantization: str = "", window: int = 0, global_every: int = 0,
-    global_kv_heads: int = 0,
+    global_kv_heads: int = 0, context_parallel: str = "all-gather",
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
     family: "llama" | "mixtral" | "gpt" (GPT-2's layer: LayerNorm, GeLU, learned positions,
-    tied embedding); mesh: {"data": D, "fsdp": F, "model": T, "expert": E}, whose product is
-    the number of GPUs; hardware: a preset (``nodes = GPUs / GPUs per node``); xla_flags:
+    tied embedding); mesh: {"data": D, "fsdp": F, "context": C, "model": T, "expert": E}, whose
+    product is the number of GPUs; hardware: a preset (``nodes = GPUs / GPUs per node``); xla_flags:
     applied to the compile (and the NCCL channel cap to the cost model); a flag the cost
     model cannot price is a ValueError naming it. nccl_env: NCCL's process-wide settings
     the run uses (``nccl_env.PRICED_VARIABLES``: algorithms, protocols, NVLS, the CTA policy
@@ -295,6 +302,10 @@ def predict_train_step_ms(
     fp8 GEMMs, priced at the fp8 rate. window / global_every / global_kv_heads (llama, mixtral):
     sliding-window layers of ``window`` positions, every ``global_every``-th layer global with
     ``global_kv_heads`` KV heads (Gemma/Grug style; ``models.layers.ModelConfig``).
+    context_parallel (llama with a ``context`` mesh axis; ``models/attention.py``): "all-gather"
+    (MaxText's default strategy: keys and values gathered over the axis) or "ring" (passed
+    around a ring of point-to-point steps); the sequence is held load-balanced either way and
+    attention must be "xla".
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
@@ -307,7 +318,8 @@ def predict_train_step_ms(
                          attention=attention, moe=moe, shared_experts=shared_experts, expert_ffn=expert_ffn,
                          dense_layers=dense_layers, capacity_factor=capacity_factor,
                          expert_imbalance=expert_imbalance, quantization=quantization, window=window,
-                         global_every=global_every, global_kv_heads=global_kv_heads)
+                         global_every=global_every, global_kv_heads=global_kv_heads,
+                         context_parallel=context_parallel)
     return job.predicted_ms(strategy)
 
 
