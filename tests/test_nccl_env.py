@@ -86,8 +86,9 @@ def test_zero_cta_policy_frees_the_sms_of_data_moving_collectives_only():
     assert sms == 0 and hbm == cost.comm_resource_use(p, h100, kind="all-gather")[1] > 0
     assert cost.comm_resource_use(p, zero, kind="reduce-scatter")[0] > 0  # reductions need SMs
     assert cost.comm_resource_use(p, zero, nodes=2, kind="all-gather")[0] > 0  # copy engines drive NVLink only
-    with pytest.raises(ValueError, match="efficiency"):
-        NcclEnv.from_environ({"NCCL_CTA_POLICY": "1"})
+    with pytest.raises(ValueError, match="0 \\(default\\), 1 \\(efficiency\\) or 2"):
+        NcclEnv.from_environ({"NCCL_CTA_POLICY": "3"})
+    assert NcclEnv.from_environ({"NCCL_CTA_POLICY": "1"}).as_environ() == {"NCCL_CTA_POLICY": "1"}
 
 
 def test_zero_cta_policy_speeds_a_gemm_overlapped_with_an_all_gather():

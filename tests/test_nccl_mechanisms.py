@@ -82,6 +82,43 @@ def test_nvls_on_registered_buffers_holds_fewer_ctas_at_the_same_time():
             < 0.97 * search.run_strategy("xla-default", step, H100).makespan_us)
 
 
+def test_nvls_gathers_run_at_under_half_the_all_reduce_rate_so_nccl_keeps_its_ring():
+    # NCCL's model: an NVLS all-gather's busBw is the all-reduce's x (n-1)/2n.
+    nvls = cost.CollectiveParams("nvls", "Simple", 16, 128 << 10, 512)
+    assert cost.busbw_gbps(nvls, H100, kind="all-gather", n=8) == pytest.approx(476.0 * 7 / 16)
+    assert cost.busbw_gbps(nvls, H100, kind="all-reduce", n=8) == pytest.approx(476.0)
+    for kind in ("all-gather", "reduce-scatter"):
+        assert cost.nccl_default_params(kind, 512 << 20, 8, 1, H100).algorithm == "ring"
+        assert cost.nccl_default_params(kind, 512 << 20, 8, 1, _with(H100, algorithms=("nvls",))).algorithm == "nvls"
+        assert "nvls" in {p.algorithm for p in cost.candidate_params(kind, 512 << 20, 8, 1, H100)}
+    with pytest.raises(ValueError, match="at most 32 GPUs"):
+        cost.collective_time_us("all-gather", 1 << 20, 64, 1, nvls, hardware.get("gb200-nvl72"))
+
+
+def test_the_efficiency_policy_on_registered_buffers_moves_gathers_to_few_nvls_ctas():
+    on = _with(H100, user_buffers=True, efficiency=True)
+    for kind, ctas in (("all-gather", 4), ("reduce-scatter", 5)):
+        p = cost.nccl_default_params(kind, 512 << 20, 8, 1, on)
+        assert (p.algorithm, p.nchannels) == ("nvls", ctas)
+        # Either alone changes nothing, nor does the policy across nodes or under NCCL_PROTO.
+        for hw in (_with(H100, user_buffers=True), _with(H100, efficiency=True),
+                   _with(H100, user_buffers=True, efficiency=True, protocols=("Simple",))):
+            assert cost.nccl_default_params(kind, 512 << 20, 8, 1, hw).algorithm == "ring"
+        assert cost.nccl_default_params(kind, 512 << 20, 16, 2, on.with_nodes(2)).algorithm == "ring"
+    assert cost.nccl_default_params("all-gather", 512 << 20, 8, 1, _with(B200, user_buffers=True,
+                                                                        efficiency=True)).nchannels == 4
+    assert cost.nccl_default_params("reduce-scatter", 512 << 20, 8, 1, _with(B200, user_buffers=True,
+                                                                            efficiency=True)).nchannels == 6
+    # Slower alone, but the GEMM beside it keeps the SMs a ring would hold.
+    step = _gemm_beside("all-gather", 512 << 20)
+    spans = {}
+    for name, hw in (("ring", H100), ("nvls", on)):
+        t = search.run_strategy("xla-default", step, hw).timeline
+        spans[name] = {iv.task_id: iv.end - iv.start for iv in t.intervals}
+    assert spans["nvls"][0] > spans["ring"][0]
+    assert spans["nvls"][1] < 0.95 * spans["ring"][1]
+
+
 def test_a_cta_cap_slows_the_collective_and_speeds_the_compute_beside_it():
     step = _gemm_beside("all-gather", 512 << 20)
     runs = {}

@@ -89,7 +89,7 @@ def test_settings_that_change_no_collective_are_not_priced():
     planned = planning.plan(step, two, strategy="lagom", baselines=())
     out = nccl_settings.choose(step, planned, two, strategy="lagom")
     buffers_and_nvls = [why for name, why in out.decisions if not name.startswith(("NCCL_MAX_CTAS", "NCCL_MIN_CTAS"))]
-    assert buffers_and_nvls == ["not priced: no collective of this step would change"] * 4
+    assert buffers_and_nvls == ["not priced: no collective of this step would change"] * 5
     # A CTA cap reaches only the CTAs no tuner rule sets (NVLS, symmetric kernels): none here.
     caps = [why for name, why in out.decisions if name.startswith("NCCL_MAX_CTAS")]
     assert caps and all(why.startswith("not priced: a cap reaches only NVLS") for why in caps)

@@ -27,8 +27,12 @@ registers under ``--xla_gpu_experimental_enable_nccl_symmetric_buffers=true``
 ``splitShare`` and ``maxCTAs`` in every jaxlib this project reads (0.9.0 to 0.12.0.1; a
 proposal to set it with symmetric buffers, openxla/xla PR #33613, was closed unmerged).
 So the copy engines run only with both the XLA flag and the variable; either alone
-moves no collective off the SMs. Policy 1 (efficiency) is not priced: the model has no
-account of how NCCL trims CTAs under it.
+moves no collective off the SMs. ``NCCL_CTA_POLICY=1`` (efficiency, ``efficiency``) acts
+on registered buffers (XLA's user buffers): NCCL then runs the all-gathers and
+reduce-scatters inside one node as NVLS on its registered CTAs (4-6 on 8 GPUs) instead of a
+ring on tens, unless NCCL_ALGO or NCCL_PROTO is set (NVIDIA/nccl ``src/enqueue.cc``,
+``ncclGetAlgoInfo``; ``cost.registered_nvls_applies``); without registered buffers it
+changes nothing the model prices.
 
 What a collective runs on (NVIDIA/nccl ``src/init.cc``, ``envConfigOverride`` and
 ``computeBuffSizes``; ``src/graph/connect.cc``, ``ncclTopoPostset``):
@@ -140,6 +144,8 @@ class NcclEnv:
     # The maxCTAs XLA passes in ncclConfig_t (--xla_gpu_nccl_collective_max_nchannels; 0:
     # unset), which NCCL_MAX_CTAS overrides.
     config_max_ctas: int = 0
+    # NCCL_CTA_POLICY=1 (NCCL_CTA_POLICY_EFFICIENCY).
+    efficiency: bool = False
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -153,6 +159,8 @@ class NcclEnv:
                             ("xla_gpu_nccl_collective_max_nchannels", self.config_max_ctas)):
             if value and not 1 <= value <= MAX_CTAS:
                 raise ValueError(f"{name}={value}: NCCL takes 1 to {MAX_CTAS} CTAs (unset it for NCCL's own)")
+        if self.zero_cta and self.efficiency:
+            raise ValueError("NCCL_CTA_POLICY is one value: zero-CTA (2) or efficiency (1), not both")
         if self.min_ctas and self.max_ctas and self.min_ctas > self.max_ctas:
             raise ValueError(f"NCCL_MIN_CTAS={self.min_ctas} is above NCCL_MAX_CTAS={self.max_ctas}: "
                              "NCCL would lower the minimum to the maximum; give MIN <= MAX")
@@ -220,10 +228,10 @@ class NcclEnv:
         if nvls not in ("0", "1", "2"):
             raise ValueError(f"NCCL_NVLS_ENABLE={nvls!r}: NCCL takes 0, 1 or 2 (2: on where supported)")
         policy = env.get("NCCL_CTA_POLICY", "0").strip()
-        if policy not in ("0", "2"):
-            raise ValueError(f"NCCL_CTA_POLICY={policy!r}: priced are 0 (default) and 2 (zero-CTA); "
-                             "1 (efficiency) is not priced")
+        if policy not in ("0", "1", "2"):
+            raise ValueError(f"NCCL_CTA_POLICY={policy!r}: NCCL takes 0 (default), 1 (efficiency) or 2 (zero-CTA)")
         made = cls(algorithms=algorithms, protocols=protocols, nvls=nvls != "0", zero_cta=policy == "2",
+                   efficiency=policy == "1",
                    symmetric_buffers=symmetric_buffers, min_ctas=_cta_pin(env, "NCCL_MIN_CTAS"),
                    max_ctas=_cta_pin(env, "NCCL_MAX_CTAS"), nthreads=_integer(env, "NCCL_NTHREADS"),
                    buffsize=_integer(env, "NCCL_BUFFSIZE"), nvls_ctas=_integer(env, "NCCL_NVLS_NCHANNELS"),
@@ -244,6 +252,8 @@ class NcclEnv:
             out["NCCL_NVLS_ENABLE"] = "0"
         if self.zero_cta:
             out["NCCL_CTA_POLICY"] = "2"
+        if self.efficiency:
+            out["NCCL_CTA_POLICY"] = "1"
         for name, value in (("NCCL_MIN_CTAS", self.min_ctas), ("NCCL_MAX_CTAS", self.max_ctas),
                             ("NCCL_NTHREADS", self.nthreads), ("NCCL_BUFFSIZE", self.buffsize),
                             ("NCCL_NVLS_NCHANNELS", self.nvls_ctas)):

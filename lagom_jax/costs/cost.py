@@ -212,7 +212,10 @@ def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: C
         if kind not in SYMMETRIC_KINDS or nodes > 1:
             raise ValueError(f"{kind} over {nodes} node(s): NCCL's symmetric kernels run "
                              f"{', '.join(SYMMETRIC_KINDS)} inside one NVLink domain only")
-    elif params.algorithm != "ring" and kind != "all-reduce":
+    elif params.algorithm == "nvls" and kind != "all-reduce" and not nvls_shape(kind, group_size, nodes):
+        raise ValueError(f"{kind} over {group_size} GPUs: NCCL runs NVLS for all-reduce, and for all-gather and "
+                         f"reduce-scatter over at most {NVLS_MAX_ARITY} GPUs; use algorithm='ring'")
+    elif params.algorithm not in ("ring", "nvls") and kind != "all-reduce":
         raise ValueError(f"{kind}: NCCL's {params.algorithm} algorithm is modelled only for all-reduce; "
                          "use algorithm='ring'")
     if params.algorithm == "nvls" and nodes > 1:
@@ -287,19 +290,29 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
 
 
 def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
-               cfg: CostConfig = DEFAULT_COSTS, share: float = 1.0) -> float:
-    """Bus bandwidth of one collective with ``params`` on the link its group spans, with
-    ``share`` of each node's network (``net_share``) when it spans nodes.
+               cfg: CostConfig = DEFAULT_COSTS, share: float = 1.0, kind: str = "all-reduce", n: int = 0) -> float:
+    """Bus bandwidth of one ``kind`` collective over ``n`` GPUs (default: a node's) with
+    ``params`` on the link its group spans, with ``share`` of each node's network
+    (``net_share``) when it spans nodes.
 
     Grows by one channel's rate per channel (scaled by threads per CTA) until the link
     saturates, then the protocol's efficiency and NCCL's per-protocol caps apply.
     """
-    return _busbw(params.algorithm, params.protocol, params.nchannels, params.nthreads, hw, nodes, cfg, share)
+    return _busbw(params.algorithm, params.protocol, params.nchannels, params.nthreads, hw, nodes, cfg, share,
+                  kind, n)
+
+
+def nvls_rate(kind: str, n: int) -> float:
+    """An NVLS collective's bus bandwidth over the NVLS all-reduce's, as NCCL models it
+    (NVIDIA/nccl ``src/graph/tuning.cc``, ``ncclTopoTuneModel``): the all-reduce's busBw is
+    the NVLS graph's per-channel rate times 2 (it pipelines the reduce and the broadcast),
+    an all-gather's or reduce-scatter's the same rate times ``(ppn - 1) / ppn``."""
+    return 1.0 if kind == "all-reduce" else (n - 1) / (2 * n)
 
 
 @functools.lru_cache(maxsize=1 << 12)
 def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwareProfile, nodes: int,
-           cfg: CostConfig, share: float = 1.0) -> float:
+           cfg: CostConfig, share: float = 1.0, kind: str = "all-reduce", n: int = 0) -> float:
     """``busbw_gbps`` by fields, so one channel's rate needs no new CollectiveParams."""
     cap, per_ch = _link_caps(hw, nodes, share)
     p = PROTOCOL_INDEX[protocol]
@@ -312,9 +325,10 @@ def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwarePr
         if not hw.nvls_channels:
             raise ValueError(f"{hw.name} has no NVLS (no NVSwitch of Hopper or newer)")
         # Registered buffers reach the NVLS bandwidth on the fewer CTAs NCCL gives them.
-        full = nvls_registered_ctas(hw) if hw.nccl_env.user_buffers else hw.nvls_channels
-        per_nvls = hw.nvls_busbw_gbps / full * min(1.0, nthreads / cfg.full_rate_threads[p])
-        return min(nc * per_nvls, hw.nvls_busbw_gbps)
+        full = nvls_registered_ctas(hw, kind) if hw.nccl_env.user_buffers else hw.nvls_channels
+        peak = hw.nvls_busbw_gbps * nvls_rate(kind, n or hw.gpus_per_node)
+        per_nvls = peak / full * min(1.0, nthreads / cfg.full_rate_threads[p])
+        return min(nc * per_nvls, peak)
     if algorithm == "tree":
         tree_ch = cfg.lookup(cfg.per_ch_tree, hw.arch)[col] / cta
         bw = min(nc * min(per_ch, tree_ch), cap) * cfg.tree_factor
@@ -441,8 +455,8 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
     search times every candidate of every collective size, so these are tabulated once
     per (kind, group, params) instead of once per size."""
     share = net_share(hw, n, nodes)
-    bw = busbw_gbps(params, hw, nodes, cfg, share) * 1e3  # bytes per us
-    one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg, share) * 1e3
+    bw = busbw_gbps(params, hw, nodes, cfg, share, kind, n) * 1e3  # bytes per us
+    one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg, share, kind, n) * 1e3
     p = PROTOCOL_INDEX[params.protocol]
     hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
     hop = 0.0 if params.algorithm == "nvls" else cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
@@ -515,7 +529,7 @@ def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: Coll
                       hw: HardwareProfile, cfg: CostConfig) -> float:
     """NCCL's own prediction ``lat + nBytes / algBw`` (no chunk terms), used to pick algo/proto."""
     wire = nbytes * bus_factor(kind, params.algorithm, n)
-    bw = busbw_gbps(params, hw, nodes, cfg, net_share(hw, n, nodes))
+    bw = busbw_gbps(params, hw, nodes, cfg, net_share(hw, n, nodes), kind, n)
     return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (bw * 1e3)
 
 
@@ -537,10 +551,22 @@ def _protocols(hw: HardwareProfile, algorithm: str) -> tuple[str, ...]:
     return tuple(p for p in own if hw.nccl_env.allows_protocol(p))
 
 
+# NCCL runs NVLS all-gathers and reduce-scatters over at most this many GPUs of a node
+# (NCCL_MAX_NVLS_ARITY; ``updateCollCostTable`` in NVIDIA/nccl src/enqueue.cc).
+NVLS_MAX_ARITY = 32
+
+
 def nvls_shape(kind: str, n: int, nodes: int) -> bool:
-    """Whether NCCL can run NVLS for this collective where the system has NVLS: all-reduces
-    over more than one GPU inside one NVLink domain (the model's NVLS)."""
-    return kind == "all-reduce" and nodes <= 1 and n > 1
+    """Whether NCCL can run NVLS for this collective where the system has NVLS: inside one
+    NVLink domain, all-reduces over more than one GPU, all-gathers and reduce-scatters over
+    2 to ``NVLS_MAX_ARITY`` (NVIDIA/nccl src/enqueue.cc; across nodes NVLS needs CollNet,
+    which the model does not have). NCCL's own model prices an NVLS all-gather or
+    reduce-scatter at under half the all-reduce's rate (``nvls_rate``), below a ring's on
+    every preset, so NCCL picks it only where told to (``NCCL_ALGO``, a tuner plugin, the
+    efficiency CTA policy on registered buffers): what it offers is its CTAs."""
+    if nodes > 1 or n <= 1:
+        return False
+    return kind == "all-reduce" or (kind in ("all-gather", "reduce-scatter") and n <= NVLS_MAX_ARITY)
 
 
 def _algorithms(kind: str, n: int, nodes: int, hw: HardwareProfile) -> tuple[str, ...]:
@@ -548,11 +574,10 @@ def _algorithms(kind: str, n: int, nodes: int, hw: HardwareProfile) -> tuple[str
     order (Tree, Ring, NVLS), under the cluster's NCCL settings; ValueError where those
     settings leave none (NCCL fails such a call: "no algorithm/protocol available")."""
     own = ["ring"]
-    if kind == "all-reduce":
-        if n > 2:
-            own.insert(0, "tree")
-        if hw.has_nvls and nvls_shape(kind, n, nodes):
-            own.append("nvls")
+    if kind == "all-reduce" and n > 2:
+        own.insert(0, "tree")
+    if hw.has_nvls and nvls_shape(kind, n, nodes):
+        own.append("nvls")
     pairs = tuple((a, p) for a in own if hw.nccl_env.allows_algorithm(a) for p in _protocols(hw, a))
     if not pairs:
         raise ValueError(f"{kind} over {n} GPUs: the NCCL settings {hw.nccl_env.describe()} leave it no "
@@ -590,9 +615,12 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
     then threads halved; NCCL_MIN_CTAS does not stop it), and its default chunk size."""
     if symmetric_applies(kind, group_size, nodes, hw):
         return symmetric_pick(kind, nbytes, group_size, hw)
+    if registered_nvls_applies(kind, group_size, nodes, hw):
+        return CollectiveParams("nvls", "Simple", _init_channels("nvls", hw, kind), _NVLS_CHUNK,
+                                _default_threads("nvls", "Simple", hw))
     best: tuple[float, CollectiveParams] | None = None
     for algo, proto in _algorithms(kind, group_size, nodes, hw):
-        p = CollectiveParams(algo, proto, _init_channels(algo, hw), _default_chunk(kind, algo, proto, hw),
+        p = CollectiveParams(algo, proto, _init_channels(algo, hw, kind), _default_chunk(kind, algo, proto, hw),
                              _default_threads(algo, proto, hw))
         t = _nccl_estimate_us(kind, nbytes, group_size, nodes, p, hw, cfg)
         if best is None or t < best[0]:
@@ -620,7 +648,18 @@ def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
     return collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
 
 
-def _init_channels(algorithm: str, hw: HardwareProfile) -> int:
+def registered_nvls_applies(kind: str, n: int, nodes: int, hw: HardwareProfile) -> bool:
+    """NCCL's efficiency CTA policy (``NCCL_CTA_POLICY=1``) on registered buffers (XLA's user
+    buffers, which put both of a collective's buffers in its collective memory): all-gathers
+    and reduce-scatters inside one node go to NVLS on its registered CTAs whatever its model
+    says, unless NCCL_ALGO or NCCL_PROTO is set (NVIDIA/nccl src/enqueue.cc,
+    ``ncclGetAlgoInfo``, NCCL 2.28-2.30)."""
+    env = hw.nccl_env
+    return (env.efficiency and env.user_buffers and not env.algorithms and not env.protocols
+            and kind in ("all-gather", "reduce-scatter") and hw.has_nvls and nvls_shape(kind, n, nodes))
+
+
+def _init_channels(algorithm: str, hw: HardwareProfile, kind: str = "all-reduce") -> int:
     """CTAs NCCL's communicator gives ``algorithm``: nvlsCTAs for NVLS (NCCL_NVLS_NCHANNELS
     where pinned; fewer on registered buffers, ``nvls_registered_ctas``), else the
     communicator's channels (``hw.nccl_channels``, XLA's maxCTAs already applied), both
@@ -630,20 +669,25 @@ def _init_channels(algorithm: str, hw: HardwareProfile) -> int:
     if algorithm != "nvls":
         return ctas
     if env.user_buffers:
-        return min(nvls_registered_ctas(hw), ctas)
+        return min(nvls_registered_ctas(hw, kind), ctas)
     # NCCL_MIN_CTAS raises NVLS's CTAs as it raises the communicator's (ncclNvlsTuning).
     return min(max(env.nvls_ctas or hw.nvls_channels, env.min_ctas), ctas)
 
 
-def nvls_registered_ctas(hw: HardwareProfile) -> int:
-    """CTAs of an NVLS all-reduce on buffers registered with NCCL (XLA's
+def nvls_registered_ctas(hw: HardwareProfile, kind: str = "all-reduce") -> int:
+    """CTAs of an NVLS collective on buffers registered with NCCL (XLA's
     ``--xla_gpu_enable_nccl_user_buffers``: ``ncclCommRegister``): with no copy through
-    NCCL's own buffers it needs fewer, ``ceil(factor / heads)`` with factor 32 on Hopper and
-    64 on Blackwell and one head per GPU of the node (NVIDIA/nccl ``src/transport/nvls.cc``,
-    ``ncclNvlsRegResourcesQuery``, 2.27-2.30): 4 and 8 on 8 GPUs, where unregistered NVLS
-    runs 16 and 24. It reaches the same bandwidth on them (the copies are what it drops)."""
+    NCCL's own buffers it needs fewer, ``ceil(factor / heads)`` with one head per GPU of the
+    node and factor 32 (all-reduce on Hopper, all-gather), 64 (all-reduce on Blackwell), 40 and
+    48 (reduce-scatter on Hopper and Blackwell) (NVIDIA/nccl ``src/transport/nvls.cc``,
+    ``ncclNvlsRegResourcesQuery``, one node, 2.27-2.30): an all-reduce 4 and 8 on 8 GPUs,
+    where unregistered NVLS runs 16 and 24. It reaches the same bandwidth on them (the copies
+    are what it drops)."""
+    blackwell = hw.arch == "blackwell"
+    factor = {"all-reduce": 64 if blackwell else 32, "all-gather": 32,
+              "reduce-scatter": 48 if blackwell else 40}.get(kind, 32)
     heads = min(hw.gpus_per_node, 32)
-    return max(1, min(math.ceil((64 if hw.arch == "blackwell" else 32) / heads), hw.nvls_channels))
+    return max(1, min(math.ceil(factor / heads), hw.nvls_channels))
 
 
 # NCCL's symmetric-memory kernels (NCCL 2.27+; NVIDIA/nccl ``src/symmetric.cc`` in 2.27,
@@ -817,7 +861,7 @@ def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwarePr
         chunk = _default_chunk(kind, algo, proto, hw)
         nt = _default_threads(algo, proto, hw)
         if algo == "nvls":
-            out.add(CollectiveParams(algo, proto, _init_channels(algo, hw), chunk, nt))
+            out.add(CollectiveParams(algo, proto, _init_channels(algo, hw, kind), chunk, nt))
             continue
         for nc in ladder:
             out.add(CollectiveParams(algo, proto, nc, chunk, nt))
@@ -974,7 +1018,7 @@ def _resource_terms(params: CollectiveParams, hw: HardwareProfile, nodes: int, c
     per_bus_byte *= cfg.protocol_wire_bytes[PROTOCOL_INDEX[params.protocol]]
     if params.algorithm == "symmetric":
         return sms, _symmetric_cap_gbps(kind, hw), per_bus_byte
-    return sms, busbw_gbps(params, hw, nodes, cfg), per_bus_byte
+    return sms, busbw_gbps(params, hw, nodes, cfg, kind=kind or "all-reduce"), per_bus_byte
 
 
 def collective_resource_use(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams,

@@ -20,6 +20,11 @@ only where the predicted step gains more than ``SETTING_FLOOR``:
 * **NVLS on or off** (``NCCL_NVLS_ENABLE``) on NVSwitch systems: NVLS all-reduces hold
   fewer SMs (``nvls_channels``) and run at the NVLS bus bandwidth; turning it off frees
   the multicast memory NCCL reserves but gives up that bandwidth.
+* **NVLS all-gathers and reduce-scatters on registered buffers**: NCCL's efficiency CTA
+  policy (``NCCL_CTA_POLICY=1``, NCCL 2.27+) with XLA's user buffers runs them inside a node
+  as NVLS on 4-6 CTAs (``cost.registered_nvls_applies``) at under half a ring's bus
+  bandwidth (``cost.nvls_rate``): a slower collective that leaves the compute beside it
+  tens of SMs.
 
 The channel cap (``xla_gpu_nccl_collective_max_nchannels``) is not searched here: the
 search sets every collective's channels itself (through the tuner plugin, or the cap
@@ -149,6 +154,12 @@ def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
             out.append(Setting("NVLS on registered buffers (XLA's user buffers)",
                                dataclasses.replace(base, user_buffers=True),
                                (XlaFlag(USER_BUFFERS, True),), f"NVSwitch with NVLS, {_COLLECTIVE_MEMORY}"))
+        if base.nvls and not base.efficiency and not base.algorithms and not base.protocols:
+            out.append(Setting("NVLS all-gathers and reduce-scatters on registered buffers (NCCL_CTA_POLICY=1, "
+                               "XLA's user buffers)",
+                               dataclasses.replace(base, user_buffers=True, efficiency=True, zero_cta=False),
+                               (XlaFlag(USER_BUFFERS, True),),
+                               f"NCCL 2.27 or later, NVSwitch with NVLS, {_COLLECTIVE_MEMORY}"))
         name = "NVLS off (NCCL_NVLS_ENABLE=0)" if base.nvls else "NVLS on (NCCL_NVLS_ENABLE=1)"
         out.append(Setting(name, dataclasses.replace(base, nvls=not base.nvls), (), "NVSwitch with NVLS"))
         for cap in CTA_CAPS:
@@ -193,6 +204,10 @@ def unmet_needs(plan: Plan, version: tuple[int, ...] | None) -> str:
     if dict(plan.nccl_settings).get("NCCL_CTA_POLICY") == "2" and version < (2, 28):
         return (f"the plan asks for zero-CTA collectives (NCCL_CTA_POLICY=2), which need NCCL 2.28 or later; "
                 f"this process has NCCL {have}, so its collectives keep their SMs "
+                "and the predicted gain of that setting will not come")
+    if dict(plan.nccl_settings).get("NCCL_CTA_POLICY") == "1" and version < (2, 27):
+        return (f"the plan asks for NCCL's efficiency CTA policy (NCCL_CTA_POLICY=1), which needs NCCL 2.27 or "
+                f"later; this process has NCCL {have}, so its all-gathers and reduce-scatters stay on rings "
                 "and the predicted gain of that setting will not come")
     if any(f.name == SYMMETRIC_BUFFERS and f.value for f in plan.flags) and version < (2, 27):
         return (f"the plan registers symmetric buffers for NCCL's symmetric kernels, which need NCCL 2.27 or "
