@@ -35,7 +35,8 @@ from typing import Any
 from lagom_jax import models, search
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.costs import commfuse, kernels, launch
-from lagom_jax.plan import artifacts, nccl_settings, planning, structures, verify as verify_lib
+from lagom_jax.plan import artifacts, nccl_settings, planning, verify as verify_lib
+from lagom_jax.plan import structures as structures_lib
 from lagom_jax.plan.schema import Plan
 from lagom_jax.program import (custom_calls, flags as flags_lib, gpu_compile, graph as graph_lib, hlo,
                                hlo_compile)
@@ -353,7 +354,7 @@ def _with_structure(compiled: Compiled, planned: planning.Planned, hw: hardware_
     of the module taken (``None`` where the search kept the module it started from)."""
     log("structure: the pipeliner, double buffering and combine-by-dim, each compiled and "
         "predicted where it can hide exposed communication ...")
-    outcome = structures.search(compiled.text, planned, hw, compiled.recompile, strategy=strategy,
+    outcome = structures_lib.search(compiled.text, planned, hw, compiled.recompile, strategy=strategy,
                                 baselines=baselines, log=log, space=space)
     best = outcome.planned.plan
     predicted = dict(planned.plan.predicted_us)
@@ -405,15 +406,22 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
             f"{kernels.host_transfer_us(moved, hw) / 1e3:.1f} ms over the host link at its datasheet rate); XLA "
             "runs them beside compute (fusion-start/-done) and they are taken as hidden: only their HBM "
             "side is priced, the host link is not a modelled resource yet")),)
+    # One compile per set of options for the structure search and the verification, the
+    # search's first trial started now, beside the NCCL settings' planning.
+    recompile = structures_lib.Recompiler(compiled.recompile) if compiled.recompile is not None else None
+    if structures and recompile is not None and strategy == "lagom":
+        first = structures_lib.first_trial(compiled.text, planned)
+        if first is not None:
+            recompile.start(first)
     setting = None
     if strategy == "lagom":
         settled = nccl_settings.choose(step, planned, hw, strategy=strategy, fingerprint=planned.plan.fingerprint,
                                        log=log, space=space)
         planned, hw, setting = settled.planned, settled.hardware, settled.setting
         decisions += settled.decisions
-    if structures and compiled.recompile is not None:
+    if structures and recompile is not None:
         planned, structure_decisions, taken_graph, taken_space = _with_structure(
-            compiled, planned, hw, strategy, baselines, log, space)
+            dataclasses.replace(compiled, recompile=recompile), planned, hw, strategy, baselines, log, space)
         decisions += structure_decisions
         if taken_graph is not None and taken_space is not None:
             kept_graph, kept_space = taken_graph, taken_space
@@ -426,11 +434,11 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     plan = nccl_settings.carrying_cluster_settings(dataclasses.replace(planned.plan, decisions=decisions),
                                                    compiled.hardware)
     flags_lib.validate(plan.xla_flags(), plan.compiler_options())
-    if verify and compiled.recompile is not None:
+    if verify and recompile is not None:
         if plan.compiler_options():
             log(f"verifying: recompiling with the plan's {len(plan.compiler_options())} option(s) (each left out "
                 "once only where that module is not the predicted one) ...")
-        plan, _ = verify_lib.verify_plan(plan, planned.chosen.graph, compiled.text, compiled.recompile)
+        plan, _ = verify_lib.verify_plan(plan, planned.chosen.graph, compiled.text, recompile)
     else:
         why = ("verification not asked for" if not verify else
                f"not recompiled: {compiled.where} cannot be compiled again here")

@@ -212,3 +212,65 @@ def test_a_compile_that_fails_leaves_its_candidate_with_the_reason():
     assert dict(out.decisions)["xla_gpu_enable_all_gather_combine_by_dim=true"] == (
         "left: XLA could not compile with it: INVALID_ARGUMENT: No such compile option: "
         "'xla_gpu_enable_all_gather_combine_by_dim'")
+
+
+def test_combine_by_dim_is_not_compiled_where_xla_combined_nothing_it_could_keep_apart():
+    fixtures = _fixture().parent.parent
+    step = open(fixtures / "gpu_collectives.hlo").read()
+    assert structures._combined_kinds(step) == frozenset()  # one operand per collective
+    assert structures._combined_kinds(open(fixtures / "cpu_fsdp_mlp_step.hlo").read()) == {"all-reduce"}
+    combined = step.replace(
+        "%all-gather-start = (f32[8,128]{1,0}, f32[16,128]{1,0}) all-gather-start(f32[8,128]{1,0} %partial)",
+        "%all-gather-start = ((f32[8,128]{1,0}, f32[8,128]{1,0}), (f32[16,128]{1,0}, f32[16,128]{1,0})) "
+        "all-gather-start(f32[8,128]{1,0} %partial, f32[8,128]{1,0} %partial)")
+    assert structures._combined_kinds(combined) == {"all-gather"}
+    cand = _candidate("xla_gpu_enable_all_gather_combine_by_dim", True)
+    assert cand.only_splits
+    cand = dataclasses.replace(cand, kinds=("all-gather", "reduce-scatter", "all-reduce", "all-to-all"))
+    asked = []
+
+    def recompile(options):
+        asked.append(options)
+        return step
+
+    out = structures.search(step, _planned(step), HW, recompile, strategy="lagom", baselines=("xla-default",),
+                            candidates=(cand,))
+    assert asked == [] and out.flags == ()
+    assert "compiles the same module (not compiled)" in dict(out.decisions)["xla_gpu_enable_all_gather_combine_by_dim=true"]
+    assert dict(out.decisions)["structure search"].startswith("0 compile(s)")
+
+
+def test_the_recompiler_compiles_each_option_set_once_and_can_start_one_ahead():
+    import threading
+
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def compile_fn(options):
+        calls.append(dict(options))
+        if options.get("slow"):
+            started.set()
+            release.wait(5)
+        if options.get("bad"):
+            raise RuntimeError("XLA refused it")
+        return f"module {sorted(options.items())}"
+
+    r = structures.Recompiler(compile_fn)
+    r.start({"slow": True})
+    assert started.wait(5)  # running in the background while the caller goes on
+    assert r({"a": 1}) == "module [('a', 1)]"
+    release.set()
+    assert r({"slow": True}) == "module [('slow', True)]"
+    assert r({"a": 1}) == "module [('a', 1)]" and r({"slow": True})
+    assert calls == [{"slow": True}, {"a": 1}]  # each once
+    with pytest.raises(RuntimeError, match="refused"):
+        r({"bad": True})
+
+
+def test_the_first_trial_is_the_one_the_search_compiles_first():
+    step = open(_fixture().parent.parent / "gpu_collectives.hlo").read()
+    planned = _planned(step)
+    # No loop here: the pipeliner and double buffering are out; combine-by-dim keeps nothing apart.
+    assert structures.first_trial(step, planned) is None
+    cand = dataclasses.replace(_candidate("xla_gpu_enable_all_gather_combine_by_dim", True), only_splits=False,
+                               kinds=("all-gather", "reduce-scatter", "all-reduce", "all-to-all"))
+    assert structures.first_trial(step, planned, (cand,)) == flags.compiler_options((cand.flag,))

@@ -24,8 +24,10 @@ candidate with XLA's reason; it never ends the search.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,9 +37,10 @@ from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.plan import planning
 from lagom_jax.program import graph as graph_lib
 from lagom_jax.program import flags as flags_lib
+from lagom_jax.program import hlo
 from lagom_jax.program.flags import KNOWN_FLAGS, XlaFlag
 
-__all__ = ["CANDIDATES", "MIN_GAIN", "Candidate", "Outcome", "search"]
+__all__ = ["CANDIDATES", "MIN_GAIN", "Candidate", "Outcome", "Recompiler", "first_trial", "search"]
 
 # A structure is taken only for a predicted step this much shorter: below it the choice is
 # within the noise of the cost model's step predictions (the fidelity benchmarks' spread).
@@ -55,6 +58,10 @@ class Candidate:
     # the combine pass does not model: with it taken, the search leaves those kinds'
     # combine thresholds at XLA's default (`search.Space.default_combine_kinds`).
     combines_apart: bool = False
+    # The flag only keeps apart collectives XLA would otherwise combine (combine-by-dim on: the
+    # gathered or scattered dimension joins the combiner's key): where the module XLA made
+    # without it combined none of those kinds, the module with it is the same one.
+    only_splits: bool = False
 
 
 def _toggle(name: str) -> XlaFlag:
@@ -87,10 +94,72 @@ CANDIDATES: tuple[Candidate, ...] = (
     # compile to the module predicted (a plan that took it predicted 65 reduce-scatters
     # where the verify compile made 129).
     Candidate(_toggle("xla_gpu_enable_all_gather_combine_by_dim"), ("all-gather",), needs_loop=False,
-              combines_apart=True),
+              combines_apart=True, only_splits=KNOWN_FLAGS["xla_gpu_enable_all_gather_combine_by_dim"].default is False),
     Candidate(_toggle("xla_gpu_enable_reduce_scatter_combine_by_dim"), ("reduce-scatter",), needs_loop=False,
-              combines_apart=True),
+              combines_apart=True,
+              only_splits=KNOWN_FLAGS["xla_gpu_enable_reduce_scatter_combine_by_dim"].default is False),
 )
+
+
+def _combined_kinds(text: str) -> frozenset[str]:
+    """The collective kinds of which the module holds a combined instance (one instruction,
+    sync or async start, over several operands)."""
+    module = hlo.parse(text)
+    out = set()
+    for comp in module.computations:
+        for inst in comp.instructions:
+            kind = inst.opcode.removesuffix("-start")
+            if kind in ("all-gather", "reduce-scatter", "all-reduce") and len(inst.operands) > 1:
+                out.add(kind)
+    return frozenset(out)
+
+
+class Recompiler:
+    """A source's ``recompile(options)`` that compiles each set of options once, and can
+    start one ahead (``start``) while the caller does other work: the compile runs in a
+    process of its own (``hlo_compile``, ``gpu_compile``), so a thread only waits for it.
+    The structure search and the verification share one, so neither compiles what the other
+    already has. A compile started and never asked for is abandoned with its process."""
+
+    def __init__(self, compile_fn: Callable[[Mapping[str, Any]], str]) -> None:
+        self._compile = compile_fn
+        self._futures: dict[tuple, concurrent.futures.Future] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(options: Mapping[str, Any]) -> tuple:
+        return tuple(sorted((k, repr(v)) for k, v in options.items()))
+
+    def start(self, options: Mapping[str, Any]) -> None:
+        """Compile with ``options`` in the background (a daemon thread: it never holds the
+        process open)."""
+        key = self._key(options)
+        with self._lock:
+            if key in self._futures:
+                return
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            self._futures[key] = future
+
+        def run() -> None:
+            try:
+                future.set_result(self._compile(dict(options)))
+            except BaseException as err:  # handed to whoever asks for the result
+                future.set_exception(err)
+
+        threading.Thread(target=run, name="lagom-structure-compile", daemon=True).start()
+
+    def __call__(self, options: Mapping[str, Any]) -> str:
+        key = self._key(options)
+        with self._lock:
+            future = self._futures.get(key)
+        if future is None:
+            text = self._compile(dict(options))
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(text)
+            with self._lock:
+                self._futures.setdefault(key, done)
+            return text
+        return future.result()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +202,47 @@ def _why(before: planning.Planned, after: planning.Planned, kinds: tuple[str, ..
             f"communication, added copies) {ms(r0)} -> {ms(r1)} ms")
 
 
+def _not_compiled(cand: Candidate, flag: XlaFlag, best: planning.Planned, chosen: tuple[XlaFlag, ...],
+                  has_loop: bool, combined: frozenset[str] | None) -> str:
+    """Why ``flag`` needs no compile from the module planned as ``best`` ("" where it does):
+    its answer is already known."""
+    if cand.needs_loop and not has_loop:
+        return "left: the step has no loop to pipeline"
+    if sum(_exposed_by_kind(best).get(k, 0.0) for k in cand.kinds) <= 0.0:
+        return f"left: no {'/'.join(cand.kinds)} time is exposed to hide"
+    if any(f.name == flag.name for f in chosen):
+        return "left: the search took this flag's other value"
+    if cand.only_splits and flag.value is True and combined is not None and not combined.intersection(cand.kinds):
+        return (f"left: XLA combined no two {'/'.join(cand.kinds)}s without it and it only keeps combinations "
+                "apart, so it compiles the same module (not compiled)")
+    return ""
+
+
+def _order(planned: planning.Planned, candidates: tuple[Candidate, ...]) -> list[Candidate]:
+    """Candidates by the exposed communication of the kinds each touches, most first."""
+    exposed = _exposed_by_kind(planned)
+    return sorted(candidates, key=lambda c: -sum(exposed.get(k, 0.0) for k in c.kinds))
+
+
+def first_trial(text: str, planned: planning.Planned,
+                candidates: tuple[Candidate, ...] = CANDIDATES) -> dict[str, Any] | None:
+    """The compile options of the first trial ``search`` would compile from ``text`` planned
+    as ``planned`` (None: none), so a caller can start it early (``Recompiler.start``)."""
+    has_loop = any(t.trip_count > 1 for t in planned.chosen.graph.tasks)
+    combined = None
+    for cand in _order(planned, candidates):
+        flag, _ = _spelled(cand.flag)
+        if flag is None:
+            continue
+        why_not = _not_compiled(cand, flag, planned, (), has_loop, combined)
+        if not why_not and cand.only_splits and flag.value is True and combined is None:
+            combined = _combined_kinds(text)
+            why_not = _not_compiled(cand, flag, planned, (), has_loop, combined)
+        if not why_not:
+            return flags_lib.compiler_options((flag,))
+    return None
+
+
 def search(text: str, planned: planning.Planned, hw: HardwareProfile,
            recompile: Callable[[Mapping[str, Any]], str], *, strategy: str,
            baselines: tuple[str, ...], log: Callable[[str], None] = lambda _: None,
@@ -148,8 +258,8 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
     best_graph: graph_lib.StepGraph | None = None
     best_space: search_lib.Space | None = None
     decisions: list[tuple[str, str]] = []
-    exposed = _exposed_by_kind(planned)
-    order = sorted(candidates, key=lambda c: -sum(exposed.get(k, 0.0) for k in c.kinds))
+    combined: frozenset[str] | None = None  # of best_text, parsed where a candidate asks
+    order = _order(planned, candidates)
     spelled = {c: _spelled(c.flag) for c in candidates}
     for cand in order:
         flag, why_not = spelled[cand]
@@ -159,15 +269,12 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
             if why_not:
                 decisions.append((subject, why_not))
             continue
-        hidden = sum(_exposed_by_kind(best).get(k, 0.0) for k in cand.kinds)
-        if cand.needs_loop and not has_loop:
-            decisions.append((subject, "left: the step has no loop to pipeline"))
-            continue
-        if hidden <= 0.0:
-            decisions.append((subject, f"left: no {'/'.join(cand.kinds)} time is exposed to hide"))
-            continue
-        if any(f.name == flag.name for f in chosen):
-            decisions.append((subject, "left: the search took this flag's other value"))
+        why_not = _not_compiled(cand, flag, best, chosen, has_loop, combined)
+        if not why_not and cand.only_splits and flag.value is True and combined is None:
+            combined = _combined_kinds(best_text)  # parsed only where it can save a compile
+            why_not = _not_compiled(cand, flag, best, chosen, has_loop, combined)
+        if why_not:
+            decisions.append((subject, why_not))
             continue
         trial = tuple(sorted((*chosen, flag)))
         key = (source, trial)
@@ -199,7 +306,7 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
         change = f"predicted step {before / 1e3:.3f} -> {after / 1e3:.3f} ms ({before / after:.3f}x speedup)"
         change += _why(best, trial_planned, cand.kinds)
         if after < before * (1 - MIN_GAIN):
-            chosen, best_text, best = trial, trial_text, trial_planned
+            chosen, best_text, best, combined = trial, trial_text, trial_planned, None
             best_graph, best_space = trial_graph, trial_space
             decisions.append((subject, f"taken: {change}"))
         else:
