@@ -23,6 +23,11 @@ same PRs report are held aside (not used here) to judge the model across nodes.
 
 Run: ``python -m benchmarks.measured.xla_modules DIR [--modules NAME ...] [--hardware h100-sxm-8] [--record]``;
 ``--rows LOG`` re-renders an earlier run's printed rows with ``--modules`` run again.
+
+``--tune PATH [--nodes N]`` times the whole ``lagom-jax tune PATH --hardware H --nodes N`` (structure
+search and verification included) in a process of its own, wall clock, and records the plan it
+printed (section ``xla_modules_tune``; the goal: XLA's Mixtral 2x8 module under 180 s here with
+nothing else running).
 """
 
 from __future__ import annotations
@@ -37,6 +42,31 @@ import time
 # Measured step seconds on 8x H100 (one node), "main" column of openxla/xla PR #31030.
 CALIBRATION = {"hlo_llama31_8b_bf16_1x8": 1.3696, "hlo_mixtral_8x7b_bf16_1x8": 0.7445}
 NAME = "xla_modules"
+TUNE_NAME = "xla_modules_tune"
+# The lines of ``lagom-jax tune``'s report the tune section keeps.
+_TUNE_LINES = ("predicted step on", "speedup on", "search:", "structure search:", "NCCL settings for every rank",
+               "XLA_FLAGS=", "NCCL_CTA_POLICY=", "zero-CTA collectives", "  collectives:")
+
+
+def tune_wall(path: str, hardware: str, nodes: int | None) -> str:
+    """``lagom-jax tune`` of ``path`` timed end to end in its own process: a section."""
+    import subprocess
+
+    from benchmarks import common
+
+    cmd = [sys.executable, "-m", "lagom_jax.cli", "tune", path, "--hardware", hardware]
+    cmd += ["--nodes", str(nodes)] if nodes else []
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"tune failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    kept = [ln.strip() for ln in done.stdout.splitlines() if any(k in ln for k in _TUNE_LINES)]
+    shown = " ".join(c if c not in (sys.executable,) else "python" for c in cmd[1:])
+    return (f"## {TUNE_NAME} (lagom-jax tune of an XLA benchmark module, end to end)\n\n"
+            f"Machine: {common.machine_line()}.\n\n`{shown.replace(path, pathlib.Path(path).name)}`: "
+            f"**{wall:.1f} s wall** (goal: under 180 s on this machine with nothing else running).\n\n"
+            + "\n".join(f"    {ln}" for ln in kept) + "\n")
 
 
 def _rss_gb() -> float:
@@ -148,7 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", metavar="LOG", help="rows of an earlier run (its printed JSON lines): "
                         "run only --modules again and render them all")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--tune", metavar="PATH", help="time lagom-jax tune of one module end to end")
+    parser.add_argument("--nodes", type=int, default=None, help="with --tune: nodes of the preset")
     args = parser.parse_args(argv)
+    if args.tune:
+        from benchmarks import common
+
+        md = tune_wall(args.tune, args.hardware, args.nodes)
+        print(md)
+        if args.record:
+            common.write_section(TUNE_NAME, md)
+        return 0
     if args.one:
         print(json.dumps(one(args.one, args.hardware, not args.no_verify)))
         return 0

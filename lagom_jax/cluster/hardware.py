@@ -134,6 +134,9 @@ class HardwareProfile:
     # sorted; empty: off), which ``costs/launch.py`` prices: XLA's default set unless a
     # user's run sets the flag.
     command_buffer: tuple[str, ...] = DEFAULT_COMMAND_BUFFER
+    # Measured one-way rate of the link between HBM and host memory (GB/s); 0: the arch's
+    # datasheet PCIe rate (``kernels.HOST_LINK_GBPS``).
+    host_link_gbps: float = 0.0
 
     # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
     __hash__ = hashing.hash_fields_once
@@ -557,13 +560,21 @@ PRESETS["gb200-nvl72"] = dataclasses.replace(
     PRESETS["b200-sxm-8"], name="gb200-nvl72", gpu="B200 (GB200 NVL72)", gpus_per_node=72,
     # Datasheet: 720 PFLOP/s FP8 with sparsity for 72 GPUs = 5 dense FP8 per GPU, 2.5 dense BF16.
     peak_tflops=2500.0,
-    # No MAMF row for GB200: the B200's measured/peak ratio at GB200's peak (assumption).
-    achieved_tflops=round(1745.0 * 2500.0 / 2250.0, 1),
-    # NVLink inside the rack is the B200's NVLink 5 through NVSwitch: B200's ring model and
-    # NVLS measurement stand in (assumption: no nccl-tests result across a whole NVL72 was
-    # found). Between racks: the B200 node's measured 8x 400 Gb/s stands in (assumption).
+    # MAMF best-shape BF16 matmul on a GB200, 4096x9728x2048: 1822.0 (stas00/ml-engineering
+    # compute/accelerator/README.md, MAMF table).
+    achieved_tflops=1822.0,
+    # NVLink inside the rack is the B200's NVLink 5 through NVSwitch: B200's ring model stands
+    # in for the rack's rings (no in-rack all-gather or reduce-scatter sweep was published).
+    # NVLS: all-reduce busBw over the 72 GPUs of one rack, NCCL 2.26.2 with
+    # NCCL_MNNVL_ENABLE=1, 834.6 GB/s at 8 GiB (839.2 at 4 GiB; coreweave/nccl-tests README,
+    # out of place), the 8x B200 node's 840 within 1%: kept. Between racks: the B200 node's
+    # measured 8x 400 Gb/s stands in (assumption).
     # nvlsCTAs on sm_100 across nodes of one NVLink domain: 32 (NVIDIA/nccl src/init.cc).
     nvls_channels=32,
+    # NVLink-C2C to the Grace host, measured per GPU: host to device 201 GB/s, device to host
+    # 193 (Azure/AI-benchmarking-guide, Azure_Results/ND_GB200_v6_results.md): the slower
+    # direction, offloading's.
+    host_link_gbps=193.0,
 )
 
 # Azure ND A100 v4: 8x A100 SXM4 40GB with NVSwitch and one 200 Gb/s HDR InfiniBand NIC per

@@ -272,9 +272,12 @@ ATTENTION_RATES: dict[str, AttentionRates] = {
 # slow while the casts beside them are 16% fast (the step's sum is right within 0.5 ms). An
 # earlier 1.2x (H100) was a plain fp8 ``lax.dot`` at XLA's default flags, which compile it to a
 # slower kernel. The casts, amax reductions and history updates of delayed scaling are separate
-# fusions in the module and are priced as such, not folded into this ratio. Blackwell has no measurement: the Hopper
-# ratio stands in (assumption). GPUs before Hopper have no fp8 tensor cores (1.0).
-FP8_RATE_RATIO: dict[str, float] = {"hopper": 1.7, "blackwell": 1.7}
+# fusions in the module and are priced as such, not folded into this ratio. Blackwell: the best-shape
+# matmul rates measured on a B200, fp8 e4m3 3432.5 over bf16 1745.0 TFLOP/s (stas00/ml-engineering
+# compute/accelerator/README.md, MAMF table; GB200 3615.6 / 1822.0 = 1.98, XLA's own B200 table
+# at 4096^3 2765.0 / 1416.9 = 1.95); no fp8 step on Blackwell to check it against. GPUs before
+# Hopper have no fp8 tensor cores (1.0).
+FP8_RATE_RATIO: dict[str, float] = {"hopper": 1.7, "blackwell": round(3432.5 / 1745.0, 2)}
 
 
 def attention_rates(hw: HardwareProfile) -> AttentionRates:
@@ -305,12 +308,18 @@ def kernel_tflops(kernel: str, hw: HardwareProfile) -> float | None:
     return None
 
 
-# GB/s one way over the GPU's host link: PCIe Gen5 x16 on H100/H200 SXM ("PCIe Gen5: 128
-# GB/s", both ways, NVIDIA H100 datasheet) and B200 (HGX B200: PCIe Gen5 x16), Gen4 x16 on
-# A100 SXM ("PCIe Gen4: 64 GB/s"). Datasheet rates; transfers reach less.
+# GB/s one way over the GPU's host link where a preset has no measured one
+# (``HardwareProfile.host_link_gbps``): PCIe Gen5 x16 on H100/H200 SXM ("PCIe Gen5: 128 GB/s",
+# both ways, NVIDIA H100 datasheet) and B200 (HGX B200: PCIe Gen5 x16), Gen4 x16 on A100 SXM
+# ("PCIe Gen4: 64 GB/s"). Datasheet rates; transfers reach less.
 HOST_LINK_GBPS: dict[str, float] = {"ampere": 32.0, "hopper": 64.0, "blackwell": 64.0}
+
+
+def host_link_gbps(hw: HardwareProfile) -> float:
+    """The host link's one-way rate: the preset's measured one, else the arch's datasheet PCIe."""
+    return hw.host_link_gbps or HOST_LINK_GBPS.get(hw.arch, 16.0)
 
 
 def host_transfer_us(nbytes: float, hw: HardwareProfile) -> float:
     """Time of ``nbytes`` moved one way between HBM and host memory over the host link."""
-    return nbytes / (HOST_LINK_GBPS.get(hw.arch, 16.0) * 1e3)
+    return nbytes / (host_link_gbps(hw) * 1e3)

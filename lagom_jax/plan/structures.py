@@ -124,7 +124,19 @@ class Recompiler:
     def __init__(self, compile_fn: Callable[[Mapping[str, Any]], str]) -> None:
         self._compile = compile_fn
         self._futures: dict[tuple, concurrent.futures.Future] = {}
+        self._seconds: dict[tuple, float] = {}
         self._lock = threading.Lock()
+
+    def _timed(self, key: tuple, options: Mapping[str, Any]) -> str:
+        start = time.perf_counter()
+        try:
+            return self._compile(dict(options))
+        finally:
+            self._seconds[key] = time.perf_counter() - start
+
+    def seconds(self, options: Mapping[str, Any]) -> float | None:
+        """How long the compile with ``options`` took (None: not compiled yet), waited for or not."""
+        return self._seconds.get(self._key(options))
 
     @staticmethod
     def _key(options: Mapping[str, Any]) -> tuple:
@@ -142,7 +154,7 @@ class Recompiler:
 
         def run() -> None:
             try:
-                future.set_result(self._compile(dict(options)))
+                future.set_result(self._timed(key, options))
             except BaseException as err:  # handed to whoever asks for the result
                 future.set_exception(err)
 
@@ -153,7 +165,7 @@ class Recompiler:
         with self._lock:
             future = self._futures.get(key)
         if future is None:
-            text = self._compile(dict(options))
+            text = self._timed(key, options)
             done: concurrent.futures.Future = concurrent.futures.Future()
             done.set_result(text)
             with self._lock:
@@ -251,7 +263,7 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
     and its ``planned`` search; ``recompile(options)`` compiles the same step with options."""
     cache: dict[tuple[str, tuple[XlaFlag, ...]], str | Exception] = {}
     source = hashlib.sha256(text.encode()).hexdigest()
-    compiles, seconds = 0, 0.0
+    compiles, seconds, waited_total = 0, 0.0, 0.0
     has_loop = any(t.trip_count > 1 for t in planned.chosen.graph.tasks)
     chosen: tuple[XlaFlag, ...] = ()
     best_text, best = text, planned
@@ -280,12 +292,16 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
         key = (source, trial)
         if key not in cache:
             log(f"structure: compiling with {subject} ...")
+            options = flags_lib.compiler_options(trial)
             start = time.perf_counter()
             try:
-                cache[key] = recompile(flags_lib.compiler_options(trial))
+                cache[key] = recompile(options)
             except Exception as err:  # XLA's own refusal: this candidate is out, the search goes on
                 cache[key] = err
-            seconds += time.perf_counter() - start
+            waited = time.perf_counter() - start
+            waited_total += waited
+            took = recompile.seconds(options) if isinstance(recompile, Recompiler) else None
+            seconds += waited if took is None else took
             compiles += 1
         trial_text = cache[key]
         if isinstance(trial_text, Exception):
@@ -312,5 +328,6 @@ def search(text: str, planned: planning.Planned, hw: HardwareProfile,
         else:
             decisions.append((subject, f"left: {change}, below the {1 / (1 - MIN_GAIN):.3f}x floor "
                                        f"({MIN_GAIN:.0%} of the step)"))
-    decisions.append(("structure search", f"{compiles} compile(s) in {seconds:.1f} s"))
+    ahead = f" ({waited_total:.1f} s waited for: started beside the NCCL settings)" if seconds - waited_total > 1 else ""
+    decisions.append(("structure search", f"{compiles} compile(s) in {seconds:.1f} s{ahead}"))
     return Outcome(chosen, best_text, best, tuple(decisions), compiles, seconds, best_graph, best_space)
