@@ -45,7 +45,7 @@ NAME = "xla_modules"
 TUNE_NAME = "xla_modules_tune"
 # The lines of ``lagom-jax tune``'s report the tune section keeps.
 _TUNE_LINES = ("predicted step on", "speedup on", "search:", "structure search:", "NCCL settings for every rank",
-               "XLA_FLAGS=", "NCCL_CTA_POLICY=", "zero-CTA collectives", "  collectives:")
+               "XLA_FLAGS=", "zero-CTA collectives", "collectives:")
 
 
 def tune_wall(path: str, hardware: str, nodes: int | None) -> str:
@@ -61,8 +61,14 @@ def tune_wall(path: str, hardware: str, nodes: int | None) -> str:
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"tune failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
-    kept = [ln.strip() for ln in done.stdout.splitlines() if any(k in ln for k in _TUNE_LINES)]
-    shown = " ".join(c if c not in (sys.executable,) else "python" for c in cmd[1:])
+    lines: list[str] = []
+    for ln in done.stdout.splitlines():  # the report wraps a line's tail in lines indented by two
+        if ln.startswith("  ") and not ln.startswith("   ") and lines:
+            lines[-1] += " " + ln.strip()
+        else:
+            lines.append(ln.strip())
+    kept = [ln for ln in lines if ln.startswith(_TUNE_LINES)]
+    shown = "lagom-jax " + " ".join(cmd[3:])
     return (f"## {TUNE_NAME} (lagom-jax tune of an XLA benchmark module, end to end)\n\n"
             f"Machine: {common.machine_line()}.\n\n`{shown.replace(path, pathlib.Path(path).name)}`: "
             f"**{wall:.1f} s wall** (goal: under 180 s on this machine with nothing else running).\n\n"
