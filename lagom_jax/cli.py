@@ -608,7 +608,10 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
                    help="activation recomputation; auto: the cheapest that fits in memory")
     p.add_argument("--sequence-parallel", action="store_true")
-    p.add_argument("--mesh", help="--model: e.g. fsdp=16 or data=2,fsdp=8 (axes data, fsdp, model, expert)")
+    p.add_argument("--mesh", help="--model: e.g. fsdp=16 or data=2,fsdp=8 (axes data, fsdp, context, model, expert)")
+    p.add_argument("--context-parallel", default="all-gather", choices=("all-gather", "ring"),
+                   help="--model llama with a context axis: keys/values all-gathered (MaxText's default) or "
+                   "passed around a ring; needs --attention xla")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--remat", default="full", choices=tuple(pipeline.REMAT_POLICIES),
                    help="--model: remat policy by MaxText's name (default full)")
@@ -771,7 +774,8 @@ def _run_predict_model(args: argparse.Namespace) -> int:
         mesh = models.parse_mesh(args.mesh)
         done = predict.train_step_job(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",
                                       dtype=args.dtype, remat=args.remat, xla_flags=flags,
-                                      strategy=args.strategy, nccl_env=env, attention=args.attention)
+                                      strategy=args.strategy, nccl_env=env, attention=args.attention,
+                                      context_parallel=args.context_parallel)
         ms = done.predicted_ms(args.strategy)
     except (ValueError, OSError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None

@@ -16,7 +16,8 @@ How a setting reaches the prediction:
   module the cost model reads is the one the flag makes;
   where the flag leaves the module unchanged the row says so ("xla: same collectives") and
   its note says why;
-* **graph**: a microbenchmark is rebuilt as a step graph of its kernels.
+* **graph**: a microbenchmark is rebuilt as a step graph of its kernels;
+* **model**: the workload itself changes (fp8 dots): built and compiled both ways.
 
 Goal (issue: "Collectives and contention priced as measured", item 5): the right sign on
 every effect the measurement tells apart from its noise, and the magnitude within 3
@@ -60,8 +61,8 @@ MARIN_MOE = dict(family="mixtral", config="marin-moe", seq_len=4096, global_batc
                  hardware="gb200-nvl72", remat="full", xla_flags=NO_XLA_REMAT)
 MARIN_NOTE = ("the family's marin-moe config; its stand-ins: GShard's one-hot dispatch for the sorted grouped "
               "GEMMs ('sonic' kernels), blocked einsums for FA4's windowed attention, no SConv/XSA/head "
-              "gates/gated norms/QK-norm, optimizer state on the GPU (marin offloads it to the host); GB200's "
-              "numbers are the B200's")
+              "gates/gated norms/QK-norm, optimizer state on the GPU (marin offloads it to the host); GB200's rack rings "
+              "and network are the B200's")
 # MaxText llama3-70b with FSDP 8 x TP 2 (openxla/xla PR #26948): GPU, batch and sequence were
 # not published; H100, sequence 8192 and one sequence per GPU (MaxText's default) stand in.
 LLAMA3_70B = dict(family="llama", layers=80, d_model=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256,
@@ -77,9 +78,18 @@ LLAMA3_70B = dict(family="llama", layers=80, d_model=8192, heads=64, kv_heads=8,
 LLAMA3_8B_CP = dict(family="llama", config="llama3-8b", seq_len=8192, global_batch=8, mesh={"context": 8},
                     hardware="b200-sxm-8", remat="minimal_flash", attention="xla", context_parallel="ring")
 CP_ROW = "llama3-8b/8xB200 context parallelism 8 (ring, load-balanced)"
+# marin's 26-layer MoE on 8 H100 (marin .agents/logbooks/7079-fp8-loss-val.md, FP8VAL-001): d_model
+# 2560, 20 heads, 64 experts top-4 of width 1280 and one shared expert of 1280, vocab 128256, EP 8,
+# batch 32 x 4096; 1.501 s/step bf16, 1.372 fp8. Not published, so assumed: 20 KV heads, GShard's
+# capacity 1.25, full remat. Stand-ins: GShard's one-hot dispatch and its all-to-all in bf16 where
+# the run gathered and scattered tokens around a ring with an fp8 wire.
+MOE_FP8_ROW = "MoE 26L 64 experts top-4/8xH100 EP8"
+MOE_FP8 = dict(family="mixtral", layers=26, d_model=2560, heads=20, kv_heads=20, ffn=1280, vocab=128256, experts=64,
+               top_k=4, shared_experts=1, expert_ffn=1280, seq_len=4096, global_batch=32, mesh={"expert": 8},
+               hardware="h100-sxm-8", remat="full")
 WORKLOADS: dict[str, dict[str, Any]] = {"marin-moe/64xGB200": MARIN_MOE, "llama3-70b/16xH100 fsdp8 tp2": LLAMA3_70B,
-                                        CP_ROW: LLAMA3_8B_CP}
-MEASURED_BASE_S = {"marin-moe/64xGB200": 18.101, CP_ROW: 0.70}
+                                        CP_ROW: LLAMA3_8B_CP, MOE_FP8_ROW: MOE_FP8}
+MEASURED_BASE_S = {"marin-moe/64xGB200": 18.101, CP_ROW: 0.70, MOE_FP8_ROW: 1.501}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +100,7 @@ class Effect:
     setting: str
     measured_pct: float
     source: str
-    how: str  # nccl | xla | graph | none
+    how: str  # nccl | xla | graph | model | none
     nccl_env: dict[str, str] = dataclasses.field(default_factory=dict)
     xla_flags: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Two standard deviations of the measurement where published (an effect inside it is
@@ -102,6 +112,8 @@ class Effect:
     # A "graph" row: the microbenchmark's command buffers (XLA's flag syntax), where the
     # setting is one of them.
     command_buffer: str | None = None
+    # A "model" row: the workload's own keywords the setting changes (e.g. quantization).
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def significant(self) -> bool:
@@ -145,6 +157,9 @@ EFFECTS: tuple[Effect, ...] = (
            xla_flags={"xla_gpu_enable_nccl_user_buffers": True},
            note="base 0.70 s/step on plain NCCL; the family's ring blocks materialise their scores (MaxText "
                 "runs cuDNN's fused kernel), which the base step carries"),
+    Effect(MOE_FP8_ROW, "quantization=fp8 (dense and expert GEMMs, delayed scaling)", 100 * (1 - 1.372 / 1.501),
+           "marin .agents/logbooks/7079-fp8-loss-val.md (FP8VAL-001)", "model", model={"quantization": "fp8"},
+           note="the run's dispatch wire was fp8 too, around a ring; here GShard's all-to-all stays bf16"),
     Effect("MoE/8xB200", "auto-PGLE", 100 * (1 - 15.02 / 15.08), "marin-community/marin issue #7507", "none",
            note="model not published; PGLE's profile is a measurement the model would replace"),
 )
@@ -171,7 +186,7 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
             new = (gemm_beside_all_gather_ms(command_buffer=e.command_buffer) if e.command_buffer is not None
                    else gemm_beside_all_gather_ms(e.nccl_env))
             row.update(base_s=base / 1e3)
-        elif e.how in ("nccl", "xla"):
+        elif e.how in ("nccl", "xla", "model"):
             kw = dict(WORKLOADS[e.workload])
             if "config" in kw:  # a named config of the family: its dimensions
                 kw.update(predict.config_dims(kw["family"], kw.pop("config")))
@@ -184,6 +199,9 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
             row.update(base_s=base / 1e3)
             if e.how == "nccl":
                 new = predict.repredict_ms(job, nccl_env=e.nccl_env, xla_flags=e.xla_flags)
+            elif e.how == "model":
+                new = predict.train_step_job(**{**kw, **e.model}, strategy="xla-default",
+                                             xla_flags=base_flags).predicted_ms("xla-default")
             else:
                 flagged = predict.train_step_job(**kw, strategy="xla-default", xla_flags={**base_flags, **e.xla_flags})
                 new = flagged.predicted_ms("xla-default")
