@@ -156,8 +156,8 @@ class LlamaAttention(nn.Module):
 
 def _swiglu(mod: nn.Module, quantization: str, x: jax.Array, gate: jax.Array, up: jax.Array,
             spec: str) -> jax.Array:
-    g = fp8.einsum(mod, "wi_0", quantization, spec, x, gate)
-    u = fp8.einsum(mod, "wi_1", quantization, spec, x, up)
+    g = checkpoint_name(fp8.einsum(mod, "wi_0", quantization, spec, x, gate), "mlpwi_0")
+    u = checkpoint_name(fp8.einsum(mod, "wi_1", quantization, spec, x, up), "mlpwi_1")
     return checkpoint_name(jax.nn.silu(g) * u, "mlpwi")
 
 
@@ -240,8 +240,8 @@ def _grouped_swiglu(rows: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Arr
                     sizes: jax.Array) -> jax.Array:
     """The experts on rows sorted by expert: three grouped GEMMs (`jax.lax.ragged_dot`);
     rows beyond ``sum(sizes)`` (buffer padding) come out zero."""
-    g = jax.lax.ragged_dot(rows, wi0, sizes)
-    u = jax.lax.ragged_dot(rows, wi1, sizes)
+    g = checkpoint_name(jax.lax.ragged_dot(rows, wi0, sizes), "mlpwi_0")
+    u = checkpoint_name(jax.lax.ragged_dot(rows, wi1, sizes), "mlpwi_1")
     h = checkpoint_name(jax.nn.silu(g) * u, "mlpwi")
     return checkpoint_name(jax.lax.ragged_dot(h, wo, sizes), "mlpwo")
 

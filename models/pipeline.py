@@ -35,12 +35,18 @@ _PROJ = ("query_proj", "key_proj", "value_proj", "qkv_proj")
 # The names refer to `checkpoint_name` tags in the layers (llama.py). None: no remat.
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,  # keep everything (no jax.checkpoint)
-    "minimal": _cp.checkpoint_dots_with_no_batch_dims,  # every weight matmul's output
+    # Every weight matmul's output without a batch dimension: not the experts' (a dot batched
+    # over the experts), which are recomputed in the backward pass.
+    "minimal": _cp.checkpoint_dots_with_no_batch_dims,
     "minimal_flash": _cp.save_from_both_policies(_cp.checkpoint_dots_with_no_batch_dims,
                                                  _cp.save_only_these_names("context")),
     "save_dot_except_mlpwi": _cp.save_only_these_names(*_PROJ, "out_proj", "mlpwo"),
     "save_dot_except_mlp": _cp.save_only_these_names(*_PROJ, "out_proj"),
     "save_qkv_proj": _cp.save_only_these_names(*_PROJ),
+    # MaxText's ``remat_policy: custom`` as its GPU MoE recipes set it (q/k/v/out and
+    # mlpwi_0/mlpwi_1/mlpwo on the device, e.g. AI-Hypercomputer/gpu-recipes' Mixtral 8x7B on
+    # A3 Ultra): every projection's output kept, the experts' included.
+    "save_proj_and_mlp": _cp.save_only_these_names(*_PROJ, "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"),
     "full": _cp.nothing_saveable,  # only the layer's input
 }
 
