@@ -172,7 +172,11 @@ def test_flag_effects_rows_are_priced_settings_and_the_microbenchmark_is_judged(
     from lagom_jax.cluster.nccl_env import NcclEnv
 
     for e in flag_effects.EFFECTS:
-        assert e.how in ("nccl", "xla", "graph", "none"), e
+        assert e.how in ("nccl", "xla", "graph", "model", "none"), e
+        if e.how == "model":  # the changed workload is a valid contract call too
+            kw = {**flag_effects.WORKLOADS[e.workload], **e.model}
+            kw.pop("hardware"), kw.pop("xla_flags", None)
+            predict.train_step_source(**kw)
         NcclEnv.from_environ(e.nccl_env)  # every NCCL setting is one the model prices
         priced = predict.COMPILE_PRICED_FLAGS | predict.RUNTIME_PRICED_FLAGS
         assert set(e.xla_flags) <= priced and set(e.base_xla_flags) <= priced, e
