@@ -726,9 +726,10 @@ def mesh_screen_us(family: str, dims: Mapping[str, int], mesh: Mapping[str, int]
 
 
 def _full_mesh(mesh: Mapping[str, int]) -> dict[str, int]:
-    """Every axis of the search with its size, in the contract's order; a stage axis only where
-    the mesh has stages (so a mesh without them reads as it always has)."""
-    return {a: int(mesh.get(a, 1)) for a in predict.MESH_AXES if a != "stage" or mesh.get(a, 1) > 1}
+    """Every axis of the search with its size, in the contract's order; a stage or context axis
+    only where the mesh has one (the search tries neither, so a mesh reads as it always has)."""
+    return {a: int(mesh.get(a, 1)) for a in predict.MESH_AXES
+            if a not in ("stage", "context") or mesh.get(a, 1) > 1}
 
 
 def _family_meshes(family: str, dims: Mapping[str, int], gpus: int, gpus_per_node: int,
