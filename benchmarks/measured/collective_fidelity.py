@@ -16,7 +16,10 @@ on (``after``: ``collective_tables``). Sources:
   all-gather, reduce-scatter, all-to-all on groups of 2/4/8 of 8 GPUs
   (``benchmarks/data/xla_collective_perf.md``), predicted on ``h100-sxm-8`` / ``b200-sxm-8``;
 * **published**: bus bandwidths other people measured on systems whose presets exist
-  (cited per point below), none of them in the anchor's tables.
+  (cited per point below), none of them in the anchor's tables;
+* **p5-efa**, **azure-ndv5-ib**: published nccl-tests sweeps across 2-64 nodes of 8 H100
+  (``benchmarks/data/nccl_tests_scale.md``), predicted on ``h100-sxm-8``; the section ends with
+  them point by point as bus bandwidth (the goal: within 15% of each at 4-128 nodes).
 
 The single-node rows of echo-a100, xla-h100 and xla-b200 *are* the anchor, so "after"
 there is an interpolation check: it is judged only on the sizes left out of the table
@@ -100,7 +103,44 @@ def points() -> list[Point]:
     for source, preset, nodes, n, kind, size, busbw, _ in PUBLISHED:
         out.append(Point(source, preset, nodes, n, kind, size,
                          size * cost.bus_factor(kind, "ring", n) / (busbw * 1e3), False))
+    with open(DATA / "nccl_tests_scale.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            n, size, kind = int(r["ranks"]), int(r["size_bytes"]), r["kind"]
+            out.append(Point(r["source"], r["preset"], int(r["nodes"]), n, kind, size,
+                             size * cost.bus_factor(kind, "ring", n) / (float(r["busbw_gbps"]) * 1e3), False))
     return out
+
+
+SCALE_SOURCES = ("p5-efa", "azure-ndv5-ib")
+WITHIN = 0.15
+
+
+def scale_lines(pts: list[Point], after: dict[Point, float]) -> list[str]:
+    """The multi-node sweeps as bus bandwidth, by source, kind and node count."""
+    def busbw(p: Point, us: float) -> float:
+        return p.nbytes * cost.bus_factor(p.kind, "ring", p.ranks) / (us * 1e3)
+
+    sel = [p for p in pts if p.source in SCALE_SOURCES]
+    judged = [p for p in sel if 4 <= p.nodes <= 128]
+    ok = [p for p in judged if abs(p.measured_us / after[p] - 1) <= WITHIN]
+    lines = ["", "Across nodes at scale (published nccl-tests sweeps; bus bandwidth, predicted / measured - 1; "
+             f"goal: within {WITHIN:.0%} of every point at 4-128 nodes):", "",
+             f"Within {WITHIN:.0%}: {len(ok)} of {len(judged)} points at 4-64 nodes "
+             f"(median |error| {statistics.median(abs(p.measured_us / after[p] - 1) for p in judged):.1%}).", "",
+             "| source | collective | nodes | sizes | measured GB/s | predicted GB/s | error by size | within 15% |",
+             "|---|---|---:|---|---|---|---|---:|"]
+    groups: dict[tuple[str, str, int], list[Point]] = defaultdict(list)
+    for p in sel:
+        groups[(p.source, p.kind, p.nodes)].append(p)
+    for (source, kind, nodes), ps in sorted(groups.items()):
+        ps.sort(key=lambda p: p.nbytes)
+        sizes = f"{ps[0].nbytes / 2**20:.0f}-{ps[-1].nbytes / 2**20:.0f} MiB" if len(ps) > 1 else f"{ps[0].nbytes / 2**20:.0f} MiB"
+        errs = [p.measured_us / after[p] - 1 for p in ps]
+        lines.append(f"| {source} | {kind} | {nodes} | {sizes} | "
+                     f"{' '.join(f'{busbw(p, p.measured_us):.0f}' for p in ps)} | "
+                     f"{' '.join(f'{busbw(p, after[p]):.0f}' for p in ps)} | "
+                     f"{' '.join(f'{e:+.0%}' for e in errs)} | {sum(abs(e) <= WITHIN for e in errs)}/{len(ps)} |")
+    return lines
 
 
 def _held_out(p: Point) -> bool:
@@ -184,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     for (_, preset, nodes, n, kind, size, _bw, cite), p in zip(PUBLISHED, [p for p in pts if p.source == "published"]):
         lines.append(f"| {preset} x{nodes} | {n} | {kind} | {size / 2**20:.0f} MiB | {p.measured_us:.0f} "
                      f"| {before[p] / p.measured_us - 1:+.0%} | {after[p] / p.measured_us - 1:+.0%} | {cite} |")
+    lines += scale_lines(pts, after)
     text = "\n".join(lines)
     print(text)
     write_section("collective_fidelity", text)
