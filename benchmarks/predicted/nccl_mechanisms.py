@@ -1,7 +1,8 @@
 """What each NCCL setting changes, as the cost model prices it (predictions, no GPU).
 
 For 8 H100 and 8 B200 of one node: NCCL's own choice against its symmetric kernels (XLA's
-symmetric buffers) and NVLS on registered buffers (XLA's user buffers), per kind and size:
+symmetric buffers), NVLS on registered buffers (XLA's user buffers) and those with the
+efficiency CTA policy (NVLS all-gathers and reduce-scatters), per kind and size:
 the kernel, its CTAs and its time alone; then a GEMM beside each collective, the step with
 each setting and with NCCL_MAX_CTAS caps, so the SMs a setting hands back to compute show.
 
@@ -23,8 +24,14 @@ PRESETS = ("h100-sxm-8", "b200-sxm-8")
 KINDS = ("all-reduce", "all-gather", "reduce-scatter")
 SIZES = (4 << 10, 1 << 20, 16 << 20, 256 << 20)
 SETTINGS = (("NCCL's defaults", {}), ("symmetric buffers", {"symmetric_buffers": True}),
-            ("user buffers", {"user_buffers": True}), ("NCCL_MAX_CTAS=8", {"max_ctas": 8}),
+            ("user buffers", {"user_buffers": True}),
+            ("user buffers, NCCL_CTA_POLICY=1", {"user_buffers": True, "efficiency": True}),
+            ("NCCL_MAX_CTAS=8", {"max_ctas": 8}),
             ("NCCL_MAX_CTAS=4", {"max_ctas": 4}))
+
+
+# The settings whose pick is shown collective by collective (the CTA caps only in the step).
+_PICKS = 4
 
 
 def _size(nbytes: int) -> str:
@@ -38,7 +45,7 @@ def collective_rows() -> list[str]:
         for kind in KINDS:
             for nbytes in SIZES:
                 cells = []
-                for _label, env in SETTINGS[:3]:
+                for _label, env in SETTINGS[:_PICKS]:
                     hw = dataclasses.replace(base, nccl_env=NcclEnv(**env))
                     p = cost.nccl_default_params(kind, nbytes, 8, 1, hw)
                     t = cost.collective_time_us(kind, nbytes, 8, 1, p, hw)
@@ -76,9 +83,10 @@ def section() -> str:
         "## nccl_mechanisms (what NCCL's settings change, predicted)", "",
         f"Machine: {machine_line()}. `python -m benchmarks.predicted.nccl_mechanisms`. One node of 8 GPUs. "
         "NCCL's own pick for one collective (kernel, CTAs, time alone) under its defaults, on XLA's "
-        "symmetric buffers (NCCL 2.27's symmetric kernels) and on XLA's user buffers (NVLS on registered "
-        "buffers); docs/nccl.md says how each is priced and from which source.", "",
-        "| GPUs | kind | bytes | " + " | ".join(labels[:3]) + " |", "|---|---|---:|---|---|---|",
+        "symmetric buffers (NCCL 2.27's symmetric kernels), on XLA's user buffers (NVLS on registered "
+        "buffers) and on them with NCCL's efficiency CTA policy (NVLS all-gathers and reduce-scatters); "
+        "docs/nccl.md says how each is priced and from which source.", "",
+        "| GPUs | kind | bytes | " + " | ".join(labels[:_PICKS]) + " |", "|---|---|---:|" + "---|" * _PICKS,
         *collective_rows(), "",
         "An 8192^3 bf16 GEMM beside an independent 256 MiB collective, the step (ms) under each setting: what "
         "the SMs a setting frees or takes do to the compute beside it.", "",
