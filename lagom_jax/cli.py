@@ -242,7 +242,7 @@ def _add_quantization_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_moe_args(p: argparse.ArgumentParser) -> None:
     """--model mixtral's MoE options (docs/moe.md); not given: the config's own."""
-    p.add_argument("--moe", default=None, choices=("dropless", "dropping"),
+    p.add_argument("--moe", default=None, choices=("dropless", "dropping", "grouped"),
                    help="--model mixtral: dropping (GShard capacity, MaxText's dense path; the default) or "
                    "dropless (sorted tokens, grouped GEMMs, MaxText's sparse path, which XLA:GPU compiles "
                    "to one dense dot over every expert)")

@@ -128,10 +128,12 @@ class Compiled:
     # The busiest device's share of a dropless MoE exchange over the balanced one
     # (``graph.busiest_device_load``): the routing's skew, which no compiled module shows.
     exchange_load: float = 1.0
+    # The busiest expert's rows over the mean in every grouped GEMM (``moe="grouped"``).
+    group_load: float = 1.0
 
     def graph(self) -> graph_lib.StepGraph:
         step = graph_lib.from_module(self.module) if self.module is not None else graph_lib.from_hlo_text(self.text)
-        return graph_lib.with_exchange_load(step, self.exchange_load)
+        return graph_lib.with_group_load(graph_lib.with_exchange_load(step, self.exchange_load), self.group_load)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +176,10 @@ def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log)
     gpu_compile.prepare()  # before anything starts JAX's backends
     shape = src.shape()
     n = math.prod(shape.values())
+    cfg = models.families.resolve_config(src.model, src.config)
+    if getattr(cfg, "moe", "") == "grouped" and hw.arch != "hopper":
+        raise ValueError(f"moe='grouped' runs JAX's Hopper grouped-GEMM kernels (pallas ops.gpu.ragged_dot_mgpu, "
+                         f"wgmma); {hw.gpu} is {hw.arch}: use moe='dropless' (XLA's ragged_dot) or a Hopper preset")
     target = gpu_compile.step_devices(hw, n)
     warnings = (target.warning,) if target.warning else ()
     recipe, decisions = _with_commfuse(src, hw, log)
@@ -190,7 +196,9 @@ def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log)
     text = built.compiled_text(base)
     recompile = (lambda options: built.compiled_text({**base, **options})) if target.deviceless else None
     load, said = _exchange_load(src)
-    return Compiled(text, target.where, hw, warnings, decisions + said, recompile, exchange_load=load)
+    group_load = float(getattr(cfg, "expert_imbalance", 1.0)) if getattr(cfg, "moe", "") == "grouped" else 1.0
+    return Compiled(text, target.where, hw, warnings, decisions + said, recompile, exchange_load=load,
+                    group_load=group_load)
 
 
 def _exchange_load(src: ModelSource) -> tuple[float, tuple[tuple[str, str], ...]]:
@@ -201,7 +209,12 @@ def _exchange_load(src: ModelSource) -> tuple[float, tuple[tuple[str, str], ...]
     if imbalance == 1.0:
         return 1.0, ()
     ways = src.shape().get("expert", 1)
-    if getattr(cfg, "moe", "") != "dropless":
+    grouped = getattr(cfg, "moe", "") == "grouped"
+    gemms = (f"every grouped GEMM's busiest group (expert) holds {imbalance:g}x the mean rows" if grouped else
+             "the expert GEMMs (one dense dot over every expert, as XLA compiles ragged_dot) do not change")
+    if grouped and ways <= 1:
+        return 1.0, (("expert imbalance", f"{imbalance:g}: {gemms}; no expert axis, so no exchange"),)
+    if getattr(cfg, "moe", "") not in ("dropless", "grouped"):
         return 1.0, (("expert imbalance", (
             f"{imbalance:g} changes nothing priced: GShard's capacity buffers fix the all-to-all's bytes and "
             "the expert GEMMs' shapes whatever the routing (tokens over capacity are dropped)")),)
@@ -213,8 +226,7 @@ def _exchange_load(src: ModelSource) -> tuple[float, tuple[tuple[str, str], ...]
     return load, (("expert imbalance", (
         f"the busiest of {cfg.experts} experts takes {imbalance:g}x the mean: the device holding it receives "
         f"and sends back {load:.2f}x a balanced share, so every dropless exchange (ragged all-to-all over "
-        f"{ways} devices) is priced at that load; the expert GEMMs (one dense dot over every expert, as XLA "
-        "compiles ragged_dot) do not change")),)
+        f"{ways} devices) is priced at that load; {gemms}")),)
 
 
 def _with_commfuse(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from . import attention, fp8
+from . import attention, fp8, grouped_gemm
 from .layers import (ModelConfig, Norm, block_layout, cross_entropy, next_token_batch, next_token_batch_shapes,
                      normal, stack_init, weight)
 from .pipeline import Stack
@@ -58,7 +58,7 @@ EXPERT_TOKENS = ("act_exp", "act_exp_batch", None, None)
 EXPERT_HIDDEN = ("act_exp", "act_exp_batch", None, "act_mlp")
 
 
-MOE_MODES = ("dropless", "dropping")
+MOE_MODES = ("dropless", "dropping", "grouped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,8 @@ class MoEConfig(ModelConfig):
     # (jaxlib 0.10.2, and jax 0.11 as measured on an H100) compiles to one dense dot over
     # every expert, ``experts`` times the useful FLOPs; MaxText's GPU model config for
     # Mixtral 8x7B leaves ``sparse_matmul`` true and runs it. "dropless": sorted tokens,
-    # grouped GEMMs (``ragged_dot``).
+    # grouped GEMMs (``ragged_dot``). "grouped": the same layer with its grouped GEMMs on JAX's
+    # Pallas grouped-GEMM kernels (``models.grouped_gemm``; Hopper), as users run MoE on GPUs.
     moe: str = "dropping"
     shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeek)
     expert_ffn: int = 0  # each expert's FFN width; 0: d_ff
@@ -88,7 +89,9 @@ class MoEConfig(ModelConfig):
                              f"({self.experts}): the busiest expert's load over the mean")
         if self.moe not in MOE_MODES:
             raise ValueError(f"model config: moe must be one of {', '.join(MOE_MODES)}, got {self.moe!r}")
-        if self.quantization and self.moe == "dropless":
+        if self.moe == "grouped" and self.experts:
+            grouped_gemm.check_dims(self.d_model, self.ffn_e)
+        if self.quantization and self.moe in ("dropless", "grouped"):
             raise ValueError("model config: quantization=fp8 with moe=dropless: MaxText's sparse path has no fp8 "
                              "grouped GEMM on GPUs (ragged_dot refuses a quantized kernel); use moe=dropping")
         for f in ("shared_experts", "expert_ffn", "dense_layers"):
@@ -237,13 +240,15 @@ def top_k_routing(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _grouped_swiglu(rows: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
-                    sizes: jax.Array) -> jax.Array:
-    """The experts on rows sorted by expert: three grouped GEMMs (`jax.lax.ragged_dot`);
-    rows beyond ``sum(sizes)`` (buffer padding) come out zero."""
-    g = checkpoint_name(jax.lax.ragged_dot(rows, wi0, sizes), "mlpwi_0")
-    u = checkpoint_name(jax.lax.ragged_dot(rows, wi1, sizes), "mlpwi_1")
+                    sizes: jax.Array, kernel: bool = False) -> jax.Array:
+    """The experts on rows sorted by expert: three grouped GEMMs (`jax.lax.ragged_dot`, or with
+    ``kernel`` JAX's grouped-GEMM kernels, `models.grouped_gemm`); rows beyond ``sum(sizes)``
+    (buffer padding) come out zero."""
+    dot = grouped_gemm.grouped_matmul if kernel else jax.lax.ragged_dot
+    g = checkpoint_name(dot(rows, wi0, sizes), "mlpwi_0")
+    u = checkpoint_name(dot(rows, wi1, sizes), "mlpwi_1")
     h = checkpoint_name(jax.nn.silu(g) * u, "mlpwi")
-    return checkpoint_name(jax.lax.ragged_dot(h, wo, sizes), "mlpwo")
+    return checkpoint_name(dot(h, wo, sizes), "mlpwo")
 
 
 def counting_sort(keys: jax.Array, classes: int) -> tuple[jax.Array, jax.Array]:
@@ -261,12 +266,12 @@ def counting_sort(keys: jax.Array, classes: int) -> tuple[jax.Array, jax.Array]:
 
 def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
                    *, top_k: int, experts: int, expert_axis: str | None = None, expert_ways: int = 1,
-                   model_axis: str | None = None) -> jax.Array:
+                   model_axis: str | None = None, kernel: bool = False) -> jax.Array:
     """Dropless routed experts on one device's tokens ``x`` [b, t, d] (see the module).
 
     Inside a shard_map: ``expert_axis`` holds ``expert_ways`` shards of the experts (the
     weights passed are the local ones) and ``model_axis`` splits the expert FFN (partial
-    outputs summed over it)."""
+    outputs summed over it). ``kernel``: the grouped GEMMs on JAX's kernels (``moe="grouped"``)."""
     b, t, d = x.shape
     n = b * t
     xf = x.reshape(n, d)
@@ -275,9 +280,9 @@ def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Arr
     order, sizes = counting_sort(flat.astype(jnp.int32), experts)
     rows = jnp.take(xf, order // top_k, axis=0)  # sorted by expert
     if expert_ways == 1:
-        y = _grouped_swiglu(rows, wi0, wi1, wo, sizes)
+        y = _grouped_swiglu(rows, wi0, wi1, wo, sizes, kernel)
     else:
-        y = _expert_exchange(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways)
+        y = _expert_exchange(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways, kernel)
     if model_axis is not None:
         y = jax.lax.psum(y, model_axis)
     back = jnp.zeros_like(y).at[order].set(y)  # the inverse permutation: assignment order
@@ -313,7 +318,7 @@ def ragged_all_to_all(operand: jax.Array, output: jax.Array, input_offsets: jax.
 
 
 def _expert_exchange(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
-                     axis: str, ways: int) -> jax.Array:
+                     axis: str, ways: int, kernel: bool = False) -> jax.Array:
     """Sorted rows to their experts' shards by ragged all-to-all, the local experts, and back.
 
     Every device learns every device's per-expert counts (one small all-gather), so each
@@ -338,7 +343,7 @@ def _expert_exchange(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax
     ids = jnp.sum((r - at[src])[:, None] >= jnp.cumsum(mine, axis=1)[src], axis=1)
     ids = jnp.where(r < recv.sum(), ids, local)  # ``local``: buffer padding
     order, _ = counting_sort(ids.astype(jnp.int32), local + 1)
-    y = _grouped_swiglu(jnp.take(got, order, axis=0), wi0, wi1, wo, mine.sum(axis=0).astype(jnp.int32))
+    y = _grouped_swiglu(jnp.take(got, order, axis=0), wi0, wi1, wo, mine.sum(axis=0).astype(jnp.int32), kernel)
     y = jnp.zeros_like(y).at[order].set(y)  # packed by source again
     home = (jnp.cumsum(flow, axis=1) - flow)[:, me]  # source s's block for me in its sorted rows
     return ragged_all_to_all(y, jnp.zeros_like(rows), at, recv, home, send, axis)
@@ -361,8 +366,11 @@ class DroplessMoE(nn.Module):
         c, dt, lay = self.cfg, self.dtype, self.layout
         router = weight(self, "router", (c.d_model, c.experts), ("embed", None), normal(0.02))
         (wi0, wi1), wo = _expert_weights(self, c, dt)
+        # The kernels have no batching rule: the parameter init (vmapped over the layers, with
+        # no layout) runs the same contract as ragged_dot, which gives the same parameters.
+        kernel = getattr(c, "moe", "") == "grouped" and lay is not _NO_LAYOUT
         if lay.mesh is None:
-            return dropless_local(x, router, wi0, wi1, wo, top_k=c.top_k, experts=c.experts)
+            return dropless_local(x, router, wi0, wi1, wo, top_k=c.top_k, experts=c.experts, kernel=kernel)
         from jax.sharding import PartitionSpec as P
 
         axes = dict(lay.mesh.shape)
@@ -371,7 +379,7 @@ class DroplessMoE(nn.Module):
         tp = "model" if axes.get("model", 1) > 1 and _rule(lay, "act_mlp") == "model" else None
         e_ax = "expert" if ep > 1 else None
         fn = functools.partial(dropless_local, top_k=c.top_k, experts=c.experts,
-                               expert_axis=e_ax, expert_ways=ep, model_axis=tp)
+                               expert_axis=e_ax, expert_ways=ep, model_axis=tp, kernel=kernel)
         run = jax.shard_map(fn, mesh=lay.mesh,
                             in_specs=(P(batch), P(), P(e_ax, None, tp), P(e_ax, None, tp), P(e_ax, tp, None)),
                             out_specs=P(batch), axis_names=frozenset(axes), check_vma=False)
@@ -430,7 +438,7 @@ class LlamaBlock(nn.Module):
         h = norm("ln_mlp", x)
         if not c.experts or self.dense:
             return lay.constrain(x + SwiGLU(c, self.dtype, lay, name="mlp")(h), RESID)
-        routed = DroplessMoE if getattr(c, "moe", "dropping") == "dropless" else MoE
+        routed = DroplessMoE if getattr(c, "moe", "dropping") in ("dropless", "grouped") else MoE
         y = routed(c, self.dtype, lay, name="mlp")(h)
         shared = getattr(c, "shared_experts", 0)
         if shared:

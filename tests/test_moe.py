@@ -202,3 +202,72 @@ def test_a_gshard_layer_runs_maxtexts_dots_and_no_other():
     jaxpr = jax.make_jaxpr(layer.apply)(params, jnp.zeros(x.shape, x.dtype)).jaxpr
     hand = 2 * b * s * m * e + 2 * b * s * e * c * m + 6 * e * b * c * m * h + 2 * b * s * e * c * m
     assert dot_flops(jaxpr) == hand
+
+
+# ------------------------------------------------------- grouped GEMMs (moe="grouped")
+
+
+@pytest.mark.slow
+def test_grouped_kernels_train_as_ragged_dot():
+    # On the CPU the kernels' contract runs as ragged_dot and the custom VJP's transposes: the
+    # same losses as the dropless layer, on one device and with an expert exchange.
+    for recipe, mesh in (("dp", "data=1"), ("fsdp+ep", "fsdp=2,expert=4")):
+        np.testing.assert_allclose(_losses(_config(moe="grouped", d_model=32, d_ff=64), recipe, mesh),
+                                   _losses(_config(moe="dropless", d_model=32, d_ff=64), recipe, mesh), rtol=1e-5)
+
+
+def test_grouped_kernels_have_the_gradients_of_ragged_dot():
+    from lagom_jax.models import grouped_gemm
+
+    ks = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(ks[0], (40, 32))
+    w = jax.random.normal(ks[1], (4, 32, 16))
+    sizes = jnp.array([10, 0, 20, 6], jnp.int32)  # 36 rows in groups, 4 of padding
+    dy = jax.random.normal(ks[2], (40, 16))
+    got = jax.vjp(lambda x, w: grouped_gemm.grouped_matmul(x, w, sizes), x, w)
+    want = jax.vjp(lambda x, w: jax.lax.ragged_dot(x, w, sizes), x, w)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(got[1](dy), want[1](dy)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_grouped_step_runs_jaxs_kernels_at_the_routed_flops_and_a_busier_expert_lengthens_them():
+    # No expert axis: each device's rows are its own tokens x top_k, in 8 groups.
+    kw = dict(layers=1, d_model=256, heads=4, kv_heads=4, ffn=512, vocab=256, experts=8, top_k=2, seq_len=256,
+              global_batch=16, mesh={"fsdp": 8}, hardware="h100-sxm-8", strategy="xla-default", remat="none")
+    grouped = predict.train_step_job("mixtral", **kw, moe="grouped")
+    kernels_ = [t for t in grouped.compiled.graph().tasks if t.kernel == "grouped-gemm"]
+    assert len(kernels_) == 9 and all("mosaic_gpu" in t.custom_call for t in kernels_)  # 3 GEMMs, fwd and 2 grads
+    rows = 16 // 8 * 256 * 2  # tokens on a device x top_k
+    forward = 2 * rows * 256 * 512 * 3  # wi_0, wi_1 [256 -> 512] and wo [512 -> 256]
+    assert sum(t.flops for t in kernels_) == pytest.approx(3 * forward)
+    dense = predict.train_step_job("mixtral", **kw, moe="dropless")
+    dots = [t for t in dense.compiled.graph().tasks if t.gemm and t.flops >= 2 * rows * 256 * 512]
+    # XLA's ragged_dot: one dense dot over every expert, 8x the routed FLOPs.
+    assert sum(t.flops for t in dots) >= 8 * 3 * forward * 0.99
+    skewed = predict.train_step_job("mixtral", **kw, moe="grouped", expert_imbalance=4.0)
+
+    def kernel_us(job):
+        result = job.planned.results["xla-default"]
+        ids = {t.id for t in result.graph.tasks if t.kernel == "grouped-gemm"}
+        return sum(i.end - i.start for i in result.timeline.intervals if i.task_id in ids)
+
+    # The busiest expert's rows reach every kernel (4x the mean); at these small shapes every tile still
+    # fits in one wave, so the time holds (kernels.grouped_gemm_time_us grows at Mixtral's shapes:
+    # test_grouped_gemm_priced_time_grows_with_imbalance_at_fixed_flops).
+    busiest = {t.gemm[1] for t in skewed.compiled.graph().tasks if t.kernel == "grouped-gemm"}
+    assert busiest == {4 * rows // 8}
+    assert kernel_us(skewed) >= kernel_us(grouped)
+    assert "busiest group (expert) holds 4x" in dict(skewed.plan.decisions)["expert imbalance"]
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(hardware="b200-sxm-8"), "Hopper grouped-GEMM kernels.*B200 SXM is blackwell: use moe='dropless'"),
+    (dict(d_model=72, heads=4), "multiples of 16"),
+])
+def test_grouped_kernels_refuse_what_they_cannot_run_in_one_line(kw, message):
+    args = dict(layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256, experts=4, top_k=2, seq_len=64,
+                global_batch=8, mesh={"fsdp": 8}, hardware="h100-sxm-8", moe="grouped")
+    with pytest.raises(ValueError, match=message):
+        predict.train_step_job("mixtral", **{**args, **kw}, strategy="xla-default")

@@ -170,7 +170,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
         raise ValueError(f"quantization must be 'fp8' or '' (the compute dtype), got {quantization!r}")
     if quantization and family == "gpt":
         raise ValueError("quantization=fp8 is MaxText's fp8 path, built for llama and mixtral, not gpt")
-    if quantization and moe == "dropless" and experts:
+    if quantization and moe in ("dropless", "grouped") and experts:
         raise ValueError("quantization=fp8 with moe=dropless: MaxText's sparse path has no fp8 grouped GEMM "
                          "on GPUs; use moe='dropping'")
     if family == "gpt" and kv_heads not in (0, heads):

@@ -957,6 +957,14 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
     if hbm_gbps_taken > 0 and cfg.hbm_pressure_exponent:
         pressure = (hbm / hw.achieved_hbm_gbps) ** -cfg.hbm_pressure_exponent
     own_rate = kernels.kernel_tflops(kernel, hw) if kernel else None
+    if kernel == GROUPED_GEMM and len(gemm) == 4:
+        # (groups, rows of the busiest group, N, K); the rest of the rows share the others.
+        groups, busiest, n, k = gemm
+        total = max(int(round(flops / (2.0 * n * k))), 1)
+        imbalance = min(float(groups), max(1.0, busiest * groups / total))
+        rows = kernels.balanced_groups(total, groups, imbalance)
+        own = kernels.grouped_gemm_time_us(rows, n, k, hw, itemsize=itemsize) / sm_left * pressure
+        return max(own, memory)
     if gemm:
         batch, m, n, k = gemm
         shape = dict(batch=batch, itemsize=itemsize, sm_fraction=sm_left, tflops=own_rate)
@@ -972,6 +980,9 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
         return max(kernels.gemm_time_us(m, n, k, hw, **shape) * pressure, own, memory)
     rate = own_rate or (hw.attention_tflops if attention and hw.attention_tflops else hw.achieved_tflops)
     return max(hw.launch_us + flops / (rate * 1e6 * sm_left) * pressure, memory)
+
+
+GROUPED_GEMM = "grouped-gemm"  # custom_calls.GROUPED_GEMM: JAX's grouped-GEMM kernels
 
 
 def cta_waves(gemm: tuple[int, ...], hw: HardwareProfile) -> int:

@@ -33,6 +33,7 @@ What the mocked call costs is then priced from the call itself (:func:`price`):
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -236,11 +237,38 @@ def attention_bytes(call: AttentionCall, itemsize: int = 2) -> float:
 @dataclasses.dataclass(frozen=True)
 class Priced:
     """What ``graph`` charges for one custom call: FLOPs, bytes and the kernel whose rate
-    times it ("" for the default rate; "unpriced" for a call no model knows)."""
+    times it ("" for the default rate; "unpriced" for a call no model knows), and the
+    matmul shape it runs where it runs one."""
 
     flops: float
     bytes: float
     kernel: str
+    gemm: tuple[int, ...] = ()
+
+
+# JAX's Pallas grouped-GEMM kernels (``models.grouped_gemm``): Mosaic-GPU custom calls whose
+# op_name carries the scope they run under. Their last two operands are the rows [T, K] (the
+# weights' gradient: the rows [T, M]) and the other side, the first the group sizes [G]; the
+# output's last dimension is N. FLOPs 2 T K N either way (T the rows sorted by group); the
+# shape (groups, rows of the busiest group, N, K) times them (``kernels.grouped_gemm_time_us``),
+# balanced until ``graph.with_group_load`` says otherwise.
+GROUPED_GEMM = "grouped-gemm"
+GROUPED_GEMM_SCOPE = "grouped_gemm"
+_MOSAIC_PREFIX = "mosaic_gpu"
+
+
+def grouped_gemm(inst: hlo.Instruction, operands: list[hlo.Shape]) -> Priced | None:
+    """The price of one of JAX's grouped-GEMM kernels (None: ``inst`` is not one)."""
+    if (not custom_call_target(inst).startswith(_MOSAIC_PREFIX) or len(operands) < 3
+            or GROUPED_GEMM_SCOPE not in re.split(r"[/()]", inst.metadata().get("op_name", ""))):
+        return None
+    groups, (lhs, other), out = operands[0].dims, operands[-2:], inst.shape
+    if len(groups) != 1 or len(lhs.dims) != 2 or out.is_tuple or not out.dims:
+        return None
+    rows, k = lhs.dims
+    n = out.dims[-1]
+    return Priced(2.0 * rows * k * n, float(out.bytes + lhs.bytes + other.bytes), GROUPED_GEMM,
+                  (groups[0], math.ceil(rows / max(groups[0], 1)), n, k))
 
 
 def price(inst: hlo.Instruction, operands: list[hlo.Shape]) -> Priced | None:
@@ -249,6 +277,9 @@ def price(inst: hlo.Instruction, operands: list[hlo.Shape]) -> Priced | None:
     target = custom_call_target(inst)
     if not target or target.startswith(_PRICED_BY_GRAPH_PREFIX) or target in _PRICED_BY_GRAPH:
         return None
+    grouped = grouped_gemm(inst, operands)
+    if grouped is not None:
+        return grouped
     call = attention_call(inst, operands)
     if call is not None:
         itemsize = max(1, (hlo.dtype_bits(operands[0].dtype) or 16) // 8) if operands else 2

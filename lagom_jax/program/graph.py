@@ -785,7 +785,8 @@ class _Builder:
             kernel = priced.kernel if priced is not None else ""
             if op in ("fusion-start", "copy-start") and _HOST_MEMORY in inst.source:
                 kernel = "host-transfer"
-            gemm = self.gemm(comp, inst) if flops and not kernel else ()
+            gemm = priced.gemm if priced is not None and priced.gemm else (
+                self.gemm(comp, inst) if flops and not kernel else ())
             if gemm and (target == "__cublas$lt$matmul$f8" or self.fp8_dot(comp, inst)):
                 kernel = "fp8-matmul"
             return self.emit(
@@ -877,6 +878,22 @@ def busiest_device_load(experts: int, ways: int, imbalance: float) -> float:
     local = experts // ways
     others = (experts - imbalance) / (experts - 1) if experts > 1 else 1.0
     return (imbalance + (local - 1) * others) / local
+
+
+def with_group_load(graph: StepGraph, imbalance: float) -> StepGraph:
+    """``graph`` with every grouped GEMM (``custom_calls.GROUPED_GEMM``) holding a busiest group of
+    ``imbalance`` times the mean rows: a MoE's busiest expert, which sets the kernel's time."""
+    if imbalance == 1.0:
+        return graph
+
+    def busier(t: Task) -> Task:
+        groups, mean, n, k = t.gemm
+        rows = t.flops / (2.0 * n * k)
+        return t.evolve(gemm=(groups, min(int(rows), math.ceil(rows / groups * imbalance)), n, k))
+
+    tasks = tuple(busier(t) if t.kernel == custom_calls.GROUPED_GEMM and len(t.gemm) == 4 else t
+                  for t in graph.tasks)
+    return dataclasses.replace(graph, tasks=tasks)
 
 
 def with_exchange_load(graph: StepGraph, load: float) -> StepGraph:

@@ -1,0 +1,137 @@
+"""Grouped GEMMs for MoE experts as users run them on Hopper: JAX's Pallas Mosaic-GPU kernels.
+
+``grouped_matmul(x, w, sizes)``: rows of ``x`` [T, K] sorted by group, ``sizes`` [G] rows per
+group, ``w`` [G, K, N] -> [T, N], row block ``g`` times ``w[g]`` (``jax.lax.ragged_dot``'s
+contract). XLA:GPU compiles ``ragged_dot`` to one dense dot over every group (``G`` times the
+useful FLOPs, docs/moe.md); this runs JAX's own grouped-GEMM kernels instead,
+``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu.ragged_dot`` forward and for the input's
+gradient (``transpose_rhs``), and ``transposed_ragged_dot_mgpu.transposed_ragged_dot`` for the
+weights' gradient (group ``g``: ``x_g^T dy_g``), wired by a ``custom_vjp`` (the kernels have
+none). They are Hopper kernels (wgmma, TMA): on CUDA they lower to ``mosaic_gpu`` custom calls,
+which compile deviceless for sm_90; on the CPU (tests) the same contract runs as
+``jax.lax.ragged_dot`` and its transposes. The choice is ``jax.lax.platform_dependent`` on the
+platform lowered for, as for the flash kernel (models/attention.py).
+
+Every call runs under the named scope ``SCOPE``; ``lagom_jax.program.custom_calls`` reads it
+from the kernels' op_name to price them by their group shapes (``kernels.grouped_gemm_time_us``).
+
+Tiles: 128 rows x 128 columns x 64 of the reduction (the module's own benchmark sweep starts
+there), each cut to the largest power of two dividing its dimension; the kernels need the
+reduction (and, for the weights' gradient, both output dimensions) to divide by them, so K and
+N must be multiples of 16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+SCOPE = "grouped_gemm"
+_BLOCK_M, _BLOCK_N, _BLOCK_K = 128, 128, 64
+_MIN_DIM = 16
+
+
+def _block(target: int, n: int) -> int:
+    return math.gcd(target, n & -n)
+
+
+def check_dims(k: int, n: int) -> None:
+    """The kernels' tiling: K and N multiples of 16 (ValueError naming them otherwise)."""
+    if k % _MIN_DIM or n % _MIN_DIM:
+        raise ValueError(f"grouped GEMM of [rows, {k}] x [{k}, {n}]: JAX's Hopper kernels tile both dimensions; "
+                         f"use d_model and expert FFN widths that are multiples of {_MIN_DIM} (or moe='dropless')")
+
+
+def _mosaic_forward(x: jax.Array, w: jax.Array, sizes: jax.Array, transpose_rhs: bool = False) -> jax.Array:
+    from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
+    k = x.shape[1]
+    n = w.shape[1] if transpose_rhs else w.shape[2]
+    return ragged_dot_mgpu.ragged_dot(x, w, group_sizes=sizes, block_m=_BLOCK_M, block_n=_block(_BLOCK_N, n),
+                                      block_k=_block(_BLOCK_K, k), max_concurrent_steps=2, grid_block_n=1,
+                                      transpose_rhs=transpose_rhs)
+
+
+# The weights' kernel sizes its grid from ``jax.devices()[0].core_count``, read while tracing:
+# a process tracing for GPUs it does not have (the deviceless compile, and every trace here,
+# since ``platform_dependent`` traces each platform's branch) has CPU devices without it. The
+# kernel is Hopper's, and Hopper SXM parts have 132 SMs (H100, H200; XLA's h100_sxm spec).
+HOPPER_SMS = 132
+
+
+class _Hopper:
+    core_count = HOPPER_SMS
+
+
+@contextlib.contextmanager
+def _gpu_devices_while_tracing():
+    """``jax.devices()`` answering with one Hopper's SM count where this process has no GPU."""
+    if hasattr(jax.devices()[0], "core_count"):
+        yield
+        return
+    real = jax.devices
+    jax.devices = lambda *a, **k: [_Hopper()]  # only for the trace of the kernel below
+    try:
+        yield
+    finally:
+        jax.devices = real
+
+
+def _mosaic_weight_grad(x: jax.Array, dy: jax.Array, sizes: jax.Array) -> jax.Array:
+    from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
+
+    with _gpu_devices_while_tracing():
+        return transposed_ragged_dot_mgpu.transposed_ragged_dot(
+            x, dy, group_sizes=sizes, block_m=_block(_BLOCK_M, x.shape[1]), block_n=_block(_BLOCK_N, dy.shape[1]),
+            block_k=_BLOCK_K, max_concurrent_steps=2, grid_block_n=1)
+
+
+def _lax_forward(x: jax.Array, w: jax.Array, sizes: jax.Array, transpose_rhs: bool = False) -> jax.Array:
+    return jax.lax.ragged_dot(x, jnp.swapaxes(w, 1, 2) if transpose_rhs else w, sizes)
+
+
+def _lax_weight_grad(x: jax.Array, dy: jax.Array, sizes: jax.Array) -> jax.Array:
+    # Group g: x_g^T dy_g, as the transposed kernel computes it (rows outside every group: none).
+    groups = sizes.shape[0]
+    ends = jnp.cumsum(sizes)
+    row = jnp.arange(x.shape[0])
+    member = (row[:, None] < ends[None, :]) & (row[:, None] >= (ends - sizes)[None, :])  # [T, G]
+    return jnp.einsum("tg,tk,tn->gkn", member.astype(x.dtype), x, dy,
+                      preferred_element_type=jnp.float32).astype(x.dtype).reshape(groups, x.shape[1], dy.shape[1])
+
+
+def _forward(x, w, sizes, transpose_rhs=False):
+    with jax.named_scope(SCOPE):
+        return jax.lax.platform_dependent(
+            x, w, sizes, cpu=functools.partial(_lax_forward, transpose_rhs=transpose_rhs),
+            cuda=functools.partial(_mosaic_forward, transpose_rhs=transpose_rhs))
+
+
+def _weight_grad(x, dy, sizes):
+    with jax.named_scope(SCOPE):
+        return jax.lax.platform_dependent(x, dy, sizes, cpu=_lax_weight_grad, cuda=_mosaic_weight_grad)
+
+
+@jax.custom_vjp
+def grouped_matmul(x: jax.Array, w: jax.Array, sizes: jax.Array) -> jax.Array:
+    """``jax.lax.ragged_dot(x, w, sizes)`` on JAX's grouped-GEMM kernels (see the module)."""
+    return _forward(x, w, sizes)
+
+
+def _fwd(x, w, sizes):
+    return _forward(x, w, sizes), (x, w, sizes)
+
+
+def _bwd(res, dy):
+    x, w, sizes = res
+    dy = dy.astype(x.dtype)
+    dx = _forward(dy, w, sizes, transpose_rhs=True)
+    dw = _weight_grad(x, dy, sizes)
+    return dx, dw.astype(w.dtype), None
+
+
+grouped_matmul.defvjp(_fwd, _bwd)
