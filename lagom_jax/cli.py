@@ -245,7 +245,8 @@ def _add_moe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe", default=None, choices=("dropless", "dropping", "grouped"),
                    help="--model mixtral: dropping (GShard capacity, MaxText's dense path; the default) or "
                    "dropless (sorted tokens, grouped GEMMs, MaxText's sparse path, which XLA:GPU compiles "
-                   "to one dense dot over every expert)")
+                   "to one dense dot over every expert) or grouped (the same on JAX's Pallas grouped-GEMM "
+                   "kernels; Hopper)")
     p.add_argument("--shared-experts", type=int, default=None,
                    help="--model mixtral: dense experts every token runs (DeepSeek: 1)")
     p.add_argument("--expert-ffn", type=int, default=None,
