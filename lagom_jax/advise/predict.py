@@ -291,7 +291,9 @@ def predict_train_step_ms(
     fused kernel, or "xla", the score matrix materialised (runs that used no fused attention).
     MoE (family "mixtral"; docs/moe.md): moe "dropping" (GShard capacity, ``capacity_factor``,
     default 1.25; MaxText's dense path, the default) or "dropless" (sorted tokens, grouped
-    GEMMs as ``jax.lax.ragged_dot``, which XLA:GPU compiles to a dense dot over every expert); shared_experts (dense experts every token runs, of width
+    GEMMs as ``jax.lax.ragged_dot``, which XLA:GPU compiles to a dense dot over every expert) or "grouped"
+    (the same layer on JAX's Pallas grouped-GEMM kernels, Hopper presets only, priced by their group
+    shapes); shared_experts (dense experts every token runs, of width
     ``shared_experts * expert_ffn``); expert_ffn (each expert's FFN width, default ``ffn``);
     dense_layers (the first layers dense, of width ``ffn``); expert_imbalance (the busiest expert's
     load over the mean, >= 1; checked, but XLA compiles ``ragged_dot`` into a dense dot over every
