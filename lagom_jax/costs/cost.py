@@ -44,6 +44,7 @@ from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.nccl_env import NcclEnv
 from lagom_jax.cluster.params import CollectiveParams, MAX_CHANNELS
 from lagom_jax.costs import kernels
+from lagom_jax.program import custom_calls
 
 PROTOCOL_INDEX = {"LL": 0, "LL128": 1, "Simple": 2}
 
@@ -957,7 +958,7 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
     if hbm_gbps_taken > 0 and cfg.hbm_pressure_exponent:
         pressure = (hbm / hw.achieved_hbm_gbps) ** -cfg.hbm_pressure_exponent
     own_rate = kernels.kernel_tflops(kernel, hw) if kernel else None
-    if kernel == GROUPED_GEMM and len(gemm) == 4:
+    if kernel == custom_calls.GROUPED_GEMM and len(gemm) == 4:
         # (groups, rows of the busiest group, N, K); the rest of the rows share the others.
         groups, busiest, n, k = gemm
         total = max(int(round(flops / (2.0 * n * k))), 1)
@@ -980,9 +981,6 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
         return max(kernels.gemm_time_us(m, n, k, hw, **shape) * pressure, own, memory)
     rate = own_rate or (hw.attention_tflops if attention and hw.attention_tflops else hw.achieved_tflops)
     return max(hw.launch_us + flops / (rate * 1e6 * sm_left) * pressure, memory)
-
-
-GROUPED_GEMM = "grouped-gemm"  # custom_calls.GROUPED_GEMM: JAX's grouped-GEMM kernels
 
 
 def cta_waves(gemm: tuple[int, ...], hw: HardwareProfile) -> int:
