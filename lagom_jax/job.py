@@ -195,35 +195,34 @@ def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log)
     base = dict(src.compiler_options)
     text = built.compiled_text(base)
     recompile = (lambda options: built.compiled_text({**base, **options})) if target.deviceless else None
-    load, said = _exchange_load(src)
-    group_load = float(getattr(cfg, "expert_imbalance", 1.0)) if getattr(cfg, "moe", "") == "grouped" else 1.0
+    load, group_load, said = _expert_loads(cfg, shape.get("expert", 1))
     return Compiled(text, target.where, hw, warnings, decisions + said, recompile, exchange_load=load,
                     group_load=group_load)
 
 
-def _exchange_load(src: ModelSource) -> tuple[float, tuple[tuple[str, str], ...]]:
-    """How the routing's skew (a MoE config's ``expert_imbalance``) reaches the price, and
-    the decision line that says so."""
-    cfg = models.families.resolve_config(src.model, src.config)
+def _expert_loads(cfg: Any, ways: int) -> tuple[float, float, tuple[tuple[str, str], ...]]:
+    """How the routing's skew (a MoE config's ``expert_imbalance``) reaches the price: the
+    busiest device's exchange load, the busiest group of every grouped GEMM, and the
+    decision line that says so."""
     imbalance = float(getattr(cfg, "expert_imbalance", 1.0))
     if imbalance == 1.0:
-        return 1.0, ()
-    ways = src.shape().get("expert", 1)
+        return 1.0, 1.0, ()
     grouped = getattr(cfg, "moe", "") == "grouped"
+    group_load = imbalance if grouped else 1.0
     gemms = (f"every grouped GEMM's busiest group (expert) holds {imbalance:g}x the mean rows" if grouped else
              "the expert GEMMs (one dense dot over every expert, as XLA compiles ragged_dot) do not change")
     if grouped and ways <= 1:
-        return 1.0, (("expert imbalance", f"{imbalance:g}: {gemms}; no expert axis, so no exchange"),)
+        return 1.0, group_load, (("expert imbalance", f"{imbalance:g}: {gemms}; no expert axis, so no exchange"),)
     if getattr(cfg, "moe", "") not in ("dropless", "grouped"):
-        return 1.0, (("expert imbalance", (
+        return 1.0, 1.0, (("expert imbalance", (
             f"{imbalance:g} changes nothing priced: GShard's capacity buffers fix the all-to-all's bytes and "
             "the expert GEMMs' shapes whatever the routing (tokens over capacity are dropped)")),)
     if ways <= 1:
-        return 1.0, (("expert imbalance", (
+        return 1.0, 1.0, (("expert imbalance", (
             f"{imbalance:g} changes nothing priced: no expert axis, so no exchange, and XLA runs ragged_dot "
             "as one dense dot over every expert whatever the group sizes")),)
     load = graph_lib.busiest_device_load(cfg.experts, ways, imbalance)
-    return load, (("expert imbalance", (
+    return load, group_load, (("expert imbalance", (
         f"the busiest of {cfg.experts} experts takes {imbalance:g}x the mean: the device holding it receives "
         f"and sends back {load:.2f}x a balanced share, so every dropless exchange (ragged all-to-all over "
         f"{ways} devices) is priced at that load; {gemms}")),)

@@ -171,7 +171,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
     if quantization and family == "gpt":
         raise ValueError("quantization=fp8 is MaxText's fp8 path, built for llama and mixtral, not gpt")
     if quantization and moe in ("dropless", "grouped") and experts:
-        raise ValueError("quantization=fp8 with moe=dropless: MaxText's sparse path has no fp8 grouped GEMM "
+        raise ValueError(f"quantization=fp8 with moe={moe}: MaxText's sparse path has no fp8 grouped GEMM "
                          "on GPUs; use moe='dropping'")
     if family == "gpt" and kv_heads not in (0, heads):
         raise ValueError(f"family 'gpt' has no grouped-query attention: kv_heads must equal heads {heads}")

@@ -300,7 +300,13 @@ def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
     saturates, then the protocol's efficiency and NCCL's per-protocol caps apply.
     """
     return _busbw(params.algorithm, params.protocol, params.nchannels, params.nthreads, hw, nodes, cfg, share,
-                  kind, n)
+                  *_nvls_key(params.algorithm, kind, n))
+
+
+def _nvls_key(algorithm: str, kind: str, n: int) -> tuple[str, int]:
+    """The (kind, ranks) ``_busbw`` depends on: NVLS's alone (so the cache keeps one entry per
+    ring or tree rate whatever collective asks)."""
+    return (kind, n) if algorithm == "nvls" else ("all-reduce", 0)
 
 
 def nvls_rate(kind: str, n: int) -> float:
@@ -457,7 +463,8 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
     per (kind, group, params) instead of once per size."""
     share = net_share(hw, n, nodes)
     bw = busbw_gbps(params, hw, nodes, cfg, share, kind, n) * 1e3  # bytes per us
-    one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg, share, kind, n) * 1e3
+    one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg, share,
+                    *_nvls_key(params.algorithm, kind, n)) * 1e3
     p = PROTOCOL_INDEX[params.protocol]
     hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
     hop = 0.0 if params.algorithm == "nvls" else cfg.lookup(hop_table, _link_kind(hw, nodes))[p]

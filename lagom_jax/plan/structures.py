@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import threading
 import time
@@ -101,9 +102,11 @@ CANDIDATES: tuple[Candidate, ...] = (
 )
 
 
+@functools.lru_cache(maxsize=4)
 def _combined_kinds(text: str) -> frozenset[str]:
     """The collective kinds of which the module holds a combined instance (one instruction,
-    sync or async start, over several operands)."""
+    sync or async start, over several operands). Cached: ``first_trial`` and ``search`` ask of
+    the same module."""
     module = hlo.parse(text)
     out = set()
     for comp in module.computations:

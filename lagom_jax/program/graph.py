@@ -887,7 +887,7 @@ def with_group_load(graph: StepGraph, imbalance: float) -> StepGraph:
         return graph
 
     def busier(t: Task) -> Task:
-        groups, mean, n, k = t.gemm
+        groups, _, n, k = t.gemm
         rows = t.flops / (2.0 * n * k)
         return t.evolve(gemm=(groups, min(int(rows), math.ceil(rows / groups * imbalance)), n, k))
 
