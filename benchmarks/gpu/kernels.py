@@ -14,6 +14,14 @@ Parts (``--parts``, comma-separated):
 - ``ragged``: ``jax.lax.ragged_dot`` with Mixtral 8x7b's expert up-projection (8 experts,
   4096 -> 14336) on 16384 routed rows, groups balanced and skewed, compiled as XLA does by
   default and with ``xla_gpu_experimental_use_ragged_dot_grouped_gemm``.
+- ``grouped``: the grouped-GEMM kernels ``moe="grouped"`` compiles (``models.grouped_gemm``:
+  JAX's Pallas Mosaic-GPU ``ragged_dot`` forward and input gradient, its transposed kernel for
+  the weights' gradient) against XLA's ``jax.lax.ragged_dot`` on the same operands, forward and
+  forward+backward, at Mixtral 8x7b's expert GEMMs (8 experts, 16384 routed rows, 4096 <-> 14336)
+  and a 64-expert top-4 layer's (32768 routed rows, 2560 <-> 1280), groups balanced and 2x
+  imbalanced (the busiest expert twice the mean, ``kernels.balanced_groups``). Rates count the
+  useful FLOPs (2 x rows x K x N per GEMM); the relative error of each kernel's outputs against
+  XLA's is recorded beside the time.
 - ``dispatch``: the GShard layer's one-hot dispatch and combine einsums (MaxText's dense MoE
   path, ``lagom_jax.models.llama.MoE``) at Mixtral 8x7b's recipe shape: 4 sequences of 4096
   tokens per GPU, 8 experts, top-2, capacity factor 1.25 (1280 slots), hidden 4096.
@@ -44,7 +52,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-PARTS = ("attention", "fp8", "ragged", "dispatch", "memory")
+PARTS = ("attention", "fp8", "ragged", "grouped", "dispatch", "memory")
 
 
 def timed(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], *, repeats: int, inner: int) -> dict[str, float]:
@@ -267,6 +275,77 @@ def _compiled_form(text: str, m: int, masked_k: int) -> dict[str, Any]:
     group (an ``[m, groups * k]`` operand), and the custom calls the module holds."""
     return {"dense_dot": f"[{m},{masked_k}]" in text,
             "custom_calls": sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))}
+
+
+# ----------------------------------------------------------------------------- grouped
+
+# (name, groups, routed rows, d_model, expert FFN) of the grouped part; each runs its up
+# (d_model -> FFN) and down (FFN -> d_model) projection.
+GROUPED_SHAPES = (("mixtral-8x7b", 8, 16384, 4096, 14336), ("64 experts top-4", 64, 32768, 2560, 1280))
+GROUPED_QUICK = (("tiny", 4, 512, 64, 128),)
+
+
+def _rel_error(got: Any, want: Any) -> float:
+    import jax.numpy as jnp
+
+    got, want = jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)
+    return float(jnp.linalg.norm(got - want) / jnp.maximum(jnp.linalg.norm(want), 1e-30))
+
+
+def grouped(quick: bool, repeats: int, inner: int, progress: Any) -> list[dict[str, Any]]:
+    """The grouped-GEMM kernels of ``moe="grouped"`` against XLA's ``ragged_dot``, timed."""
+    import jax
+    import jax.numpy as jnp
+
+    from lagom_jax.costs import kernels as cost_kernels
+    from lagom_jax.models import grouped_gemm
+
+    dt = jnp.float32 if quick else jnp.bfloat16
+    rows_out = []
+    key = jax.random.key(23)
+    for shape, g, m, d, f in GROUPED_QUICK if quick else GROUPED_SHAPES:
+        for proj, k, n in (("up", d, f), ("down", f, d)):
+            key, *ks = jax.random.split(key, 5)
+            base = [(_normal(ks[2 * i], (m, k), dt), _normal(ks[2 * i + 1], (g, k, n), dt)) for i in range(2)]
+            first = [(a, b, jnp.asarray(cost_kernels.balanced_groups(m, g), jnp.int32)) for a, b in base]
+            # One executable per implementation and pass: the group sizes are an operand.
+            impls = {}
+            for impl, f_ in (("grouped kernel", grouped_gemm.grouped_matmul), ("XLA ragged_dot", jax.lax.ragged_dot)):
+                fwd = jax.jit(f_)
+                both, both_first = with_backward(fwd, first, 2, ks[-1])
+                cts = [c for *_, c in both_first]
+                try:
+                    targets = _compiled_form(fwd.lower(*first[0]).as_text("hlo") if quick else
+                                             fwd.lower(*first[0]).compile().as_text(), m, g * k)["custom_calls"]
+                except Exception as e:  # noqa: BLE001 - the timing below says what failed
+                    targets = [f"compile failed: {e!r}"[:200]]
+                impls[impl] = (fwd, both, cts, targets)
+            for load in (1.0, 2.0):
+                sizes = np.array(cost_kernels.balanced_groups(m, g, load), np.int32)
+                sets = [(a, b, jnp.asarray(sizes)) for a, b in base]
+                outs: dict[Any, Any] = {}
+                for impl, (fwd, both, cts, targets) in impls.items():
+                    both_sets = [(*a, c) for a, c in zip(sets, cts)]
+                    for what, fn, args, mult in (("forward", fwd, sets, 1), ("forward+backward", both, both_sets, 3)):
+                        label = f"{shape} {proj} {impl} load {load:g}x {what}"
+                        fields = dict(shape=shape, proj=proj, impl=impl, groups=g, m=m, k=k, n=n, load=load,
+                                      busiest=int(sizes.max()), custom_calls=targets, **{"pass": what})
+                        row = measure(fn, args, mult * 2 * m * k * n, repeats=repeats, inner=inner,
+                                      progress=progress, label=label, **fields)
+                        if "error" not in row:
+                            try:
+                                outs[(impl, what)] = jax.device_get(fn(*args[0]))
+                            except Exception as e:  # noqa: BLE001 - the time stands without the check
+                                row["check_error"] = repr(e)[:300]
+                        rows_out.append(row)
+                for row in rows_out[-4:]:
+                    got, want = outs.get((row["impl"], row["pass"])), outs.get(("XLA ragged_dot", row["pass"]))
+                    if row["impl"] == "grouped kernel" and got is not None and want is not None:
+                        row["rel_error"] = max(_rel_error(a, b) for a, b in
+                                               zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+                        progress(f"  {shape} {proj} load {load:g}x {row['pass']}: relative error of the "
+                                 f"grouped kernel against XLA {row['rel_error']:.2e}")
+    return rows_out
 
 
 # ---------------------------------------------------------------------------- dispatch

@@ -57,19 +57,59 @@ __device__ __forceinline__ unsigned long long lagom_now() {
 }
 
 // mode 0: grid-stride copy of n 16-byte words, reps passes. mode 1: hold the SM until
-// hold_until (a %globaltimer value), moving nothing. stamps[2b], stamps[2b+1]: CTA b's start, end.
+// hold_until (a %globaltimer value), moving nothing. mode 2: reduce as it copies,
+// dst[i] += src[i] (two reads, one write a word, as a reduce-scatter step adds the chunk it
+// received to its own). pace_ns_per_byte > 0 (modes 0 and 2): each CTA moves PACE_UNROLL
+// words a thread, then its thread 0 spins on %globaltimer (as a NCCL channel's thread spins
+// on its peer's flag) until the CTA's bytes read from src over its time since it started
+// fall to 1 / pace_ns_per_byte GB/s. stamps[2b], stamps[2b+1]: CTA b's start, end.
+#define PACE_UNROLL 4
 extern "C" __global__ void lagom_probe(const float4* __restrict__ src, float4* __restrict__ dst,
                                        long long n, int reps, int mode,
                                        unsigned long long hold_until,
-                                       unsigned long long* __restrict__ stamps) {
-  if (threadIdx.x == 0) stamps[2 * blockIdx.x] = lagom_now();
-  if (mode == 0) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
+                                       unsigned long long* __restrict__ stamps,
+                                       double pace_ns_per_byte) {
+  __shared__ unsigned long long start;
+  if (threadIdx.x == 0) start = stamps[2 * blockIdx.x] = lagom_now();
+  __syncthreads();
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (mode == 1) {
+    if (threadIdx.x == 0)
+      while (lagom_now() < hold_until) __nanosleep(2000);
+  } else if (pace_ns_per_byte <= 0.0) {
     for (int r = 0; r < reps; ++r)
-      for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = src[i];
-  } else if (threadIdx.x == 0) {
-    while (lagom_now() < hold_until) __nanosleep(2000);
+      for (long long i = first; i < n; i += stride) {
+        if (mode == 0) {
+          dst[i] = src[i];
+        } else {
+          float4 a = src[i], b = dst[i];
+          dst[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+      }
+  } else {
+    double moved = 0.0;
+    for (int r = 0; r < reps; ++r)
+      for (long long base = first; base - threadIdx.x < n; base += PACE_UNROLL * stride) {
+        for (int u = 0; u < PACE_UNROLL; ++u) {
+          const long long i = base + u * stride;
+          if (i >= n) break;
+          if (mode == 0) {
+            dst[i] = src[i];
+          } else {
+            float4 a = src[i], b = dst[i];
+            dst[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+          }
+        }
+        moved += (double)PACE_UNROLL * blockDim.x * 16.0;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          const unsigned long long due = start + (unsigned long long)(moved * pace_ns_per_byte);
+          while (lagom_now() < due) {
+          }
+        }
+        __syncthreads();
+      }
   }
   __syncthreads();
   if (threadIdx.x == 0) stamps[2 * blockIdx.x + 1] = lagom_now();
@@ -78,7 +118,11 @@ extern "C" __global__ void lagom_probe(const float4* __restrict__ src, float4* _
 extern "C" __global__ void lagom_stamp(unsigned long long* out) { *out = lagom_now(); }
 """
 
-KINDS = ("copy", "hold", "ce", "d2h")
+KINDS = ("copy", "hold", "reduce", "paced", "paced-reduce", "ce", "d2h")
+# The kernel kinds: their mode of ``lagom_probe``, HBM bytes per word a pass moves, and paced or not.
+_KERNEL_KINDS = {"copy": (0, 2, False), "hold": (1, 0, False), "reduce": (2, 3, False),
+                 "paced": (0, 2, True), "paced-reduce": (2, 3, True)}
+PACED_GBPS = 15.0  # one NCCL channel's rate over NVLink (~15 GB/s a channel), bytes read from src
 ORDERS = ("first", "second", "dep")
 THREADS = 512
 
@@ -163,18 +207,22 @@ class Case:
 class Probe:
     """Holds the buffers, kernels and streams; ``run`` measures one case."""
 
-    def __init__(self, size: int = 8192, repeats: int = 12, copy_bytes: int = 1 << 30) -> None:
+    def __init__(self, size: int = 8192, repeats: int = 12, copy_bytes: int = 1 << 30,
+                 paced_gbps: float = PACED_GBPS) -> None:
         import cupy as cp
 
         self.cp = cp
         self.repeats = repeats
+        if not paced_gbps > 0:
+            raise ValueError(f"the paced kinds' rate must be > 0 GB/s a CTA, got {paced_gbps}")
+        self.paced_gbps = paced_gbps
         rng = cp.random.default_rng(1234)
         self.a = rng.standard_normal((size, size), dtype=cp.float32).astype(cp.float16)
         self.b = rng.standard_normal((size, size), dtype=cp.float32).astype(cp.float16)
         self.c = cp.empty_like(self.a)
         self.words = copy_bytes // 16
         self.src = rng.random(self.words * 4, dtype=cp.float32)
-        self.dst = cp.empty_like(self.src)
+        self.dst = rng.random(self.words * 4, dtype=cp.float32)  # the reducing kinds read it too
         self.host = cp.cuda.alloc_pinned_memory(copy_bytes)
         self.stamps = cp.zeros(2 * 1024, dtype=cp.uint64)
         self.ref = cp.zeros(1, dtype=cp.uint64)
@@ -186,7 +234,8 @@ class Probe:
         self.gemm_stream = self._stream(least)
         self.side = {p: self._stream(v) for p, v in self.priorities.items()}
         self.gemm_alone_us = self._alone()
-        self.copy_gbps_per_cta = self._copy_rate()
+        self.copy_gbps_per_cta = self._copy_rate("copy")
+        self.reduce_gbps_per_cta = self._copy_rate("reduce")
         self.ce_gbps = self._transfer_rate("ce")
         self.d2h_gbps = self._transfer_rate("d2h")
 
@@ -220,12 +269,13 @@ class Probe:
         """Enqueue the collective on ``stream``; the bytes it moves. ``hold_until``: for ``hold``,
         the ``%globaltimer`` value until which its CTAs hold their SMs."""
         cp = self.cp
-        if kind in ("copy", "hold"):
-            mode = 0 if kind == "copy" else 1
+        if kind in _KERNEL_KINDS:
+            mode, per_word, paced = _KERNEL_KINDS[kind]
             until = np.uint64(hold_until if mode == 1 else 0)  # ``run`` read the GPU clock first
+            pace = np.float64(1.0 / self.paced_gbps if paced else 0.0)  # ns a byte read from src
             self.probe((ctas,), (THREADS,), (self.src, self.dst, cp.int64(self.words), cp.int32(reps),
-                                             cp.int32(mode), until, self.stamps), stream=stream)
-            return 2 * self.words * 16 * reps if mode == 0 else 0
+                                             cp.int32(mode), until, self.stamps, pace), stream=stream)
+            return per_word * self.words * 16 * reps
         nbytes = self.words * 16
         kind_id = cp.cuda.runtime.memcpyDeviceToDevice if kind == "ce" else cp.cuda.runtime.memcpyDeviceToHost
         dst = self.dst.data.ptr if kind == "ce" else self.host.ptr
@@ -233,14 +283,14 @@ class Probe:
             cp.cuda.runtime.memcpyAsync(dst, self.src.data.ptr, nbytes, kind_id, stream.ptr)
         return (2 if kind == "ce" else 1) * nbytes * chunks
 
-    def _copy_rate(self) -> float:
-        """GB/s of one copy CTA alone (one pass)."""
+    def _copy_rate(self, kind: str) -> float:
+        """HBM GB/s (read + written) of one unpaced ``kind`` CTA alone (one pass)."""
         s = self.side["normal"]
         e0 = self._ev(s)
-        self._launch("copy", s, 1, 1, 0, 0)
+        moved = self._launch(kind, s, 1, 1, 0, 0)
         e1 = self._ev(s)
         s.synchronize()
-        return 2 * self.words * 16 / (self.cp.cuda.get_elapsed_time(e0, e1) * 1e6)
+        return moved / (self.cp.cuda.get_elapsed_time(e0, e1) * 1e6)
 
     def _transfer_rate(self, kind: str) -> float:
         s = self.side["normal"]
@@ -260,9 +310,13 @@ class Probe:
         # and they run 4x slower beside it.
         want_us = 6.0 * (n + 1) * self.gemm_alone_us
         reps = 1
-        if kind == "copy":
-            gbps = min(ctas * self.copy_gbps_per_cta, 3000.0)
-            reps = min(4096, max(1, math.ceil(want_us * gbps * 1e3 / (2 * self.words * 16))))
+        if kind in _KERNEL_KINDS and kind != "hold":
+            _, per_word, paced = _KERNEL_KINDS[kind]
+            one = self.reduce_gbps_per_cta if per_word == 3 else self.copy_gbps_per_cta
+            if paced:
+                one = min(one, per_word * self.paced_gbps)
+            gbps = min(ctas * one, 3000.0)
+            reps = min(4096, max(1, math.ceil(want_us * gbps * 1e3 / (per_word * self.words * 16))))
         rate = {"ce": self.ce_gbps, "d2h": self.d2h_gbps}.get(kind)
         chunks = max(1, math.ceil(want_us * rate * 1e3 / (self.words * 16 * (2 if kind == "ce" else 1)))) if rate else 0
         self.stamps.fill(0)
@@ -304,7 +358,7 @@ class Probe:
         def t(ev: Any) -> float:
             return cp.cuda.get_elapsed_time(ref_ev, ev) * 1e3
 
-        if kind in ("copy", "hold"):
+        if kind in _KERNEL_KINDS:
             st = self.stamps.get()[: 2 * ctas].astype(np.int64) - ref_ns
             starts = [float(x) / 1e3 for x in st[0::2]]
             end = float(st[1::2].max()) / 1e3
@@ -316,23 +370,31 @@ class Probe:
                     [t(a) for a, _ in marks], t(ready), starts, end, moved, self.gemm_alone_us)
 
 
-def sweep(ctas: list[int], repeats: int, progress: Any = print) -> dict[str, Any]:
+def sweep(ctas: list[int], repeats: int, progress: Any = print, *, kinds: tuple[str, ...] = ("copy", "hold", "ce", "d2h"),
+          orders: tuple[str, ...] = ORDERS, priorities: tuple[str, ...] = ("normal", "high"),
+          paced_gbps: float = PACED_GBPS) -> dict[str, Any]:
     import cupy as cp
 
-    probe = Probe(repeats=repeats)
+    for what, given, known in (("kind", kinds, KINDS), ("order", orders, ORDERS), ("priority", priorities, ("normal", "high"))):
+        unknown = sorted(set(given) - set(known))
+        if unknown or not given:
+            raise ValueError(f"unknown {what}(s) {unknown or given}; known: {', '.join(known)}")
+    probe = Probe(repeats=repeats, paced_gbps=paced_gbps)
     props = cp.cuda.runtime.getDeviceProperties(0)
     out: dict[str, Any] = {
         "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
         "sms": int(props["multiProcessorCount"]), "priorities": probe.priorities,
         "gemm_alone_us": probe.gemm_alone_us, "copy_gbps_per_cta": probe.copy_gbps_per_cta,
+        "reduce_gbps_per_cta": probe.reduce_gbps_per_cta, "paced_gbps": paced_gbps,
         "ce_gbps": probe.ce_gbps, "d2h_gbps": probe.d2h_gbps, "cases": []}
     progress(f"GEMM alone {probe.gemm_alone_us:.0f} us; copy CTA {probe.copy_gbps_per_cta:.0f} GB/s; "
+             f"reducing CTA {probe.reduce_gbps_per_cta:.0f} GB/s; "
              f"copy engine D2D {probe.ce_gbps:.0f} GB/s; D2H {probe.d2h_gbps:.0f} GB/s; "
              f"priorities {probe.priorities}")
-    plan = [(kind, order, prio, k) for kind in ("copy", "hold") for order in ORDERS
-            for prio in ("normal", "high") for k in ctas]
-    plan += [(kind, order, prio, 0) for kind in ("ce", "d2h") for order in ("first", "dep")
-             for prio in ("normal", "high")]
+    plan = [(kind, order, prio, k) for kind in kinds if kind in _KERNEL_KINDS for order in orders
+            for prio in priorities for k in ctas]
+    plan += [(kind, order, prio, 0) for kind in kinds if kind not in _KERNEL_KINDS
+             for order in orders if order != "second" for prio in priorities]
     for kind, order, prio, k in plan:
         try:
             case = probe.run(kind, order, prio, k)
@@ -369,13 +431,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/gpu", help="directory for gpu_order.json")
     ap.add_argument("--ctas", default="1,4,16,32,64", help="CTA counts of the copy and hold kernels")
     ap.add_argument("--repeats", type=int, default=12, help="GEMMs per case")
+    ap.add_argument("--kinds", default="copy,hold,ce,d2h", help=f"collective kinds, of {', '.join(KINDS)}")
+    ap.add_argument("--orders", default=",".join(ORDERS), help=f"launch orders, of {', '.join(ORDERS)}")
+    ap.add_argument("--priorities", default="normal,high", help="side-stream priorities, of normal, high")
+    ap.add_argument("--paced-gbps", type=float, default=PACED_GBPS,
+                    help="the paced kinds' rate a CTA, GB/s read from the source (NCCL's ~15 GB/s a channel)")
     args = ap.parse_args(argv)
     try:
         import cupy  # noqa: F401
     except ImportError as e:
         print(f"gpu_order: needs CuPy and an NVIDIA GPU ({e}); nothing recorded", file=sys.stderr)
         return 2
-    raw = sweep([int(k) for k in args.ctas.split(",")], args.repeats)
+    def names(text: str) -> tuple[str, ...]:
+        return tuple(x.strip() for x in text.split(",") if x.strip())
+
+    try:
+        raw = sweep([int(k) for k in args.ctas.split(",")], args.repeats, kinds=names(args.kinds),
+                    orders=names(args.orders), priorities=names(args.priorities), paced_gbps=args.paced_gbps)
+    except ValueError as e:
+        print(f"gpu_order: {e}", file=sys.stderr)
+        return 2
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_order.json").write_text(json.dumps(raw, indent=1) + "\n")

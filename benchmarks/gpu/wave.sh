@@ -5,8 +5,9 @@
 # $OUT/gpu and packs it into $OUT/gpu_wave.tgz.
 #
 #   OUT=/tmp/out bash benchmarks/gpu/wave.sh [part ...]
-#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash mixtral_1l llama3_8b_fp8
-#   (default: the first six; the last two are the MoE and fp8 steps of issue 47)
+#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash mixtral_1l llama3_8b_fp8 probes grouped
+#   (default: the first six; mixtral_1l and llama3_8b_fp8 are the MoE and fp8 steps of issue 47,
+#   probes the paced and reducing contention probes, grouped the MoE grouped-GEMM kernels)
 #
 # Needs: an NVIDIA GPU, JAX with its CUDA plugin, CuPy. lagom_jax is imported from this
 # checkout (copied into a site folder as the package layout maps it), nothing is installed.
@@ -47,6 +48,13 @@ acc() {  # tag model config batch seq attention
 for p in $parts; do
   case $p in
     order) part order 80 $PY -m benchmarks.gpu.order --out "$W" ;;
+    # Contention probes: a copy paced to one NCCL channel's rate and one that reduces as it
+    # copies, beside the unpaced copy and the SM hold they are told apart from.
+    probes) part probes "${PROBES_LIMIT:-120}" $PY -m benchmarks.gpu.order --out "$W" --orders first,dep \
+      --priorities normal --kinds copy,hold,paced,reduce,paced-reduce --ctas "${PROBE_CTAS:-1,4,16,32,64}" ;;
+    # The grouped-GEMM kernels of moe="grouped" against XLA's ragged_dot (forward and backward).
+    grouped) part grouped "${GROUPED_LIMIT:-240}" $PY -m benchmarks.gpu.kernels --out "$W/grouped" --parts grouped \
+      --repeats "${KERNEL_REPEATS:-8}" --inner 3 ;;
     kernels) part kernels "${KERNEL_LIMIT:-180}" env ${KERNEL_XLA_FLAGS:+XLA_FLAGS="$KERNEL_XLA_FLAGS"} \
       $PY -m benchmarks.gpu.kernels --out "$W" --parts "${KERNEL_PARTS:-attention,fp8,ragged,dispatch}" \
       ${KERNEL_GEMMS:+--gemms "$KERNEL_GEMMS"} --repeats "${KERNEL_REPEATS:-10}" --inner 4 ;;
