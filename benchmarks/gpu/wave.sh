@@ -5,9 +5,9 @@
 # $OUT/gpu and packs it into $OUT/gpu_wave.tgz.
 #
 #   OUT=/tmp/out bash benchmarks/gpu/wave.sh [part ...]
-#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash mixtral_1l llama3_8b_fp8 probes grouped
+#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash mixtral_1l llama3_8b_fp8 probes grouped tiles
 #   (default: the first six; mixtral_1l and llama3_8b_fp8 are the MoE and fp8 steps of issue 47,
-#   probes the paced and reducing contention probes, grouped the MoE grouped-GEMM kernels)
+#   probes the paced and reducing contention probes, grouped the MoE grouped-GEMM kernels, tiles their tile sweep)
 #
 # Needs: an NVIDIA GPU, JAX with its CUDA plugin, CuPy. lagom_jax is imported from this
 # checkout (copied into a site folder as the package layout maps it), nothing is installed.
@@ -52,6 +52,7 @@ for p in $parts; do
     # copies, beside the unpaced copy and the SM hold they are told apart from.
     probes) part probes "${PROBES_LIMIT:-120}" $PY -m benchmarks.gpu.order --out "$W" --orders first,dep \
       --priorities normal --kinds copy,hold,paced,reduce,paced-reduce --ctas "${PROBE_CTAS:-1,4,16,32,64}" ;;
+    tiles) part grouped_tiles "${TILES_LIMIT:-270}" $PY -m benchmarks.gpu.grouped_tiles --out "$W" ;;
     # The grouped-GEMM kernels of moe="grouped" against XLA's ragged_dot (forward and backward).
     grouped) part grouped "${GROUPED_LIMIT:-240}" $PY -m benchmarks.gpu.kernels --out "$W/grouped" --parts grouped \
       --repeats "${KERNEL_REPEATS:-8}" --inner 3 ;;
