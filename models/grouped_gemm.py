@@ -15,10 +15,13 @@ platform lowered for, as for the flash kernel (models/attention.py).
 Every call runs under the named scope ``SCOPE``; ``lagom_jax.program.custom_calls`` reads it
 from the kernels' op_name to price them by their group shapes (``kernels.grouped_gemm_time_us``).
 
-Tiles: 128 rows x 128 columns x 64 of the reduction (the module's own benchmark sweep starts
-there), each cut to the largest power of two dividing its dimension; the kernels need the
-reduction (and, for the weights' gradient, both output dimensions) to divide by them, so K and
-N must be multiples of 16.
+Tiles: 128 rows x 128 columns x 64 of the reduction, 4 pipelined steps, and (forward and the
+input's gradient) 4 column blocks per pass where N allows, each cut to the largest power of two
+dividing its dimension; the kernels need the reduction (and, for the weights' gradient, both
+output dimensions) to divide by them, so K and N must be multiples of 16. Chosen from a tile
+sweep on an H200 (benchmarks/RESULTS.md, ``gpu_grouped_tiles``): at Mixtral 8x7b's expert
+GEMMs 4 steps and 4 column blocks run the forward at 631-688 TFLOP/s against 267-275 with 2
+steps and 1 block, and the weights' gradient at 654 against 336.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import jax.numpy as jnp
 
 SCOPE = "grouped_gemm"
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 128, 128, 64
+_STEPS = 4  # pipelined loads in flight (max_concurrent_steps)
+_GRID_BLOCK_N = 4  # column blocks a pass walks together (grid_block_n), where N divides by them
 _MIN_DIM = 16
 
 
@@ -51,9 +56,10 @@ def _mosaic_forward(x: jax.Array, w: jax.Array, sizes: jax.Array, transpose_rhs:
 
     k = x.shape[1]
     n = w.shape[1] if transpose_rhs else w.shape[2]
-    return ragged_dot_mgpu.ragged_dot(x, w, group_sizes=sizes, block_m=_BLOCK_M, block_n=_block(_BLOCK_N, n),
-                                      block_k=_block(_BLOCK_K, k), max_concurrent_steps=2, grid_block_n=1,
-                                      transpose_rhs=transpose_rhs)
+    block_n = _block(_BLOCK_N, n)
+    return ragged_dot_mgpu.ragged_dot(x, w, group_sizes=sizes, block_m=_BLOCK_M, block_n=block_n,
+                                      block_k=_block(_BLOCK_K, k), max_concurrent_steps=_STEPS,
+                                      grid_block_n=_block(_GRID_BLOCK_N, n // block_n), transpose_rhs=transpose_rhs)
 
 
 # The weights' kernel sizes its grid from ``jax.devices()[0].core_count``, read while tracing:
@@ -87,7 +93,7 @@ def _mosaic_weight_grad(x: jax.Array, dy: jax.Array, sizes: jax.Array) -> jax.Ar
     with _gpu_devices_while_tracing():
         return transposed_ragged_dot_mgpu.transposed_ragged_dot(
             x, dy, group_sizes=sizes, block_m=_block(_BLOCK_M, x.shape[1]), block_n=_block(_BLOCK_N, dy.shape[1]),
-            block_k=_BLOCK_K, max_concurrent_steps=2, grid_block_n=1)
+            block_k=_BLOCK_K, max_concurrent_steps=_STEPS, grid_block_n=1)
 
 
 def _lax_forward(x: jax.Array, w: jax.Array, sizes: jax.Array, transpose_rhs: bool = False) -> jax.Array:

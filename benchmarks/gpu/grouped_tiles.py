@@ -41,7 +41,9 @@ def configs(grid: dict[str, tuple[int, ...]]) -> list[dict[str, int]]:
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
-def sweep(out: pathlib.Path, *, repeats: int, inner: int, progress: Any = print) -> dict[str, Any]:
+def sweep(out: pathlib.Path, *, repeats: int, inner: int, progress: Any = print,
+          forward_tiles: dict[str, tuple[int, ...]] = FORWARD_TILES,
+          weight_tiles: dict[str, tuple[int, ...]] = WEIGHT_TILES) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
     from benchmarks.gpu.kernels import _normal, timed
@@ -79,7 +81,7 @@ def sweep(out: pathlib.Path, *, repeats: int, inner: int, progress: Any = print)
         sizes = jnp.asarray(cost_kernels.balanced_groups(m, g), jnp.int32)
         sets = [(_normal(ks[2 * i], (m, k), jnp.bfloat16), _normal(ks[2 * i + 1], (g, k, n), jnp.bfloat16), sizes)
                 for i in range(2)]
-        for tiles in configs(FORWARD_TILES):
+        for tiles in configs(forward_tiles):
             if n % (tiles["block_n"] * tiles["grid_block_n"]) or k % tiles["block_k"]:
                 continue
             fn = functools.partial(lambda x, w, s, **kw: ragged_dot_mgpu.ragged_dot(x, w, group_sizes=s, **kw), **tiles)
@@ -89,7 +91,7 @@ def sweep(out: pathlib.Path, *, repeats: int, inner: int, progress: Any = print)
         sizes = jnp.asarray(cost_kernels.balanced_groups(m, g), jnp.int32)
         sets = [(_normal(ks[2 * i], (m, k), jnp.bfloat16), _normal(ks[2 * i + 1], (m, n), jnp.bfloat16), sizes)
                 for i in range(2)]
-        for tiles in configs(WEIGHT_TILES):
+        for tiles in configs(weight_tiles):
             if k % tiles["block_m"] or n % tiles["block_n"]:
                 continue
             fn = functools.partial(
@@ -104,7 +106,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/gpu", help="directory for grouped_tiles.json")
     ap.add_argument("--repeats", type=int, default=6, help="timed batches per configuration")
     ap.add_argument("--inner", type=int, default=3, help="calls per timed batch")
+    ap.add_argument("--forward", action="append", default=[], metavar="NAME=V1,V2",
+                    help=f"replace one tile parameter's values in the forward sweep (of {', '.join(FORWARD_TILES)})")
+    ap.add_argument("--weight-grad", action="append", default=[], metavar="NAME=V1,V2",
+                    help="replace one tile parameter's values in the weights' gradient sweep")
     args = ap.parse_args(argv)
+    grids = []
+    for given, grid in ((args.forward, FORWARD_TILES), (args.weight_grad, WEIGHT_TILES)):
+        grid = dict(grid)
+        for item in given:
+            name, _, values = item.partition("=")
+            try:
+                parsed = tuple(int(v) for v in values.split(","))
+            except ValueError:
+                parsed = ()
+            if name not in grid or not parsed or min(parsed) < 1:
+                ap.error(f"{item!r}: expected NAME=V1,V2 with NAME one of {', '.join(grid)} and positive integers")
+            grid[name] = parsed
+        grids.append(grid)
 
     import jax
 
@@ -114,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sweep(out / "grouped_tiles.json", repeats=args.repeats, inner=args.inner)
+    sweep(out / "grouped_tiles.json", repeats=args.repeats, inner=args.inner, forward_tiles=grids[0],
+          weight_tiles=grids[1])
     return 0
 
 
