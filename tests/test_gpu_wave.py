@@ -64,7 +64,7 @@ def test_the_probe_refuses_without_cupy(monkeypatch, capsys):
 @pytest.mark.slow
 def test_kernel_rates_flow_on_cpu(tmp_path):
     assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--parts", "fp8"]) == 2  # no GPU, no --allow-cpu
-    assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--allow-cpu", "--parts", "fp8,ragged,dispatch",
+    assert gpu_kernels.main(["--out", str(tmp_path), "--quick", "--allow-cpu", "--parts", "fp8,ragged,grouped,dispatch",
                              "--repeats", "1", "--inner", "1"]) == 0
     raw = json.loads((tmp_path / "cpu_kernels.json").read_text())
     assert {r["gemm"] for r in raw["fp8"]} == {"qkv", "o", "gate/up", "down", "405b qkv", "405b o", "405b gate/up",
@@ -78,6 +78,12 @@ def test_kernel_rates_flow_on_cpu(tmp_path):
         (e, p) for e in ("dispatch", "combine") for p in ("forward", "forward+backward")}
     skewed = next(r for r in raw["ragged"] if r["groups"] == "skewed")
     assert sum(skewed["group_sizes"]) == skewed["m"] and skewed["group_sizes"][0] > skewed["group_sizes"][-1]
+    # The grouped part: both implementations, both loads and passes, checked against XLA's.
+    assert {(r["impl"], r["load"], r["pass"]) for r in raw["grouped"]} == {
+        (i, load, p) for i in ("grouped kernel", "XLA ragged_dot") for load in (1.0, 2.0)
+        for p in ("forward", "forward+backward")}
+    assert all(r["rel_error"] < 1e-5 for r in raw["grouped"] if r["impl"] == "grouped kernel")
+    assert max(r["busiest"] for r in raw["grouped"]) == 2 * min(r["busiest"] for r in raw["grouped"])
     with pytest.raises(SystemExit):
         gpu_kernels.main(["--allow-cpu", "--parts", "nonsense"])
 
@@ -138,3 +144,33 @@ def test_a_recorded_run_rescores_without_a_gpu(tmp_path):
     [(_, _, other)] = gpu_accuracy.rescore(tmp_path, hw_name="a100-sxm-8")
     assert other != pytest.approx(now)
     assert hardware.get("a100-sxm-8").achieved_tflops < hardware.get("h100-sxm-8").achieved_tflops
+
+
+def test_the_report_reads_the_recorded_h200_probes_and_grouped_kernels():
+    wave = WAVE.parent / gpu_wave_report.H200_PROBES
+    raw = json.loads((wave / "gpu_order.json").read_text())
+    md = gpu_wave_report.paced_section(raw, (wave / "machine.txt").read_text())
+    assert "| paced | first | 16 |" in md and "| paced-reduce | dep | 64 |" in md
+    # The finding the text states: paced at NCCL's channel rate costs at most 6% over holding the SMs (1-32 CTAs).
+    by = {(c["kind"], c["order"], c["ctas"]): c["slowdown"] for c in raw["cases"]}
+    for order in ("first", "dep"):
+        for k in (1, 4, 16, 32):
+            assert 1.0 <= by[("paced", order, k)] / by[("hold", order, k)] < 1.06
+    tiles = [r for p in sorted(wave.glob("grouped_tiles*.json")) for r in json.loads(p.read_text())["rows"]]
+    first, tuned = (json.loads((wave / f).read_text()) for f in ("gpu_kernels_grouped.json", "gpu_kernels_grouped_tuned.json"))
+    md = gpu_wave_report.grouped_section(first, tuned, tiles)
+    assert "| mixtral-8x7b up (4096 -> 14336) | 1x | forward |" in md and "| weight_grad | 64 experts up |" in md
+    # Every grouped kernel computed what XLA's ragged_dot computes, and beat it.
+    grouped = [r for r in tuned["grouped"] if r["impl"] == "grouped kernel"]
+    assert len(grouped) == 16 and all(r["rel_error"] < 1e-2 for r in grouped)
+
+
+def test_the_probe_and_the_tile_sweep_refuse_bad_input_in_one_line(capsys):
+    from benchmarks.gpu import grouped_tiles
+
+    with pytest.raises(SystemExit):
+        grouped_tiles.main(["--forward", "block_q=1"])
+    assert "block_q=1" in capsys.readouterr().err
+    assert grouped_tiles.main([]) == 2  # no GPU here: nothing measured
+    with pytest.raises(ValueError, match="must be > 0"):
+        gpu_order.Probe.__init__(object.__new__(gpu_order.Probe), paced_gbps=0.0)

@@ -209,12 +209,12 @@ class Probe:
 
     def __init__(self, size: int = 8192, repeats: int = 12, copy_bytes: int = 1 << 30,
                  paced_gbps: float = PACED_GBPS) -> None:
+        if not paced_gbps > 0:
+            raise ValueError(f"the paced kinds' rate must be > 0 GB/s a CTA, got {paced_gbps}")
         import cupy as cp
 
         self.cp = cp
         self.repeats = repeats
-        if not paced_gbps > 0:
-            raise ValueError(f"the paced kinds' rate must be > 0 GB/s a CTA, got {paced_gbps}")
         self.paced_gbps = paced_gbps
         rng = cp.random.default_rng(1234)
         self.a = rng.standard_normal((size, size), dtype=cp.float32).astype(cp.float16)

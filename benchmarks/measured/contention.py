@@ -20,6 +20,11 @@ every public measurement of compute beside communication, each as published:
   arriving at a GEMM boundary (``dep``, where those 512-thread CTAs pack four to an SM; NCCL's
   kernels cannot, being built for one CTA per SM), and HBM traffic with no CTA of ours
   (``ce``: D2D ``cudaMemcpyAsync`` at 2.6 TB/s; ``d2h``: 55 GB/s to the host);
+* **h200-paced-probe**: the same probe on an H200 (``benchmarks/results/gpu/wave_2026-11-28b/
+  gpu_order.json``, RESULTS ``gpu_order_paced``), adding CTAs paced to one NCCL channel's rate
+  (``paced``: 15 GB/s read a CTA, 30 of HBM) and CTAs that reduce as they copy (``reduce``, two
+  reads and a write a word; ``paced-reduce``), so the SMs a collective holds are told apart from
+  the HBM it moves;
 * **pytorch-ag-gemm**: pytorch/pytorch PR #172714: an fp16 8192^3 GEMM beside an
   all-gather of 64 MiB per rank on 8 H100: 2.96 ms one after the other, 2.02 ms overlapped
   with NCCL's SM kernels, 1.77 ms with copy engines (``NCCL_CTA_POLICY=2``); predicted by
@@ -37,6 +42,7 @@ import contextlib
 import csv
 import dataclasses
 import json
+import pathlib
 import statistics
 import sys
 
@@ -47,6 +53,8 @@ from ..common import DATA_DIR, RESULTS_DIR
 
 PROBE = RESULTS_DIR / "gpu" / "raw.json"
 ORDER_PROBE = RESULTS_DIR / "gpu" / "wave_2026-11-25" / "gpu_order_run1.json"
+PACED_PROBE = RESULTS_DIR / "gpu" / "wave_2026-11-28b" / "gpu_order.json"
+_SM_KINDS = ("copy", "hold", "reduce", "paced", "paced-reduce")  # kernels of CTAs; ce and d2h hold none
 # Threads per SM on Hopper and Ampere (CUDA C Programming Guide, compute capability tables):
 # how many of the probe's 512-thread CTAs one SM takes when they arrive together.
 THREADS_PER_SM = 2048
@@ -81,27 +89,28 @@ def copy_probe() -> list[Point]:
     return out
 
 
-def order_probe() -> list[Point]:
+def order_probe(path: pathlib.Path = ORDER_PROBE, preset: str = "h100-sxm-8",
+                source: str = "h100-order-probe") -> list[Point]:
     """The order probe at normal priority (high priority measured the same)."""
     import math
 
-    hw = hardware.get("h100-sxm-8")
+    hw = hardware.get(preset)
     n = GEMM
     flops, nbytes = 2 * n**3, 3 * n * n * 2
     alone = cost.compute_time_us(flops, nbytes, hw, gemm=(1, n, n, n))
     per_sm = THREADS_PER_SM // 512
     out = []
-    for c in json.loads(ORDER_PROBE.read_text())["cases"]:
+    for c in json.loads(path.read_text())["cases"]:
         if c.get("slowdown") is None or c["priority"] != "normal" or c["order"] == "second":
             continue
         k = c["ctas"]
         # Both orders score the GEMMs that start with the CTAs resident (rule a): "dep" CTAs
         # reach their SMs at a GEMM boundary (rule b), together, and pack; copy engines hold none (rule d).
-        sms = (k if c["order"] == "first" else math.ceil(k / per_sm)) if c["kind"] in ("copy", "hold") else 0
+        sms = (k if c["order"] == "first" else math.ceil(k / per_sm)) if c["kind"] in _SM_KINDS else 0
         shared = cost.compute_time_us(flops, nbytes, hw, gemm=(1, n, n, n), sms_taken=sms * hw.resident_sm_share(True),
                                       hbm_gbps_taken=c["gbps"] or 0.0)
         label = f"{c['kind']} {c['order']}" + (f" {k} CTAs" if k else "") + (f", {c['gbps']:.0f} GB/s" if c["gbps"] else "")
-        out.append(Point("h100-order-probe", label, c["slowdown"], shared / alone))
+        out.append(Point(source, label, c["slowdown"], shared / alone))
     return out
 
 
@@ -189,7 +198,8 @@ def pytorch() -> list[Point]:
 
 
 def all_points() -> list[Point]:
-    return copy_probe() + order_probe() + echo() + ispass() + pytorch()
+    return (copy_probe() + order_probe() + order_probe(PACED_PROBE, "h200-sxm-8", "h200-paced-probe") + echo()
+            + ispass() + pytorch())
 
 
 @contextlib.contextmanager
