@@ -971,7 +971,9 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
         total = max(int(round(flops / (2.0 * n * k))), 1)
         imbalance = min(float(groups), max(1.0, busiest * groups / total))
         rows = kernels.balanced_groups(total, groups, imbalance)
-        own = kernels.grouped_gemm_time_us(rows, n, k, hw, itemsize=itemsize) / sm_left * pressure
+        # The only grouped kernels a module holds are JAX's Pallas ones (custom_calls): their measured rate.
+        own = kernels.grouped_gemm_time_us(rows, n, k, hw, itemsize=itemsize,
+                                           efficiency=kernels.pallas_grouped_efficiency(rows)) / sm_left * pressure
         return max(own, memory)
     if gemm:
         batch, m, n, k = gemm

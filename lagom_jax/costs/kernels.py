@@ -140,6 +140,34 @@ def memory_time_us(nbytes: float, hw: HardwareProfile, *, hbm_gbps: float | None
 
 GROUPED_GEMM_EFFICIENCY = 0.986  # MegaBlocks' grouped GEMM / cuBLAS batched GEMM (A100)
 
+# JAX's Pallas Mosaic-GPU grouped kernels (``models.grouped_gemm``, the tiles it compiles: 128 x
+# 128 x 64, 4 pipelined steps) measured on one H200 (benchmarks/RESULTS.md, ``gpu_grouped_gemm``;
+# jax 0.11.2): their rate over this module's tile model, by the 128-row blocks each group's
+# weights serve. With 16 row blocks a group (Mixtral 8x7b's expert GEMMs, 2048 rows a group) the
+# kernels ran at 0.79-0.87 of ``GROUPED_GEMM_EFFICIENCY``'s price (0.83 here, their median); with 4
+# (64 experts top-4, 512 rows a group) at 0.49-0.51 (0.50): the fewer row blocks share a group's
+# weights, the more of each tile's time goes to streaming its operands from L2 and HBM (about 5.6
+# TB/s of tile operands at 4 blocks against 9.6 at 16). Between the two the efficiency follows
+# log2 of the blocks; outside them it is held at the nearer measurement. Two measured shapes:
+# a stand-in for a model of the operand traffic, which is not built.
+PALLAS_GROUPED_EFFICIENCY = ((4.0, 0.50 * GROUPED_GEMM_EFFICIENCY), (16.0, 0.83 * GROUPED_GEMM_EFFICIENCY))
+PALLAS_BLOCK_M = 128
+
+
+def pallas_grouped_efficiency(group_rows: tuple[int, ...]) -> float:
+    """The efficiency ``grouped_gemm_time_us`` takes for JAX's Pallas grouped kernels, from the
+    mean 128-row blocks of a non-empty group (``PALLAS_GROUPED_EFFICIENCY``)."""
+    rows = [m for m in group_rows if m > 0]
+    if not rows:
+        return GROUPED_GEMM_EFFICIENCY
+    blocks = sum(rows) / len(rows) / PALLAS_BLOCK_M
+    (b0, e0), (b1, e1) = PALLAS_GROUPED_EFFICIENCY
+    if blocks <= b0:
+        return e0
+    if blocks >= b1:
+        return e1
+    return e0 + (e1 - e0) * math.log2(blocks / b0) / math.log2(b1 / b0)
+
 
 def balanced_groups(rows: int, groups: int, imbalance: float = 1.0) -> tuple[int, ...]:
     """Row counts of ``groups`` groups summing to ``rows`` whose busiest group holds
