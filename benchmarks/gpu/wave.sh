@@ -5,7 +5,7 @@
 # $OUT/gpu and packs it into $OUT/gpu_wave.tgz.
 #
 #   OUT=/tmp/out bash benchmarks/gpu/wave.sh [part ...]
-#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash mixtral_1l llama3_8b_fp8 probes grouped tiles
+#   parts: order kernels memory gpt5b llama2_7b llama3_8b_flash mixtral_1l llama3_8b_fp8 mixtral_grouped probes grouped tiles
 #   (default: the first six; mixtral_1l and llama3_8b_fp8 are the MoE and fp8 steps of issue 47,
 #   probes the paced and reducing contention probes, grouped the MoE grouped-GEMM kernels, tiles their tile sweep)
 #
@@ -66,6 +66,8 @@ for p in $parts; do
     # One Mixtral 8x7b layer (GShard dispatch, 8 experts, top-2; two layers at batch 2 x 4096 asked
     # for 55 GiB of temporaries and did not fit an H200) and two llama3-8b layers on MaxText's fp8 path.
     mixtral_1l) acc mixtral_1l mixtral "layers=1,max_len=4096" 2 4096 xla ;;
+    # The same layer with its experts on JAX's grouped-GEMM kernels (moe="grouped").
+    mixtral_grouped) ACC_LIMIT=150 acc mixtral_grouped mixtral "layers=1,max_len=4096,moe=grouped" 2 4096 xla ;;
     llama3_8b_fp8) acc llama3_8b_fp8 llama "layers=2,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,max_len=4096,quantization=fp8" 2 4096 xla ;;
     *) echo "unknown part $p" ;;
   esac
