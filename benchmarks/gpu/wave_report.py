@@ -281,7 +281,8 @@ GROUPED_SHAPES_TEXT = {"mixtral-8x7b": "Mixtral 8x7b: 8 experts, 16384 rows, 409
                        "64 experts top-4": "64 experts top-4: 32768 rows, 2560 <-> 1280"}
 
 
-def grouped_section(first: dict[str, Any], tuned: dict[str, Any], tiles: list[dict[str, Any]]) -> str:
+def grouped_section(first: dict[str, Any], tuned: dict[str, Any], tiles: list[dict[str, Any]],
+                    grouped_step: dict[str, Any] | None = None, gshard_step: dict[str, Any] | None = None) -> str:
     """The grouped-GEMM kernels against XLA's ragged_dot, before and after the tile sweep, and
     the cost model's price of each forward GEMM."""
     from lagom_jax.cluster import hardware
@@ -336,6 +337,21 @@ def grouped_section(first: dict[str, Any], tuned: dict[str, Any], tiles: list[di
         lines.append(f"| {kernel} | {shape} | {t['block_m']} x {t['block_n']} x {t['block_k']}, "
                      f"{t['max_concurrent_steps']}, {t['grid_block_n']} | {best['tflops']:.0f} "
                      f"| {'-' if fam_rate is None else f'{fam_rate:.0f}'} | {len(rows)} ({len(rows) - len(ok)}) |")
+    if grouped_step:
+        ops = [o for o in grouped_step["before"]["per_op"] if o["op"].startswith("mpmd_map")]
+        measured, predicted = sum(o["measured_us"] for o in ops), sum(o["predicted_us"] for o in ops)
+        errs = sorted(o["predicted_us"] / o["measured_us"] - 1 for o in ops)
+        line = (f"The whole step (`python -m benchmarks.gpu.accuracy --model mixtral --config "
+                f"{grouped_step['config']} --batch-size {grouped_step['batch_size']} --seq-len {grouped_step['seq_len']}`, "
+                f"one Mixtral 8x7b layer on one H200, {grouped_step['steps_traced']} traced steps) ran on the grouped "
+                f"kernels end to end: {grouped_step['step']['median_us'] / 1e3:.1f} ms a step")
+        if gshard_step:
+            line += (f", against {gshard_step['step']['median_us'] / 1e3:.1f} ms for the same layer on GShard's "
+                     f"capacity dispatch (`gpu_layers_moe_fp8`; its expert GEMMs run its capacity slots, close to the routed rows on one device)")
+        line += (f". Its {len(ops)} grouped-kernel calls (the profile names them `mpmd_map`) took {measured / 1e3:.1f} ms, "
+                 f"priced {predicted / 1e3:.1f} ms ({predicted / measured - 1:+.1%}; per call {errs[0]:+.0%} to "
+                 f"{errs[-1]:+.0%}).")
+        lines += ["", line]
     return "\n".join(lines) + "\n\n" + GROUPED_FINDINGS
 
 
@@ -548,9 +564,12 @@ def main(argv: list[str] | None = None) -> int:
         tiles = [r for p in sorted(d.glob("grouped_tiles*.json")) for r in json.loads(p.read_text())["rows"]]
         write_section("gpu_order_paced", paced_section(json.loads((d / "gpu_order.json").read_text()),
                                                        (d / "machine.txt").read_text()))
-        write_section("gpu_grouped_gemm", grouped_section(json.loads((d / "gpu_kernels_grouped.json").read_text()),
-                                                          json.loads((d / "gpu_kernels_grouped_tuned.json").read_text()),
-                                                          tiles))
+        gshard = d.parent / "wave_2026-11-28" / "gpu_accuracy_mixtral_1l.json"
+        write_section("gpu_grouped_gemm", grouped_section(
+            json.loads((d / "gpu_kernels_grouped.json").read_text()),
+            json.loads((d / "gpu_kernels_grouped_tuned.json").read_text()), tiles,
+            json.loads((d / "gpu_accuracy_mixtral_grouped.json").read_text()),
+            json.loads(gshard.read_text()) if gshard.exists() else None))
         return 0
     wave = WAVES.get(d.name)
     if wave is None:
