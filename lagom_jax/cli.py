@@ -247,6 +247,10 @@ def _add_moe_args(p: argparse.ArgumentParser) -> None:
                    "dropless (sorted tokens, grouped GEMMs, MaxText's sparse path, which XLA:GPU compiles "
                    "to one dense dot over every expert) or grouped (the same on JAX's Pallas grouped-GEMM "
                    "kernels; Hopper)")
+    p.add_argument("--moe-dispatch", default=None, choices=("ragged-all-to-all", "ring"),
+                   help="--model mixtral with --moe dropless or grouped and an expert axis: the token exchange, "
+                   "XLA's ragged all-to-all (the default) or a ring (rows all-gathered over the expert axis, "
+                   "outputs reduce-scattered back)")
     p.add_argument("--shared-experts", type=int, default=None,
                    help="--model mixtral: dense experts every token runs (DeepSeek: 1)")
     p.add_argument("--expert-ffn", type=int, default=None,
@@ -261,8 +265,8 @@ def _add_moe_args(p: argparse.ArgumentParser) -> None:
 def _config_options(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields given as options (MoE, quantization), checked (one line, exit 2, for
     what does not fit)."""
-    given = {k: getattr(args, k, None) for k in ("moe", "shared_experts", "expert_ffn", "dense_layers",
-                                                  "expert_imbalance")}
+    given = {k: getattr(args, k, None) for k in ("moe", "moe_dispatch", "shared_experts", "expert_ffn",
+                                                  "dense_layers", "expert_imbalance")}
     given = {k: v for k, v in given.items() if v is not None}
     if given and args.model != "mixtral":
         raise _UsageError(f"--{next(iter(given)).replace('_', '-')} needs --model mixtral")
@@ -354,7 +358,7 @@ def _model_source(args: argparse.Namespace):
         if args.model == "mixtral":
             predict.check_moe(experts=cfg.experts, top_k=cfg.top_k, expert_ways=shape.get("expert", 1),
                               expert_imbalance=given.get("expert_imbalance", cfg.expert_imbalance), layers=cfg.layers,
-                              **{k: given.get(k, getattr(cfg, k)) for k in ("moe", "shared_experts",
+                              **{k: given.get(k, getattr(cfg, k)) for k in ("moe", "moe_dispatch", "shared_experts",
                                                                             "expert_ffn", "dense_layers")})
         if given:
             import dataclasses as _dc

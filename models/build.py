@@ -136,6 +136,9 @@ def _check_model_axes(model: str, cfg: ModelConfig, shape: Mapping[str, int]) ->
                              f"model in {[d for d in range(1, n + 1) if n % d == 0]}")
     if e > 1 and (not cfg.experts or cfg.experts % e):
         raise ValueError(f"{model}: experts {cfg.experts} not divisible by the expert axis {e}")
+    if getattr(cfg, "moe_dispatch", "") == "ring" and e <= 1:
+        raise ValueError(f"{model}: moe_dispatch=ring needs an expert axis to exchange over (the mesh has none): "
+                         "add expert=N (a recipe with ep), N dividing the experts")
 
 
 def _check_context(model: str, cfg: ModelConfig, attention: str, seq_len: int, ways: int) -> None:

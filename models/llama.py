@@ -59,6 +59,11 @@ EXPERT_HIDDEN = ("act_exp", "act_exp_batch", None, "act_mlp")
 
 
 MOE_MODES = ("dropless", "dropping", "grouped")
+# How the sorted layers ("dropless", "grouped") move tokens over an expert axis: XLA's
+# ``ragged_all_to_all`` of the routed rows (MaxText's), or a ring: every device's rows
+# all-gathered over the axis, each shard running its experts on the rows routed to them, the
+# partial outputs summed back by a reduce-scatter (marin's ring dispatch; no ragged collective).
+MOE_DISPATCHES = ("ragged-all-to-all", "ring")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +86,8 @@ class MoEConfig(ModelConfig):
     # data, not of the program (nothing here reads it). The cost model prices the dropless
     # exchange at the busiest device's load (``lagom_jax.program.graph.busiest_device_load``).
     expert_imbalance: float = 1.0
+    # The sorted layers' exchange over an expert axis (``MOE_DISPATCHES``).
+    moe_dispatch: str = "ragged-all-to-all"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,6 +96,12 @@ class MoEConfig(ModelConfig):
                              f"({self.experts}): the busiest expert's load over the mean")
         if self.moe not in MOE_MODES:
             raise ValueError(f"model config: moe must be one of {', '.join(MOE_MODES)}, got {self.moe!r}")
+        if self.moe_dispatch not in MOE_DISPATCHES:
+            raise ValueError(f"model config: moe_dispatch must be one of {', '.join(MOE_DISPATCHES)}, "
+                             f"got {self.moe_dispatch!r}")
+        if self.moe_dispatch != "ragged-all-to-all" and self.moe == "dropping":
+            raise ValueError(f"model config: moe_dispatch={self.moe_dispatch} exchanges sorted tokens: it needs "
+                             "moe=dropless or moe=grouped (moe=dropping exchanges GShard's capacity buffers)")
         if self.moe == "grouped" and self.experts:
             grouped_gemm.check_dims(self.d_model, self.ffn_e)
         if self.quantization and self.moe in ("dropless", "grouped"):
@@ -266,12 +279,13 @@ def counting_sort(keys: jax.Array, classes: int) -> tuple[jax.Array, jax.Array]:
 
 def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
                    *, top_k: int, experts: int, expert_axis: str | None = None, expert_ways: int = 1,
-                   model_axis: str | None = None, kernel: bool = False) -> jax.Array:
+                   model_axis: str | None = None, kernel: bool = False, ring: bool = False) -> jax.Array:
     """Dropless routed experts on one device's tokens ``x`` [b, t, d] (see the module).
 
     Inside a shard_map: ``expert_axis`` holds ``expert_ways`` shards of the experts (the
     weights passed are the local ones) and ``model_axis`` splits the expert FFN (partial
-    outputs summed over it). ``kernel``: the grouped GEMMs on JAX's kernels (``moe="grouped"``)."""
+    outputs summed over it). ``kernel``: the grouped GEMMs on JAX's kernels (``moe="grouped"``);
+    ``ring``: the exchange over ``expert_axis`` as a ring (``MOE_DISPATCHES``)."""
     b, t, d = x.shape
     n = b * t
     xf = x.reshape(n, d)
@@ -281,6 +295,8 @@ def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Arr
     rows = jnp.take(xf, order // top_k, axis=0)  # sorted by expert
     if expert_ways == 1:
         y = _grouped_swiglu(rows, wi0, wi1, wo, sizes, kernel)
+    elif ring:
+        y = _expert_ring(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways, kernel)
     else:
         y = _expert_exchange(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways, kernel)
     if model_axis is not None:
@@ -349,6 +365,34 @@ def _expert_exchange(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax
     return ragged_all_to_all(y, jnp.zeros_like(rows), at, recv, home, send, axis)
 
 
+def _expert_ring(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
+                 axis: str, ways: int, kernel: bool = False) -> jax.Array:
+    """Sorted rows to every shard by all-gather, the local experts on the rows routed to them,
+    and the outputs back by reduce-scatter (each row's output comes from the one shard that
+    holds its expert; the others add zeros).
+
+    Each shard gathers ``ways * m`` rows and runs its ``experts / ways`` experts on the ones
+    routed to them (grouped GEMMs over the gathered buffer, its other rows outside every
+    group); every device sends its ``m`` rows out and receives ``ways * m`` partial outputs'
+    worth of reduce-scatter traffic, whatever the routing."""
+    m, d = rows.shape
+    local = sizes.shape[0] // ways
+    me = jax.lax.axis_index(axis)
+    gathered = jax.lax.all_gather(rows, axis, tiled=True)  # [ways * m, d], source-major
+    counts = jax.lax.all_gather(sizes, axis)  # [source, expert]
+    # The expert of each gathered row: its source's rows are sorted by expert.
+    r = jnp.arange(m)
+    expert = jnp.sum(r[None, :, None] >= jnp.cumsum(counts, axis=1)[:, None, :], axis=2)  # [source, m]
+    ids = (expert - me * local).reshape(-1)
+    ids = jnp.where((ids >= 0) & (ids < local), ids, local)  # ``local``: another shard's row
+    order, _ = counting_sort(ids.astype(jnp.int32), local + 1)
+    mine = jax.lax.dynamic_slice_in_dim(counts, me * local, local, axis=1).sum(axis=0).astype(jnp.int32)
+    y = _grouped_swiglu(jnp.take(gathered, order, axis=0), wi0, wi1, wo, mine, kernel)
+    y = jnp.zeros_like(y).at[order].set(y)  # source-major again
+    y = jnp.where((ids < local)[:, None], y, jnp.zeros_like(y))
+    return jax.lax.psum_scatter(y, axis, scatter_dimension=0, tiled=True)
+
+
 class DroplessMoE(nn.Module):
     """Top-k routed SwiGLU experts, dropless: sort, grouped GEMMs, inverse permutation.
 
@@ -378,8 +422,9 @@ class DroplessMoE(nn.Module):
         ep = axes.get("expert", 1) if _rule(lay, "act_exp") == "expert" else 1
         tp = "model" if axes.get("model", 1) > 1 and _rule(lay, "act_mlp") == "model" else None
         e_ax = "expert" if ep > 1 else None
-        fn = functools.partial(dropless_local, top_k=c.top_k, experts=c.experts,
-                               expert_axis=e_ax, expert_ways=ep, model_axis=tp, kernel=kernel)
+        fn = functools.partial(dropless_local, top_k=c.top_k, experts=c.experts, expert_axis=e_ax,
+                               expert_ways=ep, model_axis=tp, kernel=kernel,
+                               ring=getattr(c, "moe_dispatch", "") == "ring")
         run = jax.shard_map(fn, mesh=lay.mesh,
                             in_specs=(P(batch), P(), P(e_ax, None, tp), P(e_ax, None, tp), P(e_ax, tp, None)),
                             out_specs=P(batch), axis_names=frozenset(axes), check_vma=False)

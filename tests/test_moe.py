@@ -127,6 +127,8 @@ def test_bad_moe_options_name_the_numbers(kw, message):
     (["--experts", "6", "--top-k", "2", "--mesh", "fsdp=2,expert=4"], "experts 6 not divisible by the expert axis 4"),
     (["--experts", "4", "--top-k", "5", "--mesh", "fsdp=8"], "top_k 5 must be in 1..experts"),
     (["--experts", "8", "--top-k", "2", "--mesh", "fsdp=8", "--expert-imbalance", "0.5"], "must be >= 1"),
+    (["--experts", "8", "--top-k", "2", "--mesh", "fsdp=8", "--moe", "dropless", "--moe-dispatch", "ring"],
+     "needs an expert axis"),
 ])
 def test_cli_refuses_bad_moe_options_in_one_line(extra, message, capsys):
     args = ["predict", "--model", "mixtral", "--layers", "2", "--d-model", "64", "--heads", "4", "--ffn", "128",
@@ -165,6 +167,44 @@ def test_dropless_expert_exchange_compiles_for_gpus_as_a_ragged_all_to_all():
     assert "ragged-all-to-all" in text
     a2a = [t for t in graph.from_hlo_text(text).tasks if t.kind == "all-to-all"]
     assert a2a and all(t.bytes > 0 for t in a2a)
+
+
+@pytest.mark.slow
+def test_the_ring_dispatch_trains_as_the_ragged_exchange():
+    # Both exchanges run the same experts on the same rows: the same losses, dropless and grouped.
+    for moe in ("dropless", "grouped"):
+        ring = _losses(_config(moe=moe, moe_dispatch="ring", d_model=32, d_ff=64), "fsdp+ep", "fsdp=2,expert=4")
+        ragged = _losses(_config(moe=moe, d_model=32, d_ff=64), "fsdp+ep", "fsdp=2,expert=4")
+        np.testing.assert_allclose(ring, ragged, rtol=1e-5)
+
+
+def test_the_ring_dispatch_moves_the_bytes_counted_by_hand():
+    # One layer, 4 experts over expert=4, fsdp=2: a device holds 8 x 64 / 8 = 64 tokens, 128 routed rows of
+    # d=64. The ring all-gathers every device's rows over the expert axis and reduce-scatters the outputs:
+    # each moves the gathered [4 x 128, 64] buffer, forward; no ragged all-to-all anywhere.
+    from lagom_jax.program import graph
+
+    kw = dict(layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256, experts=4, top_k=2, seq_len=64,
+              global_batch=8, mesh={"fsdp": 2, "expert": 4}, hardware="h100-sxm-8", strategy="xla-default",
+              remat="none")
+    job = predict.train_step_job("mixtral", **kw, moe="dropless", moe_dispatch="ring")
+    text = job.compiled.text
+    assert "ragged-all-to-all" not in text
+    tasks = graph.from_hlo_text(text).tasks
+    gathered = 4 * 128 * 64 * 2  # bf16 bytes of the gathered rows
+    ag = [t for t in tasks if t.kind == "all-gather" and t.bytes == gathered and len(t.groups[0]) == 4]
+    rs = [t for t in tasks if t.kind == "reduce-scatter" and t.bytes == gathered and len(t.groups[0]) == 4]
+    assert ag and rs  # forward: rows out, outputs back (the backward: the same two, transposed)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(experts=8, top_k=2, moe="dropless", moe_dispatch="ring"), "needs an expert axis"),
+    (dict(experts=8, top_k=2, expert_ways=4, moe="dropping", moe_dispatch="ring"), "moe=dropless or moe=grouped"),
+    (dict(experts=8, top_k=2, moe_dispatch="nccl"), "moe_dispatch must be one of"),
+])
+def test_a_dispatch_the_mesh_cannot_run_is_refused_in_one_line(kw, message):
+    with pytest.raises(ValueError, match=message):
+        predict.check_moe(**kw)
 
 
 def test_the_busiest_device_sets_a_skewed_exchange():

@@ -141,7 +141,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                       capacity_factor: float | None = None, expert_imbalance: float = 1.0,
                       quantization: str = "", window: int = 0, global_every: int = 0, global_kv_heads: int = 0,
                       compiler_options: Mapping[str, Any] | None = None, microbatches: int | None = None,
-                      context_parallel: str = "all-gather"):
+                      context_parallel: str = "all-gather", moe_dispatch: str = "ragged-all-to-all"):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
@@ -165,7 +165,7 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
     if experts:
         check_moe(experts=experts, top_k=top_k, expert_ways=int(mesh.get("expert", 1)), moe=moe,
                   expert_imbalance=expert_imbalance, shared_experts=shared_experts, expert_ffn=expert_ffn,
-                  dense_layers=dense_layers, layers=layers)
+                  dense_layers=dense_layers, layers=layers, moe_dispatch=moe_dispatch)
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be 'fp8' or '' (the compute dtype), got {quantization!r}")
     if quantization and family == "gpt":
@@ -197,6 +197,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
             dims["capacity_factor"] = capacity_factor
         if expert_imbalance != 1.0:
             dims["expert_imbalance"] = expert_imbalance
+        if moe_dispatch != "ragged-all-to-all":
+            dims["moe_dispatch"] = moe_dispatch
     if quantization:
         dims["quantization"] = quantization
     # The config and ``models.build`` check the layout (a window that divides the sequence).
@@ -224,7 +226,7 @@ def config_dims(family: str, config: str) -> dict[str, Any]:
     if cfg.experts:
         dims.update(experts=cfg.experts, top_k=cfg.top_k, moe=cfg.moe, shared_experts=cfg.shared_experts,
                     expert_ffn=cfg.expert_ffn, dense_layers=cfg.dense_layers, capacity_factor=cfg.capacity_factor,
-                    expert_imbalance=cfg.expert_imbalance)
+                    expert_imbalance=cfg.expert_imbalance, moe_dispatch=cfg.moe_dispatch)
     for name in ("quantization", "window", "global_every", "global_kv_heads"):
         if getattr(cfg, name):
             dims[name] = getattr(cfg, name)
@@ -233,12 +235,20 @@ def config_dims(family: str, config: str) -> dict[str, Any]:
 
 def check_moe(*, experts: int, top_k: int, expert_ways: int = 1, moe: str = "dropping",
               expert_imbalance: float = 1.0, shared_experts: int = 0, expert_ffn: int = 0,
-              dense_layers: int = 0, layers: int | None = None) -> None:
+              dense_layers: int = 0, layers: int | None = None, moe_dispatch: str = "ragged-all-to-all") -> None:
     """ValueError, one line naming the numbers, for MoE options that do not fit."""
-    from lagom_jax.models.llama import MOE_MODES
+    from lagom_jax.models.llama import MOE_DISPATCHES, MOE_MODES
 
     if moe not in MOE_MODES:
         raise ValueError(f"moe must be one of {', '.join(MOE_MODES)}, got {moe!r}")
+    if moe_dispatch not in MOE_DISPATCHES:
+        raise ValueError(f"moe_dispatch must be one of {', '.join(MOE_DISPATCHES)}, got {moe_dispatch!r}")
+    if moe_dispatch == "ring" and moe == "dropping":
+        raise ValueError("moe_dispatch=ring exchanges sorted tokens: it needs moe=dropless or moe=grouped "
+                         "(moe=dropping exchanges GShard's capacity buffers)")
+    if moe_dispatch == "ring" and expert_ways <= 1:
+        raise ValueError("moe_dispatch=ring needs an expert axis to exchange over (the mesh has none): add "
+                         "expert=N to the mesh, N dividing the experts")
     if not 1 <= top_k <= experts:
         raise ValueError(f"top_k {top_k} must be in 1..experts ({experts})")
     if expert_ways > 1 and experts % expert_ways:
@@ -273,7 +283,7 @@ def predict_train_step_ms(
     nccl_env: Mapping[str, str] | None = None, attention: str = "flash", moe: str = "dropping",
     shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0, capacity_factor: float | None = None,
     expert_imbalance: float = 1.0, quantization: str = "", window: int = 0, global_every: int = 0,
-    global_kv_heads: int = 0, context_parallel: str = "all-gather",
+    global_kv_heads: int = 0, context_parallel: str = "all-gather", moe_dispatch: str = "ragged-all-to-all",
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -307,7 +317,9 @@ def predict_train_step_ms(
     context_parallel (llama with a ``context`` mesh axis; ``models/attention.py``): "all-gather"
     (MaxText's default strategy: keys and values gathered over the axis) or "ring" (passed
     around a ring of point-to-point steps); the sequence is held load-balanced either way and
-    attention must be "xla".
+    attention must be "xla". moe_dispatch (mixtral's "dropless" and "grouped" layers with an
+    ``expert`` mesh axis): "ragged-all-to-all" (XLA's ragged collective, MaxText's) or "ring"
+    (the rows all-gathered over the axis, the outputs reduce-scattered back).
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
@@ -321,7 +333,7 @@ def predict_train_step_ms(
                          dense_layers=dense_layers, capacity_factor=capacity_factor,
                          expert_imbalance=expert_imbalance, quantization=quantization, window=window,
                          global_every=global_every, global_kv_heads=global_kv_heads,
-                         context_parallel=context_parallel)
+                         context_parallel=context_parallel, moe_dispatch=moe_dispatch)
     return job.predicted_ms(strategy)
 
 
