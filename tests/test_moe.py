@@ -157,6 +157,21 @@ def test_the_cpu_ragged_all_to_all_does_what_jax_documents():
     assert np.asarray(run(*args)).tolist() == [1, 3, 0, 0, 2, 2, 4, 0]
 
 
+def test_every_exchange_of_the_step_is_priced_also_inside_platform_dependents_conditional():
+    # jax.lax.platform_dependent leaves a one-branch conditional around a collective: the forward's two
+    # exchanges, their recompute under remat and the backward's two (each with the 16-byte all-to-all
+    # of offsets JAX's transpose adds) are all in the graph, not one compute task per conditional.
+    kw = dict(layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256, experts=4, top_k=2, moe="dropless",
+              seq_len=64, global_batch=8, mesh={"fsdp": 2, "expert": 4}, hardware="h100-sxm-8",
+              strategy="xla-default", remat="full")
+    job = predict.train_step_job("mixtral", **kw)
+    assert "conditional(" in job.compiled.text
+    tasks = job.compiled.graph().tasks
+    ragged = sorted(t.bytes for t in tasks if t.opcode == "ragged-all-to-all-start")
+    assert ragged == [16384.0] * 3 + [65536.0] * 3
+    assert sorted(t.bytes for t in tasks if t.opcode == "all-to-all-start") == [16.0] * 4
+
+
 def test_dropless_expert_exchange_compiles_for_gpus_as_a_ragged_all_to_all():
     from lagom_jax.program import graph
 
@@ -205,6 +220,23 @@ def test_the_ring_dispatch_moves_the_bytes_counted_by_hand():
 def test_a_dispatch_the_mesh_cannot_run_is_refused_in_one_line(kw, message):
     with pytest.raises(ValueError, match=message):
         predict.check_moe(**kw)
+
+
+def test_xlas_ragged_decomposer_turns_the_exchange_into_padded_all_to_alls():
+    # The flag rewrites each ragged all-to-all into a dense one whose per-peer blocks are padded to the
+    # whole send buffer: expert-axis (4) times the bytes, and no ragged collective left in the module.
+    from lagom_jax.program import graph
+
+    kw = dict(layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256, experts=4, top_k=2, moe="dropless",
+              seq_len=64, global_batch=8, mesh={"fsdp": 2, "expert": 4}, hardware="h100-sxm-8",
+              strategy="xla-default")
+    flag = {"xla_gpu_unsupported_enable_ragged_all_to_all_decomposer": True}
+    ragged = [t for t in predict.train_step_job("mixtral", **kw).compiled.graph().tasks if t.kind == "all-to-all"]
+    job = predict.train_step_job("mixtral", **kw, xla_flags=flag)
+    dense = [t for t in graph.from_hlo_text(job.compiled.text).tasks if t.kind == "all-to-all"]
+    assert "ragged-all-to-all" not in job.compiled.text
+    assert any(t.opcode == "ragged-all-to-all-start" for t in ragged)
+    assert max(t.bytes for t in dense) == 4 * max(t.bytes for t in ragged)
 
 
 def test_the_busiest_device_sets_a_skewed_exchange():

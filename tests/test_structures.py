@@ -274,3 +274,29 @@ def test_the_first_trial_is_the_one_the_search_compiles_first():
     cand = dataclasses.replace(_candidate("xla_gpu_enable_all_gather_combine_by_dim", True), only_splits=False,
                                kinds=("all-gather", "reduce-scatter", "all-reduce", "all-to-all"))
     assert structures.first_trial(step, planned, (cand,)) == flags.compiler_options((cand.flag,))
+
+
+@needs_gpu_compile
+def test_the_ragged_decomposer_is_compiled_only_where_a_ragged_all_to_all_is():
+    name = "xla_gpu_unsupported_enable_ragged_all_to_all_decomposer"
+    cand = _candidate(name, True)
+    dense = _compiled(layers=1)
+    never = structures.search(dense.text, _planned(dense.text), HW, lambda options: pytest.fail("compiled"),
+                              strategy="lagom", baselines=("xla-default",), candidates=(cand,))
+    assert dict(never.decisions)[f"{name}=true"] == "left: the step has no ragged-all-to-all to rewrite"
+    # A dropless MoE with an expert axis: the search compiles the rewrite and prices the module XLA made.
+    one_node = hardware.get("h100-sxm-8")
+    src = job.ModelSource("mixtral", "layers=1,d_model=64,heads=4,kv_heads=4,d_ff=128,vocab=256,max_len=64,"
+                          "experts=4,top_k=2,moe=dropless", {"fsdp": 2, "expert": 4}, None, 8, 64)
+    moe = job.compile_source(src, one_node)
+    seen = []
+
+    def recompile(options):
+        seen.append(dict(options))
+        return job.compile_source(dataclasses.replace(src, compiler_options=tuple(options.items())), one_node).text
+
+    planned = planning.plan(graph.from_hlo_text(moe.text), one_node, strategy="lagom", baselines=("xla-default",))
+    out = structures.search(moe.text, planned, one_node, recompile, strategy="lagom", baselines=("xla-default",),
+                            candidates=(cand,))
+    assert seen == [{name: True}]
+    assert dict(out.decisions)[f"{name}=true"].startswith(("taken: predicted step", "left: predicted step"))

@@ -63,6 +63,9 @@ class Candidate:
     # gathered or scattered dimension joins the combiner's key): where the module XLA made
     # without it combined none of those kinds, the module with it is the same one.
     only_splits: bool = False
+    # The flag rewrites only instructions of this opcode (its ``-start`` too): a module without
+    # one compiles the same with it.
+    needs_opcode: str = ""
 
 
 def _toggle(name: str) -> XlaFlag:
@@ -99,6 +102,11 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(_toggle("xla_gpu_enable_reduce_scatter_combine_by_dim"), ("reduce-scatter",), needs_loop=False,
               combines_apart=True,
               only_splits=KNOWN_FLAGS["xla_gpu_enable_reduce_scatter_combine_by_dim"].default is False),
+    # A dropless MoE's ragged all-to-all as a dense all-to-all of padded buffers: more bytes, but a
+    # module without a ragged collective keeps XLA's latency-hiding scheduler on Hopper and
+    # Blackwell (``HardwareProfile.xla_schedules_by_default``), and NCCL runs the exchange.
+    Candidate(_toggle("xla_gpu_unsupported_enable_ragged_all_to_all_decomposer"), ("all-to-all",),
+              needs_loop=False, needs_opcode="ragged-all-to-all"),
 )
 
 
@@ -223,6 +231,9 @@ def _not_compiled(cand: Candidate, flag: XlaFlag, best: planning.Planned, chosen
     its answer is already known."""
     if cand.needs_loop and not has_loop:
         return "left: the step has no loop to pipeline"
+    if cand.needs_opcode and not any(t.opcode in (cand.needs_opcode, f"{cand.needs_opcode}-start")
+                                     for t in best.chosen.graph.tasks):
+        return f"left: the step has no {cand.needs_opcode} to rewrite"
     if sum(_exposed_by_kind(best).get(k, 0.0) for k in cand.kinds) <= 0.0:
         return f"left: no {'/'.join(cand.kinds)} time is exposed to hide"
     if any(f.name == flag.name for f in chosen):

@@ -116,6 +116,12 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
         FlagSpec("xla_gpu_enable_nccl_user_buffers", bool, False,
                  "register collective buffers with NCCL (ncclCommRegister): NVLS on fewer CTAs",
                  runtime=True),
+        # XLA's RaggedAllToAllDecomposer (openxla/xla xla/service/gpu/transforms/
+        # ragged_all_to_all_decomposer.cc): each ragged all-to-all becomes a dense all-to-all of
+        # per-peer buffers padded to the largest send, with the slicing around it; marin turned it on
+        # to avoid the one-shot kernel (marin-community/marin issue #8077). A compile shows it.
+        FlagSpec("xla_gpu_unsupported_enable_ragged_all_to_all_decomposer", bool, False,
+                 "rewrite ragged all-to-all into a dense all-to-all of padded buffers"),
         FlagSpec("xla_gpu_threshold_for_windowed_einsum_mib", int, 100000,
                  "operand size above which einsums become collective matmuls"),
         FlagSpec("xla_gpu_pgle_accuracy_checker", str, "PGLE_STRICTNESS_LEVEL_WARN",

@@ -676,12 +676,24 @@ class _Builder:
                 vals[inst.name] = self.walk(
                     callee, [vals[o] for o in inst.operands], trip, iteration
                 )
+            elif op == "conditional" and self.single_branch(inst):
+                # One branch, run whatever the index (HLO runs the last branch for an index out
+                # of range): its instructions, collectives included, are the step's, as a call's.
+                # ``jax.lax.platform_dependent`` leaves such a conditional where its branch holds
+                # a collective (a dropless MoE's ragged all-to-all).
+                callee = self.module.computation(_called_names(inst, "branch_computations")[0])
+                vals[inst.name] = self.walk(callee, [vals[inst.operands[1]]], trip, iteration)
             else:
                 tid = self.task(comp, inst, deps, trip, iteration)
                 vals[inst.name] = frozenset({tid})
                 if self.tasks[tid].get("is_async"):
                     starts[inst.name] = tid
         return vals[comp.root.name]
+
+    @staticmethod
+    def single_branch(inst) -> bool:
+        """A ``conditional`` whose one branch always runs."""
+        return len(_called_names(inst, "branch_computations")) == 1 and len(inst.operands) == 2
 
     def walk_while(self, comp, inst, deps, vals, trip, iteration):
         names = _called_names(inst, "body")
