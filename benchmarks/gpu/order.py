@@ -16,6 +16,11 @@ stream: ``xla_gpu_enable_highest_priority_async_stream``). The collective is one
   NCCL_NTHREADS=512): holds k SMs *and* takes HBM bandwidth (~80 GB/s per CTA).
 - ``hold``: ``k`` CTAs that hold their SMs and move nothing (each spins on ``%globaltimer``
   with ``__nanosleep``): the SM share alone, as a channel waiting on the network does.
+- ``paced``: the copy with each CTA held to ``--paced-gbps`` (15 GB/s read, one NCCL channel's
+  NVLink rate): between rounds its thread 0 spins on ``%globaltimer``, as a NCCL channel's
+  thread spins on its peer's flag, so the SMs are held at a channel's HBM traffic.
+- ``reduce`` / ``paced-reduce``: the destination plus the source into the destination (two reads
+  and a write a word, a reduce-scatter step's work), unpaced or paced.
 - ``ce``: ``cudaMemcpyAsync`` device to device, done by a copy engine: HBM traffic, no SM.
 - ``d2h``: ``cudaMemcpyAsync`` into pinned host memory over PCIe: neither.
 
@@ -33,7 +38,9 @@ time axis. Reported per case: the GEMM slowdown (median of the GEMMs that ran en
 the collective did, over the median GEMM alone), how long the collective's CTAs waited after it
 was ready, and the collective's rate.
 
-Run on the GPU machine: ``python -m benchmarks.gpu.order --out DIR`` (needs CuPy).
+Run on the GPU machine: ``python -m benchmarks.gpu.order --out DIR`` (needs CuPy); ``--kinds``,
+``--orders`` and ``--priorities`` choose the cases (default: copy, hold, ce, d2h; every order
+and priority).
 """
 
 from __future__ import annotations
