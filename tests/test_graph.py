@@ -231,6 +231,40 @@ ENTRY e {
     assert task.opcode == "conditional" and task.flops == 8.0 and task.bytes == 4 + 3 * 16
 
 
+def _conditional_module(branches: int) -> str:
+    names = ", ".join(f"b{k}" for k in range(branches))
+    bodies = "".join(f"""b{k} {{
+  p{k} = f32[1024]{{0}} parameter(0)
+  ROOT r{k} = f32[1024]{{0}} all-reduce(p{k}), replica_groups={{{{0,1,2,3}}}}, to_apply=add
+}}
+""" for k in range(branches))
+    args = ", ".join(["x"] * branches)
+    return f"""HloModule c
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+{bodies}ENTRY e {{
+  i = s32[] parameter(0)
+  x = f32[1024]{{0}} parameter(1)
+  ROOT c = f32[1024]{{0}} conditional(i, {args}), branch_computations={{{names}}}
+}}
+"""
+
+
+def test_a_conditional_of_one_branch_runs_it_and_one_of_several_is_named_unpriced():
+    from lagom_jax.program import custom_calls
+
+    (ar,) = graph.from_hlo_text(_conditional_module(1)).tasks  # the branch's all-reduce, priced as one
+    assert ar.kind == "all-reduce" and ar.bytes == 4096 and ar.groups == ((0, 1, 2, 3),)
+    (task,) = graph.from_hlo_text(_conditional_module(2)).tasks
+    assert task.kind == "compute" and task.kernel == "unpriced"
+    missing = custom_calls.unpriced((task,))
+    assert missing == {custom_calls.CONDITIONAL_WITH_COLLECTIVES: 1}
+    assert "collectives are not priced" in custom_calls.describe_unpriced(missing)
+
+
 IN_PLACE = """HloModule m
 %dus (p0: f32[64,8], p1: f32[1,8], p2: s32[]) -> f32[64,8] {
   %p0 = f32[64,8]{1,0} parameter(0)

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 
 from lagom_jax.program import hlo
 
-__all__ = ["AttentionCall", "MOCK_OPTION", "Priced", "StandIn", "TE_BACKWARD", "TE_FORWARD", "UnpricedWarning",
+__all__ = ["AttentionCall", "CONDITIONAL_WITH_COLLECTIVES", "MOCK_OPTION", "Priced", "StandIn", "TE_BACKWARD", "TE_FORWARD", "UnpricedWarning",
            "attention_bytes", "attention_call", "custom_call_target", "describe_stand_ins", "describe_unpriced",
            "needs_mock", "price", "stand_ins", "unpriced"]
 
@@ -294,11 +294,25 @@ class UnpricedWarning(UserWarning):
     """A prediction includes custom calls no model prices (timed by their bytes only)."""
 
 
+# What ``graph`` names a conditional of several branches whose branches hold collectives: it
+# is one compute task at its most expensive branch's FLOPs, and none of those collectives is
+# priced (a conditional of one branch is read as a call and fully priced).
+CONDITIONAL_WITH_COLLECTIVES = "conditional (collectives in its branches)"
+
+
 def describe_unpriced(missing: dict[str, int]) -> str:
     """One line naming the unpriced calls of a prediction."""
-    calls = ", ".join(f"{target} x{n}" for target, n in sorted(missing.items()))
-    return (f"{calls}: no cost model knows these custom calls; each is timed by the bytes it "
-            "reads and writes only, so the predicted step is a lower bound for their share")
+    rest = dict(missing)
+    conditionals = rest.pop(CONDITIONAL_WITH_COLLECTIVES, 0)
+    parts = []
+    if rest:
+        calls = ", ".join(f"{target} x{n}" for target, n in sorted(rest.items()))
+        parts.append(f"{calls}: no cost model knows these custom calls; each is timed by the bytes it "
+                     "reads and writes only, so the predicted step is a lower bound for their share")
+    if conditionals:
+        parts.append(f"{conditionals} conditional(s) of several branches hold collectives: each is priced as its "
+                     "most expensive branch's compute and its collectives are not priced at all")
+    return "; ".join(parts)
 
 
 def unpriced(tasks: Iterable) -> dict[str, int]:

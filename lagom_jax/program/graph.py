@@ -690,6 +690,21 @@ class _Builder:
                     starts[inst.name] = tid
         return vals[comp.root.name]
 
+    def holds_collective(self, inst) -> bool:
+        """Whether a computation ``inst`` calls (transitively) runs a collective."""
+        seen: set[str] = set()
+        todo = list(inst.called_computations)
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for i in self.module.computation(name).instructions:
+                if _collective_kind(self.module, i)[0] is not None:
+                    return True
+                todo.extend(i.called_computations)
+        return False
+
     @staticmethod
     def single_branch(inst) -> bool:
         """A ``conditional`` whose one branch always runs."""
@@ -797,6 +812,10 @@ class _Builder:
             kernel = priced.kernel if priced is not None else ""
             if op in ("fusion-start", "copy-start") and _HOST_MEMORY in inst.source:
                 kernel = "host-transfer"
+            if op == "conditional" and self.holds_collective(inst):
+                # Several branches, one runs: the task is the most expensive branch's FLOPs, and
+                # the branches' collectives are in no task. Said, as an unpriced call is.
+                kernel, target = "unpriced", custom_calls.CONDITIONAL_WITH_COLLECTIVES
             gemm = priced.gemm if priced is not None and priced.gemm else (
                 self.gemm(comp, inst) if flops and not kernel else ())
             if gemm and (target == "__cublas$lt$matmul$f8" or self.fp8_dot(comp, inst)):
