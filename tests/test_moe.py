@@ -167,9 +167,11 @@ def test_every_exchange_of_the_step_is_priced_also_inside_platform_dependents_co
     job = predict.train_step_job("mixtral", **kw)
     assert "conditional(" in job.compiled.text
     tasks = job.compiled.graph().tasks
-    ragged = sorted(t.bytes for t in tasks if t.opcode == "ragged-all-to-all-start")
+    # Synchronous or async as the XLA release schedules them (jax 0.12 runs most synchronously).
+    ragged = sorted(t.bytes for t in tasks if t.opcode.startswith("ragged-all-to-all"))
     assert ragged == [16384.0] * 3 + [65536.0] * 3
-    assert sorted(t.bytes for t in tasks if t.opcode == "all-to-all-start") == [16.0] * 4
+    dense = sorted(t.bytes for t in tasks if t.kind == "all-to-all" and not t.opcode.startswith("ragged"))
+    assert dense == [16.0] * 4
 
 
 def test_dropless_expert_exchange_compiles_for_gpus_as_a_ragged_all_to_all():
@@ -235,7 +237,7 @@ def test_xlas_ragged_decomposer_turns_the_exchange_into_padded_all_to_alls():
     job = predict.train_step_job("mixtral", **kw, xla_flags=flag)
     dense = [t for t in graph.from_hlo_text(job.compiled.text).tasks if t.kind == "all-to-all"]
     assert "ragged-all-to-all" not in job.compiled.text
-    assert any(t.opcode == "ragged-all-to-all-start" for t in ragged)
+    assert any(t.opcode.startswith("ragged-all-to-all") for t in ragged)
     assert max(t.bytes for t in dense) == 4 * max(t.bytes for t in ragged)
 
 
