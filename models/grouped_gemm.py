@@ -19,7 +19,7 @@ Tiles: 128 rows x 128 columns x 64 of the reduction, 4 pipelined steps, and (for
 input's gradient) 4 column blocks per pass where N allows, each cut to the largest power of two
 dividing its dimension; the kernels need the reduction (and, for the weights' gradient, both
 output dimensions) to divide by them, so K and N must be multiples of 16. Chosen from a tile
-sweep on an H200 (benchmarks/RESULTS.md, ``gpu_grouped_tiles``): at Mixtral 8x7b's expert
+sweep on an H200 (benchmarks/RESULTS.md, ``gpu_grouped_gemm``): at Mixtral 8x7b's expert
 GEMMs 4 steps and 4 column blocks run the forward at 631-688 TFLOP/s against 267-275 with 2
 steps and 1 block, and the weights' gradient at 654 against 336.
 """

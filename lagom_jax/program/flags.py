@@ -119,7 +119,8 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
         # XLA's RaggedAllToAllDecomposer (openxla/xla xla/service/gpu/transforms/
         # ragged_all_to_all_decomposer.cc): each ragged all-to-all becomes a dense all-to-all of
         # per-peer buffers padded to the largest send, with the slicing around it; marin turned it on
-        # to avoid the one-shot kernel (marin-community/marin issue #8077). A compile shows it.
+        # to step around the one-shot kernel, whose gradients it found corrupted
+        # (marin-community/marin issue #8077). A compile shows it.
         FlagSpec("xla_gpu_unsupported_enable_ragged_all_to_all_decomposer", bool, False,
                  "rewrite ragged all-to-all into a dense all-to-all of padded buffers"),
         FlagSpec("xla_gpu_threshold_for_windowed_einsum_mib", int, 100000,
