@@ -34,7 +34,8 @@ def _prepare_deviceless() -> None:
 _prepare_deviceless()
 
 from lagom_jax.advise.configtuner import advise_train_step as advise_train_step
-from lagom_jax.advise.predict import (predict_hlo_step_ms as predict_hlo_step_ms,
+from lagom_jax.advise.predict import (AssumedNetworkWarning as AssumedNetworkWarning,
+                                      predict_hlo_step_ms as predict_hlo_step_ms,
                                       predict_train_step_ms as predict_train_step_ms)
 from lagom_jax.api import (Tuned as Tuned, TuningWarning as TuningWarning, auto_hardware as auto_hardware,
                            tune as tune)
@@ -54,7 +55,7 @@ from lagom_jax.search import (SearchResult as SearchResult, STRATEGIES as STRATE
                               run_strategy as run_strategy)
 
 __all__ = [
-    "BASELINES", "CollectiveChoice", "CollectiveParams", "FlagError", "HardwareProfile",
+    "AssumedNetworkWarning", "BASELINES", "CollectiveChoice", "CollectiveParams", "FlagError", "HardwareProfile",
     "HloParseError", "Plan", "PlanCache", "Planned", "STRATEGIES", "SearchResult", "StepGraph", "Task",
     "Timeline", "Tuned", "TuningWarning", "UnpricedWarning", "XlaFlag", "__version__", "auto_hardware",
     "from_hlo_text", "from_module", "make_plan", "parse_hlo", "predict_hlo_step_ms", "predict_train_step_ms", "run_strategy", "tune",

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.resources
 import json
 import pathlib
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +25,7 @@ from lagom_jax.cluster import hardware, nccl_env as nccl_env_lib
 from lagom_jax.costs import calibrate, profile
 from lagom_jax.models import FAMILIES, pipeline
 from lagom_jax.plan import nccl_tuner, report, trace
-from lagom_jax.program import gpu_compile, graph, hlo
+from lagom_jax.program import custom_calls, gpu_compile, graph, hlo
 
 STRATEGY_CHOICES = ("lagom", "autoccl", "recipe", "xla-default", "exhaustive")
 
@@ -784,6 +786,7 @@ def _run_predict_model(args: argparse.Namespace) -> int:
         ms = done.predicted_ms(args.strategy)
     except (ValueError, OSError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
+    predict.warn_unpriced(done, args.model)
     if args.json:
         print(json.dumps({"family": args.model, **kw, "mesh": mesh, "hardware": args.hardware or "h100-sxm-8",
                           "dtype": args.dtype, "remat": args.remat, "attention": args.attention,
@@ -851,6 +854,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _note(command: str, message: Any, category: type[Warning], filename: str, lineno: int,
+          file: Any = None, line: str | None = None) -> None:
+    """lagom-jax's own warnings (an assumed network, unpriced calls, settings priced as nothing)
+    as one line each on stderr; any other warning as Python shows it."""
+    ours = (predict.AssumedNetworkWarning, predict.PricingWarning, custom_calls.UnpricedWarning, api.TuningWarning)
+    if issubclass(category, ours):
+        print(f"lagom-jax {command}: note: {message}", file=file or sys.stderr)
+    else:
+        print(warnings.formatwarning(message, category, filename, lineno, line), file=file or sys.stderr, end="")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lagom-jax``; returns the exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
@@ -860,7 +874,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `lagom-jax ... | head` should end quietly, like other command-line tools.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
-        return _SUBCOMMANDS[args.command][1](args)
+        with warnings.catch_warnings():
+            warnings.showwarning = functools.partial(_note, args.command)
+            return _SUBCOMMANDS[args.command][1](args)
     except _UsageError as e:
         print(f"lagom-jax {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -341,6 +341,16 @@ def _as_compiled_for(hw: hardware_lib.HardwareProfile, options: Mapping[str, Any
     return hw
 
 
+NETWORK_DECISION = "assumed network"
+
+
+def network_note(hw: hardware_lib.HardwareProfile) -> str:
+    """What a prediction across ``hw``'s nodes says of its network numbers when they are not a
+    measurement of that system (``HardwareProfile.network_assumption``)."""
+    return (f"{hw.name}'s network numbers ({hw.net_busbw_gbps:g} GB/s all-reduce bus bandwidth across nodes) are "
+            f"an assumption, not a measurement: {hw.network_assumption}")
+
+
 def compile_source(source: ModelSource | StepSource | HloSource, hw: hardware_lib.HardwareProfile,
                    log: Log = silent) -> Compiled:
     """Step 1 of the pipeline: the module of ``source`` for the cluster ``hw``, whose
@@ -410,6 +420,8 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     missing = custom_calls.unpriced(step.tasks)
     if missing:
         decisions += (("unpriced custom calls", custom_calls.describe_unpriced(missing)),)
+    if hw.nodes > 1 and hw.network_assumption:
+        decisions += ((NETWORK_DECISION, network_note(hw)),)
     transfers, moved = graph_lib.host_transfers(step.tasks)
     if transfers:
         decisions += (("host offloading", (

@@ -142,3 +142,26 @@ def test_nccl_settings_are_priced_on_the_step_compiled_once(capsys):
             "--nccl-env", "NCCL_PROTO=LL129"]
     assert cli.main(argv) == 2
     assert "NCCL_PROTO='LL129': unknown" in capsys.readouterr().err
+
+
+def test_a_prediction_across_nodes_says_when_the_presets_network_is_an_assumption(capsys):
+    import warnings
+
+    # Measured networks say nothing; every preset whose network is a stand-in names what stands in.
+    assumed = {name for name, hw in hardware.PRESETS.items() if hw.network_assumption}
+    assert {"h200-sxm-8", "b200-sxm-8", "a3", "a3-mega", "a3-ultra", "a4", "gb200-nvl72"} <= assumed
+    assert not {"h100-sxm-8", "a100-sxm-8", "dgx-h100", "nd-a100-v4"} & assumed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _ms(hardware="h200-sxm-8")  # 16 GPUs: two nodes
+        _ms(hardware="h100-sxm-8")
+        lagom_jax.predict_train_step_ms("llama", **{**SMALL, "mesh": {"fsdp": 8}}, hardware="h200-sxm-8")  # one node
+    notes = [str(w.message) for w in caught if w.category is lagom_jax.AssumedNetworkWarning]
+    assert len(notes) == 1 and "h200-sxm-8's network numbers" in notes[0] and "InfiniBand NDR" in notes[0]
+    # The CLI: the prediction, then one note line on stderr.
+    args = ["predict", "--model", "llama", "--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2",
+            "--ffn", "512", "--vocab", "1024", "--seq-len", "256", "--global-batch", "16", "--mesh", "fsdp=16",
+            "--hardware", "a3"]
+    assert cli.main(args) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "network numbers" in line]
+    assert len(err) == 1 and err[0].startswith("lagom-jax predict: note: llama: a3's network numbers")

@@ -34,7 +34,7 @@ from lagom_jax.models.layers import QUANTIZATIONS
 from lagom_jax.costs import launch
 from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile
 
-__all__ = ["COMPILE_PRICED_FLAGS", "RUNTIME_PRICED_FLAGS", "PricingWarning", "hlo_step_job", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
+__all__ = ["AssumedNetworkWarning", "COMPILE_PRICED_FLAGS", "RUNTIME_PRICED_FLAGS", "PricingWarning", "hlo_step_job", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
            "train_step_job", "train_step_source", "warn_unpriced"]
 
 FAMILY_MODELS = {"llama": "llama", "mixtral": "mixtral", "gpt": "gpt2"}
@@ -131,6 +131,11 @@ def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
 
 class PricingWarning(UserWarning):
     """A setting the user gave is priced as changing nothing, and why."""
+
+
+class AssumedNetworkWarning(UserWarning):
+    """A prediction across nodes of a preset whose network numbers are an assumption, not a
+    measurement of that system (``HardwareProfile.network_assumption``)."""
 
 
 def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_heads: int, ffn: int,
@@ -334,6 +339,7 @@ def predict_train_step_ms(
                          expert_imbalance=expert_imbalance, quantization=quantization, window=window,
                          global_every=global_every, global_kv_heads=global_kv_heads,
                          context_parallel=context_parallel, moe_dispatch=moe_dispatch)
+    warn_unpriced(job, family)
     return job.predicted_ms(strategy)
 
 
@@ -421,11 +427,14 @@ def hlo_step_job(path: str | os.PathLike[str], *, hardware: str | hardware_lib.H
 
 
 def warn_unpriced(done: Any, where: str) -> None:
-    """Name the custom calls a prediction could not price (``custom_calls.UnpricedWarning``)."""
+    """Name the custom calls a prediction could not price (``custom_calls.UnpricedWarning``) and
+    an assumed network it stands on (``AssumedNetworkWarning``)."""
     import warnings
 
     for key, why in done.plan.decisions:
         if key == "unpriced custom calls":
             warnings.warn(f"{where}: unpriced custom calls in the prediction: {why}",
                           custom_calls.UnpricedWarning, stacklevel=3)
+        if key == job_lib.NETWORK_DECISION:
+            warnings.warn(f"{where}: {why}", AssumedNetworkWarning, stacklevel=3)
 

@@ -118,6 +118,11 @@ class HardwareProfile:
     # far below the matmul rate. Measured with FlashAttention-2's benchmark (causal, batch
     # 2, sequence 8192) where published. 0: unknown, timed at ``achieved_tflops``.
     attention_tflops: float = 0.0
+    # What stands in for this system's network numbers (``net_busbw_gbps``,
+    # ``net_channel_gbps``) where no measurement of the system itself was published; "" when
+    # they are measured. Every prediction across nodes says it (``job``'s "network" decision,
+    # the CLI's note, ``predict``'s ``AssumedNetworkWarning``).
+    network_assumption: str = ""
     # Measured collective times inside one node of this kind of system
     # (``collective_tables``, a table of ``data/collective_times.csv``) that anchor the
     # collective model; empty: the model alone.
@@ -373,6 +378,8 @@ PRESETS: dict[str, HardwareProfile] = {
         # NCCL uses ~2 SMs for a PCIe system with one 12-24 GB/s NIC (NVIDIA, nccl #689).
         intra_channel_gbps=6.0,
         net_busbw_gbps=round(100 / 8 * _RING_EFFICIENCY, 2),  # one 100 Gb/s IB NIC per node
+        network_assumption="one 100 Gb/s InfiniBand NIC per node at the A100 ring's efficiency; no A40 "
+        "cluster's nccl-tests result was published",
         net_channel_gbps=6.0,  # as above (nccl #689)
         nccl_channels=8,  # NCCL's NC on Lagom's A40 cluster (arXiv 2602.20656); AutoCCL raised it to 61
         ll128_enabled=False,  # PCIe-only boxes get LL + Simple
@@ -401,6 +408,7 @@ PRESETS: dict[str, HardwareProfile] = {
         # NCCL init: 3 search channels x 40 -> DupChannels 6 x 20 -> 12 CTAs => 10 per CTA.
         intra_channel_gbps=10.0,
         net_busbw_gbps=round(25 / 8 * _RING_EFFICIENCY, 2),  # one 25 Gb/s Ethernet NIC per node
+        network_assumption="one 25 Gb/s Ethernet NIC per node at the A100 ring's efficiency",
         net_channel_gbps=6.0,  # one slow NIC: ~2 SMs suffice (nccl #689)
         nccl_channels=12,  # derived above from NCCL's channel search
         ll128_enabled=True,  # NVLink path
@@ -437,6 +445,7 @@ PRESETS: dict[str, HardwareProfile] = {
         # network/README). DGX H200's fabric is InfiniBand NDR at the same 8x 400 Gb/s: no
         # nccl-tests result on it was found, the EFA measurement stands in (assumption).
         net_busbw_gbps=364.65,
+        network_assumption="AWS p5en's measured EFA (8x 400 Gb/s) stands in for InfiniBand NDR",
         net_channel_gbps=15.0,  # NCCL's Hopper per-channel speed, per CTA, as inside the node
         nccl_channels=24,  # same NVSwitch topology and NCCL search as H100 (6x60 -> 12x30 -> 24)
         ll128_enabled=True,
@@ -488,6 +497,7 @@ PRESETS: dict[str, HardwareProfile] = {
         # at the same 8x 400 Gb/s has no published nccl-tests result: the EFA measurement
         # stands in (assumption).
         net_busbw_gbps=377.34,
+        network_assumption="AWS P6-B200's measured EFA (8x 400 Gb/s) stands in for InfiniBand NDR",
         net_channel_gbps=22.5,  # NCCL's Blackwell per-channel speed, per CTA, as inside the node
         # Derived above; NCCL logs "32 coll channels" on a DGX B200 (nccl #1646).
         nccl_channels=32,
@@ -527,6 +537,7 @@ PRESETS["a3"] = dataclasses.replace(
     # 4 x 200 Gb/s = 100 GB/s per node at the 200G-NIC ring efficiency measured on InfiniBand
     # (assumption: TCPX is TCP with GPU-direct payloads, not RDMA, so this is an upper bound).
     net_busbw_gbps=round(4 * 200 / 8 * _NET_200G_EFFICIENCY, 2),
+    network_assumption="4x 200 Gb/s GPUDirect-TCPX at InfiniBand's 200G ring efficiency (an upper bound)",
 )
 PRESETS["a3-mega"] = dataclasses.replace(
     # a3-megagpu-8g: 8x H100 80GB SXM with NVSwitch; 8 secondary NICs of up to 200 Gb/s each
@@ -535,6 +546,7 @@ PRESETS["a3-mega"] = dataclasses.replace(
     # 8 x 200 Gb/s = 200 GB/s at the 200G-NIC ring efficiency (assumption, as for a3; TCPXO
     # offloads the TCP data path to the NICs).
     net_busbw_gbps=round(8 * 200 / 8 * _NET_200G_EFFICIENCY, 2),
+    network_assumption="8x 200 Gb/s GPUDirect-TCPXO at InfiniBand's 200G ring efficiency",
 )
 PRESETS["a3-ultra"] = dataclasses.replace(
     # a3-ultragpu-8g: 8x H200 141GB with NVSwitch; 8 ConnectX-7 NICs, one per GPU, 3,200
@@ -543,6 +555,7 @@ PRESETS["a3-ultra"] = dataclasses.replace(
     # Same GPU and the same 8x 400 Gb/s per node as h200-sxm-8: its measured 364.65 (EFA)
     # stands in for RoCE (assumption).
     net_busbw_gbps=PRESETS["h200-sxm-8"].net_busbw_gbps,
+    network_assumption="AWS p5en's measured EFA (8x 400 Gb/s) stands in for RoCE",
 )
 PRESETS["a4"] = dataclasses.replace(
     # a4-highgpu-8g: 8x B200 with NVSwitch; 8 ConnectX-7 NICs, 3,200 Gbps of GPUDirect RDMA
@@ -550,6 +563,7 @@ PRESETS["a4"] = dataclasses.replace(
     PRESETS["b200-sxm-8"], name="a4",
     # Same GPU and 8x 400 Gb/s as b200-sxm-8: its measured 377.34 (EFA) stands in (assumption).
     net_busbw_gbps=PRESETS["b200-sxm-8"].net_busbw_gbps,
+    network_assumption="AWS P6-B200's measured EFA (8x 400 Gb/s) stands in for RoCE",
 )
 
 # GB200 NVL72: 72 B200 GPUs (18 trays of 2 Grace + 4 B200) joined by NVLink 5 switches into
@@ -575,6 +589,7 @@ PRESETS["gb200-nvl72"] = dataclasses.replace(
     # 193 (Azure/AI-benchmarking-guide, Azure_Results/ND_GB200_v6_results.md): the slower
     # direction, offloading's.
     host_link_gbps=193.0,
+    network_assumption="between racks, AWS P6-B200's measured EFA (8x 400 Gb/s per 8 GPUs) stands in",
 )
 
 # Azure ND A100 v4: 8x A100 SXM4 40GB with NVSwitch and one 200 Gb/s HDR InfiniBand NIC per
