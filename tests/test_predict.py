@@ -149,8 +149,8 @@ def test_a_prediction_across_nodes_says_when_the_presets_network_is_an_assumptio
 
     # Measured networks say nothing; every preset whose network is a stand-in names what stands in.
     assumed = {name for name, hw in hardware.PRESETS.items() if hw.network_assumption}
-    assert {"h200-sxm-8", "b200-sxm-8", "a3", "a3-mega", "a3-ultra", "a4", "gb200-nvl72"} <= assumed
-    assert not {"h100-sxm-8", "a100-sxm-8", "dgx-h100", "nd-a100-v4"} & assumed
+    assert {"h200-sxm-8", "b200-sxm-8", "a3-mega", "a3-ultra", "a4", "gb200-nvl72"} <= assumed
+    assert not {"h100-sxm-8", "a100-sxm-8", "dgx-h100", "nd-a100-v4", "a3"} & assumed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _ms(hardware="h200-sxm-8")  # 16 GPUs: two nodes
@@ -161,7 +161,7 @@ def test_a_prediction_across_nodes_says_when_the_presets_network_is_an_assumptio
     # The CLI: the prediction, then one note line on stderr.
     args = ["predict", "--model", "llama", "--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2",
             "--ffn", "512", "--vocab", "1024", "--seq-len", "256", "--global-batch", "16", "--mesh", "fsdp=16",
-            "--hardware", "a3"]
+            "--hardware", "a3-mega"]
     assert cli.main(args) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if "network numbers" in line]
-    assert len(err) == 1 and err[0].startswith("lagom-jax predict: note: llama: a3's network numbers")
+    assert len(err) == 1 and err[0].startswith("lagom-jax predict: note: llama: a3-mega's network numbers")

@@ -142,6 +142,12 @@ class HardwareProfile:
     # Measured one-way rate of the link between HBM and host memory (GB/s); 0: the arch's
     # datasheet PCIe rate (``kernels.HOST_LINK_GBPS``).
     host_link_gbps: float = 0.0
+    # Measured latency of one network hop of a ring or tree (us), what NCCL's latency
+    # composition (``ncclTopoGetAlgoTime``) adds per inter-node step; 0: NCCL's own
+    # ``hwLat[NET]`` table (``CostConfig.hop_lat_ring``/``hop_lat_tree``), right for RDMA
+    # fabrics. A fabric that moves data through host TCP stacks (GPUDirect-TCPX) pays far
+    # more: fitted on a published small-message floor of the fabric, cited in its preset.
+    net_hop_latency_us: float = 0.0
 
     # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
     __hash__ = hashing.hash_fields_once
@@ -169,6 +175,8 @@ class HardwareProfile:
         if self.matmul_sm_share_per_channel is not None and not 0 < self.matmul_sm_share_per_channel <= 1:
             raise ValueError(f"hardware {self.name!r}: matmul_sm_share_per_channel must be in (0, 1] or None, "
                              f"got {self.matmul_sm_share_per_channel}")
+        if self.net_hop_latency_us < 0:
+            raise ValueError(f"hardware {self.name!r}: net_hop_latency_us must be >= 0, got {self.net_hop_latency_us}")
         if self.launch_us < 0:
             raise ValueError(f"hardware {self.name!r}: launch_us must be >= 0, got {self.launch_us}")
         if self.collective_table and self.collective_table not in collective_tables.tables():
@@ -534,10 +542,15 @@ PRESETS["a3"] = dataclasses.replace(
     # a3-highgpu-8g: 8x H100 80GB SXM with NVSwitch; for GPU traffic 4 secondary NICs of up
     # to 200 Gb/s each with GPUDirect-TCPX (1,000 Gbps in all with the 200 Gb/s primary NIC).
     PRESETS["h100-sxm-8"], name="a3",
-    # 4 x 200 Gb/s = 100 GB/s per node at the 200G-NIC ring efficiency measured on InfiniBand
-    # (assumption: TCPX is TCP with GPU-direct payloads, not RDMA, so this is an upper bound).
-    net_busbw_gbps=round(4 * 200 / 8 * _NET_200G_EFFICIENCY, 2),
-    network_assumption="4x 200 Gb/s GPUDirect-TCPX at InfiniBand's 200G ring efficiency (an upper bound)",
+    # Measured: nccl-tests all_reduce_perf over 2 x 8 GPUs with the TCPX plugin v3.1.6 (2023-10),
+    # NCCL_ALGO=Ring NCCL_PROTO=Simple as the plugin's install sets them, 12 channels
+    # (GoogleCloudPlatform/ai-infra-cluster-provisioning sample_workloads/nccltest/a3/README.md,
+    # 2023-12): busBw 89.54 GB/s at 8 GiB; 1.65-1.79 ms from 1 to 4 MiB, where RDMA fabrics take
+    # ~0.1 ms. NCCL's latency composition (2 network hops of a 16-rank ring all-reduce, x1.4 for
+    # Simple) puts that floor at 560 us a network hop: TCP through the host's receive path.
+    net_busbw_gbps=89.54,
+    net_hop_latency_us=560.0,
+    nccl_env=NcclEnv(algorithms=("ring",), protocols=("Simple",)),
 )
 PRESETS["a3-mega"] = dataclasses.replace(
     # a3-megagpu-8g: 8x H100 80GB SXM with NVSwitch; 8 secondary NICs of up to 200 Gb/s each
