@@ -84,7 +84,20 @@ def maxtext_llama2_7b_tflop(batch: int = 4, seq: int = 4096) -> float:
 
 # NVIDIA/dgxc-benchmarking paxml/configure.sh.
 PAX_DGXC = {**LHS, **thresholds(512 * MiB, 512 * MiB, 8 * MiB), **PIPELINED,
-            "xla_gpu_enable_while_loop_double_buffering": False, **BY_DIM_OFF}
+            "xla_gpu_enable_while_loop_double_buffering": False, **BY_DIM_OFF,
+            "xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_command_buffer": "",
+            "xla_disable_hlo_passes": "rematerialization"}
+
+# The XLA flags of Paxml's GPU run scripts (google/paxml paxml/contrib/gpu/scripts_gpu/
+# run_pile_multinode.sh, 2024-05, which NVIDIA/JAX-Toolbox's Pax README says its runs use): LHS,
+# Triton GEMM off, CUDA graphs off (``--xla_gpu_graph_level=0``, today's empty command-buffer
+# set), the all-reduce combine threshold 51200 bytes (the README: 32 MiB for 126M). The
+# scripts' other flags are XLA's defaults now or gone from XLA (async collectives, the
+# highest-priority stream, fp-conversion simplification, Triton softmax fusion).
+def pax_run(ar_bytes: int = 51200) -> dict[str, Any]:
+    return {**LHS, "xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_command_buffer": "",
+            "xla_gpu_all_reduce_combine_threshold_bytes": ar_bytes}
+
 
 # Dimensions: AI-Hypercomputer/maxtext src/maxtext/configs/models/*.yml; Pax GPT:
 # google/paxml paxml/contrib/gpu/scripts_gpu/configs.py.
@@ -139,7 +152,7 @@ _JT = "NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md"
 _A3 = "AI-Hypercomputer/maxtext src/maxtext/configs/gpu/a3/llama_2_7b/README.md"
 _DGXC = "NVIDIA/dgxc-benchmarking paxml/README_5b.md"
 _PAX = "NVIDIA/JAX-Toolbox rosetta/rosetta/projects/pax/README.md"
-_PAX_NOTE = "flags: Paxml's defaults stand in as XLA's (not listed in the source)"
+_PAX_NOTE = "flags: Paxml's GPU run script (the README names it; its table lists none)"
 # Remat of the Pax GPT configs (google/paxml paxml/contrib/gpu/scripts_gpu/configs.py): GPT5B sets
 # SAVE_DOT_WITH_NO_BATCH_DIM; GPT126M and GPT175B inherit SAVE_NOTHING from
 # paxml/tasks/lm/model_params.py TransformerLmSpmdAdafactor, which Pax applies to repeated layers only.
@@ -160,19 +173,19 @@ ROWS: tuple[Row, ...] = (
     *(Row(f"paxml-gpt5b/{n}xH100", PAX_5B, 2048, 4 * n, {"data": n // 8, "fsdp": 8}, "dgx-h100", "minimal",
           PAX_DGXC, s, _DGXC, note="remat SAVE_DOT_ONLY = MaxText's minimal")
       for n, s in ((16, 0.634), (32, 0.639), (64, 0.643), (128, 0.651))),
-    Row("paxml-gpt126m/64xA100", PAX_126M, 2048, 256, {"data": 64}, "a100-sxm-8", "none", {}, 0.122, _PAX,
+    Row("paxml-gpt126m/64xA100", PAX_126M, 2048, 256, {"data": 64}, "a100-sxm-8", "none", pax_run(32 * MiB), 0.122, _PAX,
         note=_PAX_NOTE + "; " + _PAX_126M_REMAT + "; no flash attention (scores materialised, as measured)",
         attention="xla", scan=False),
-    Row("paxml-gpt5b/256xA100", PAX_5B, 2048, 2048, {"fsdp": 256}, "a100-sxm-8", "minimal", {}, 3.447, _PAX,
+    Row("paxml-gpt5b/256xA100", PAX_5B, 2048, 2048, {"fsdp": 256}, "a100-sxm-8", "minimal", pax_run(), 3.447, _PAX,
         note=_PAX_NOTE),
-    Row("paxml-gpt175b/256xA100-te", PAX_175B, 2048, 1536, {"fsdp": 256}, "a100-sxm-8", "full", {}, 75.15,
+    Row("paxml-gpt175b/256xA100-te", PAX_175B, 2048, 1536, {"fsdp": 256}, "a100-sxm-8", "full", pax_run(), 75.15,
         _PAX, note=_PAX_NOTE + "; " + _PAX_175B_REMAT + "; measured with Transformer Engine"),
-    Row("paxml-gpt126m/64xH100-te", PAX_126M, 2048, 256, {"data": 64}, "h100-sxm-8", "none", {},
+    Row("paxml-gpt126m/64xH100-te", PAX_126M, 2048, 256, {"data": 64}, "h100-sxm-8", "none", pax_run(32 * MiB),
         256 / 4709, _PAX, note=_PAX_NOTE + "; " + _PAX_126M_REMAT + "; measured with Transformer Engine; "
         "no flash attention (the source: flash attention except 126M)", attention="xla", scan=False),
-    Row("paxml-gpt5b/256xH100-te", PAX_5B, 2048, 2048, {"fsdp": 256}, "h100-sxm-8", "minimal", {},
+    Row("paxml-gpt5b/256xH100-te", PAX_5B, 2048, 2048, {"fsdp": 256}, "h100-sxm-8", "minimal", pax_run(),
         2048 / 1657, _PAX, note=_PAX_NOTE + "; measured with Transformer Engine"),
-    Row("paxml-llama2-7b/16xH100", LLAMA2_7B, 4096, 32, {"fsdp": 16}, "h100-sxm-8", "minimal", {}, 0.740,
+    Row("paxml-llama2-7b/16xH100", LLAMA2_7B, 4096, 32, {"fsdp": 16}, "h100-sxm-8", "minimal", pax_run(), 0.740,
         _PAX, note=_PAX_NOTE),
     Row("maxtext-mixtral-8x7b/a3-ultra x32", MIXTRAL_8X7B, 4096, 1280, {"data": 16, "fsdp": 2, "expert": 8},
         "a3-ultra", "save_proj_and_mlp", MAXTEXT_A3U_MIXTRAL, 3.437,
