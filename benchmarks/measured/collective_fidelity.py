@@ -19,7 +19,10 @@ on (``after``: ``collective_tables``). Sources:
   (cited per point below), none of them in the anchor's tables;
 * **p5-efa**, **azure-ndv5-ib**: published nccl-tests sweeps across 2-64 nodes of 8 H100
   (``benchmarks/data/nccl_tests_scale.md``), predicted on ``h100-sxm-8``; the section ends with
-  them point by point as bus bandwidth (the goal: within 15% of each at 4-128 nodes).
+  them point by point as bus bandwidth (the goal: within 15% of each at 4-128 nodes);
+* **a3-tcpx**: published nccl-tests sweeps over 2 Google Cloud A3 High nodes (GPUDirect-TCPX),
+  predicted on ``a3``, whose network numbers were read from the all-reduce sweep (its 8 GiB
+  busBw and its 1-4 MiB floor), so its other sizes and the all-gather sweep are the test.
 
 The single-node rows of echo-a100, xla-h100 and xla-b200 *are* the anchor, so "after"
 there is an interpolation check: it is judged only on the sizes left out of the table
@@ -111,7 +114,7 @@ def points() -> list[Point]:
     return out
 
 
-SCALE_SOURCES = ("p5-efa", "azure-ndv5-ib")
+SCALE_SOURCES = ("p5-efa", "azure-ndv5-ib", "a3-tcpx")
 WITHIN = 0.15
 
 
