@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from . import attention as attention_lib
 from . import fp8
 from .families import FAMILIES, resolve_config
-from .layers import ModelConfig
+from .layers import ModelConfig, unstack_layers
 from .pipeline import Pipeline, Stack, check_remat
 from .sharding import (PART_AXIS, Layout, activation_rules, check_mesh, context_strategy, default_mesh_shape,
                        make_mesh, param_rules, parse_mesh, parse_recipe, to_mesh_spec)
@@ -79,14 +79,19 @@ class Built:
 
 
 @functools.cache
-def _init_params(model: str, config: str, dtype: str) -> Callable[[jax.Array], Any]:
-    """One compiled initialiser per (model, config, dtype), shared by every recipe and mesh.
+def _init_params(model: str, config: str, dtype: str, per_layer: bool = False) -> Callable[[jax.Array], Any]:
+    """One compiled initialiser per (model, config, dtype, layout), shared by every recipe and mesh.
 
     Parameters are created unsharded and then placed with `device_put`; random values do
-    not depend on the sharding, so every recipe starts from the same weights.
+    not depend on the sharding, so every recipe starts from the same weights (per_layer: the
+    same values, each layer stack split into its layers, ``layers.unstack_layers``).
     """
     family, cfg = FAMILIES[model], resolve_config(model, config)
-    return jax.jit(lambda rng: nn.meta.unbox(family.init(cfg, rng, DTYPES[dtype])))
+    return jax.jit(lambda rng: nn.meta.unbox(_laid_out(family.init(cfg, rng, DTYPES[dtype]), per_layer)))
+
+
+def _laid_out(boxed: Any, per_layer: bool) -> Any:
+    return unstack_layers(boxed) if per_layer else boxed
 
 
 def _divisor_near(n: int, want: int) -> int:
@@ -242,7 +247,9 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
                          f"{batch_ways * max(1, round(batch_size / batch_ways))}")
 
     # Parameters: logical names from the boxed abstract init, mapped by the recipe's rules.
-    boxed = jax.eval_shape(lambda r: family.init(cfg, r, cdt), jax.random.key(0))
+    # Unrolled layers (no scan, no pipeline) keep one array per layer and weight, as MaxText's.
+    per_layer = not scan and pipeline is None
+    boxed = jax.eval_shape(lambda r: _laid_out(family.init(cfg, r, cdt), per_layer), jax.random.key(0))
     prules = param_rules(parts)
     pspecs = jax.tree.map(lambda s: to_mesh_spec(s, prules), nn.get_partition_spec(boxed),
                           is_leaf=lambda s: isinstance(s, PartitionSpec))
@@ -256,7 +263,7 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
         tx = optax.multi_transform({"train": tx, "fp8": optax.set_to_zero()}, fp8.labels)
 
     def init_state(rng: jax.Array) -> TrainState:
-        params = nn.meta.unbox(family.init(cfg, rng, cdt))
+        params = nn.meta.unbox(_laid_out(family.init(cfg, rng, cdt), per_layer))
         return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
     abstract_state = jax.eval_shape(init_state, jax.random.key(0))
@@ -293,7 +300,7 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
     abstract_inputs = (jax.tree.map(with_sharding, abstract_state, state_sh),
                        {k: with_sharding(v, batch_sh[k]) for k, v in batch_shapes.items()})
     def init(rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        params = _init_params(model, config, dtype)(rng)
+        params = _init_params(model, config, dtype, per_layer)(rng)
         state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
         batch = family.batch(cfg, jax.random.fold_in(rng, 1), batch_size, seq_len)
         return jax.device_put(state, state_sh), jax.device_put(batch, batch_sh)

@@ -59,7 +59,8 @@ def check_remat(remat: str) -> None:
 def scan_layers(layer: LayerFn, params: Any, x: jax.Array, enc: jax.Array | None,
                 bias: jax.Array | None, *, remat: str = "none", scan: bool = True) -> jax.Array:
     """The layers one after another: a `lax.scan` over the stacked parameters (one while
-    loop in HLO), or unrolled (``scan=False``), each layer rematerialised by ``remat``."""
+    loop in HLO), or unrolled (``scan=False``; ``params`` a tuple of per-layer trees, or
+    stacked), each layer rematerialised by ``remat``."""
     check_remat(remat)
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=not scan)
@@ -69,9 +70,11 @@ def scan_layers(layer: LayerFn, params: Any, x: jax.Array, enc: jax.Array | None
 
     if scan:
         return jax.lax.scan(body, x, params)[0]
-    n = jax.tree.leaves(params)[0].shape[0]
-    for i in range(n):
-        x = body(x, jax.tree.map(lambda a: a[i], params))[0]
+    # Unrolled: one tree per layer (``layers.unstack_layers``), or slices of a stacked one.
+    per_layer = params if isinstance(params, (tuple, list)) else [
+        jax.tree.map(lambda a, i=i: a[i], params) for i in range(jax.tree.leaves(params)[0].shape[0])]
+    for p in per_layer:
+        x = body(x, p)[0]
     return x
 
 

@@ -67,6 +67,32 @@ def test_scan_is_one_loop_and_unrolling_removes_it():
     assert " while(" not in _module("llama", "fsdp", "fsdp=8", scan=False)
 
 
+def test_unrolled_layers_own_their_weights_as_maxtext_keeps_them():
+    """Without scan each layer's weights are arrays of their own (MaxText's layers_0, layers_1, ...):
+    no layer slices a stacked array in the forward pass nor pads its gradient back into one."""
+    import re
+
+    stacked = models.build("llama", "tiny", "fsdp", "fsdp=8", batch_size=8).abstract_inputs[0].params["blocks"]
+    built = models.build("llama", "tiny", "fsdp", "fsdp=8", batch_size=8, scan=False)
+    blocks = built.abstract_inputs[0].params["blocks"]
+    assert isinstance(blocks, tuple) and len(blocks) == stacked["attn"]["wq"].shape[0]
+    assert blocks[1]["attn"]["wq"].shape == stacked["attn"]["wq"].shape[1:]
+    assert built.shardings[0].params["blocks"][0]["attn"]["wq"].spec[0] == "fsdp"  # no 'layers' axis left
+
+    def stack_copies(text):
+        return re.findall(r'op_name="jit\(\w+\)/(?:jvp\(\)|transpose\(jvp\(\)\))/(?:slice|pad)"', text)
+
+    assert not stack_copies(built.compiled_text())
+    # What the count catches: the same unrolled layers over one stacked array.
+    w = jnp.ones((4, 8, 8))
+
+    def loss(w):
+        return pipeline.scan_layers(lambda p, h, enc, bias: jnp.tanh(h @ p), w, jnp.ones((2, 8)), None, None,
+                                    scan=False).sum()
+
+    assert len(stack_copies(jax.jit(jax.grad(loss)).lower(w).compile().as_text())) >= 4
+
+
 def test_experts_reach_their_devices_by_all_to_all():
     def moe_all_to_alls(text):
         return [ln for ln in text.splitlines() if " all-to-all(" in ln and "LlamaBlock/mlp/" in ln]
