@@ -213,7 +213,7 @@ def test_tcpx_pays_its_measured_network_latency():
     # The latency is the network's: one node of the same GPUs is untouched.
     one = hardware.get("a3")
     assert cost.default_time_us("all-gather", 1 << 20, 8, 1, one) == cost.default_time_us(
-        "all-gather", 1 << 20, 8, 1, dataclasses.replace(one, net_hop_latency_us=0.0))
+        "all-gather", 1 << 20, 8, 1, dataclasses.replace(one, net_latency_us=0.0))
 
 
 def test_gpu_kinds_map_to_their_own_presets():

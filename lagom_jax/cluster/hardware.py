@@ -142,12 +142,13 @@ class HardwareProfile:
     # Measured one-way rate of the link between HBM and host memory (GB/s); 0: the arch's
     # datasheet PCIe rate (``kernels.HOST_LINK_GBPS``).
     host_link_gbps: float = 0.0
-    # Measured latency of one network hop of a ring or tree (us), what NCCL's latency
-    # composition (``ncclTopoGetAlgoTime``) adds per inter-node step; 0: NCCL's own
-    # ``hwLat[NET]`` table (``CostConfig.hop_lat_ring``/``hop_lat_tree``), right for RDMA
-    # fabrics. A fabric that moves data through host TCP stacks (GPUDirect-TCPX) pays far
-    # more: fitted on a published small-message floor of the fabric, cited in its preset.
-    net_hop_latency_us: float = 0.0
+    # Latency the network device adds to every inter-node hop of a ring or tree (us), on top of
+    # NCCL's ``hwLat[NET]`` (``CostConfig.hop_lat_ring``/``hop_lat_tree``): NCCL's own
+    # ``latencyInter``, which a net plugin reports as its device's latency (NVIDIA/nccl
+    # src/graph/tuning.cc, ``ncclTopoTuneModel``). 0: InfiniBand through NCCL's own transport.
+    # A fabric that moves data through the hosts' TCP stacks (GPUDirect-TCPX) pays far more:
+    # fitted on a published small-message floor of the fabric, cited in its preset.
+    net_latency_us: float = 0.0
 
     # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
     __hash__ = hashing.hash_fields_once
@@ -175,8 +176,8 @@ class HardwareProfile:
         if self.matmul_sm_share_per_channel is not None and not 0 < self.matmul_sm_share_per_channel <= 1:
             raise ValueError(f"hardware {self.name!r}: matmul_sm_share_per_channel must be in (0, 1] or None, "
                              f"got {self.matmul_sm_share_per_channel}")
-        if self.net_hop_latency_us < 0:
-            raise ValueError(f"hardware {self.name!r}: net_hop_latency_us must be >= 0, got {self.net_hop_latency_us}")
+        if self.net_latency_us < 0:
+            raise ValueError(f"hardware {self.name!r}: net_latency_us must be >= 0, got {self.net_latency_us}")
         if self.launch_us < 0:
             raise ValueError(f"hardware {self.name!r}: launch_us must be >= 0, got {self.launch_us}")
         if self.collective_table and self.collective_table not in collective_tables.tables():
@@ -547,9 +548,10 @@ PRESETS["a3"] = dataclasses.replace(
     # (GoogleCloudPlatform/ai-infra-cluster-provisioning sample_workloads/nccltest/a3/README.md,
     # 2023-12): busBw 89.54 GB/s at 8 GiB; 1.65-1.79 ms from 1 to 4 MiB, where RDMA fabrics take
     # ~0.1 ms. NCCL's latency composition (2 network hops of a 16-rank ring all-reduce, x1.4 for
-    # Simple) puts that floor at 560 us a network hop: TCP through the host's receive path.
+    # Simple) puts that floor at 560 us a network hop, 546 of them the device's (NCCL's table
+    # has 14 for a Simple ring hop): TCP through the host's receive path.
     net_busbw_gbps=89.54,
-    net_hop_latency_us=560.0,
+    net_latency_us=546.0,
     nccl_env=NcclEnv(algorithms=("ring",), protocols=("Simple",)),
 )
 PRESETS["a3-mega"] = dataclasses.replace(

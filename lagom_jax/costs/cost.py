@@ -270,7 +270,7 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
     if params.algorithm == "tree":
         base = cfg.base_lat_tree[p]
         intra = cfg.lookup(cfg.hop_lat_tree, intra_kind)[p]
-        inter = hw.net_hop_latency_us or cfg.lookup(cfg.hop_lat_tree, "net")[p]
+        inter = cfg.lookup(cfg.hop_lat_tree, "net")[p] + hw.net_latency_us
         per_node = max(n // nodes, 1)
         return base + 2 * ((per_node - 1) * intra + math.log2(nodes) * inter), None
     base = cfg.base_lat_ring[p]
@@ -283,7 +283,7 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
     net_ovh = cfg.net_overhead_us * (3 if params.protocol == "Simple" else 1)
     # One GPU per node: every hop crosses the network, NCCL uses the tree's net latency.
     inter_table = cfg.hop_lat_tree if n == nodes else cfg.hop_lat_ring
-    inter = hw.net_hop_latency_us or cfg.lookup(inter_table, "net")[p]
+    inter = cfg.lookup(inter_table, "net")[p] + hw.net_latency_us
     lat = base + (steps - n_inter) * max(intra, net_ovh) + n_inter * inter
     if kind == "all-reduce" and params.protocol == "Simple":
         return lat, cfg.lookup(cfg.multinode_simple_lat_factor, hw.arch)
