@@ -32,7 +32,7 @@ def test_datasheet_numbers():
 
 def test_unknown_name_lists_known():
     with pytest.raises(ValueError, match="known: a100-sxm-8, h100-sxm-8, a40-pcie-8, v100-25g, h200-sxm-8, "
-                                         "b200-sxm-8, dgx-h100, a3, a3-mega, a3-ultra, a4, gb200-nvl72, nd-a100-v4\\)"):
+                                         "b200-sxm-8, dgx-h100, a3, a3-mega, a3-ultra, a4, p5, gb200-nvl72, nd-a100-v4\\)"):
         hardware.get("h10")
     with pytest.raises(ValueError, match="h100-sxm-8") as err:
         hardware.resolve("h10")
@@ -168,7 +168,7 @@ def test_gpu_memory_of_every_preset_for_advise():
     assert mem["b200-sxm-8"] > mem["h200-sxm-8"] > mem["h100-sxm-8"]
     assert mem["h200-sxm-8"] == 141.0 and mem["b200-sxm-8"] == 180.0
     for alias, base in (("dgx-h100", "h100-sxm-8"), ("a3", "h100-sxm-8"), ("a3-mega", "h100-sxm-8"),
-                        ("a3-ultra", "h200-sxm-8"), ("a4", "b200-sxm-8")):
+                        ("a3-ultra", "h200-sxm-8"), ("a4", "b200-sxm-8"), ("p5", "h100-sxm-8")):
         assert mem[alias] == mem[base]
 
 
@@ -183,6 +183,7 @@ def test_dgx_h100_is_h100_sxm_8_under_its_own_name():
     ("a3-mega", "h100-sxm-8", 8 * 200 / 8),  # a3-megagpu-8g: 8 x 200 Gb/s GPUDirect-TCPXO
     ("a3-ultra", "h200-sxm-8", 8 * 400 / 8),  # a3-ultragpu-8g: 8 x 400 Gb/s RoCE (ConnectX-7)
     ("a4", "b200-sxm-8", 8 * 400 / 8),  # a4-highgpu-8g: 8 x 400 Gb/s RoCE (ConnectX-7)
+    ("p5", "h100-sxm-8", 32 * 100 / 8),  # p5.48xlarge: 32 x 100 Gb/s EFA
 ])
 def test_cloud_nodes_are_their_gpus_with_the_clouds_network(cloud, base, nominal_gbps):
     hw, node = hardware.get(cloud), hardware.get(base)
@@ -197,6 +198,22 @@ def test_cloud_nodes_are_their_gpus_with_the_clouds_network(cloud, base, nominal
 def test_cloud_networks_rank_as_their_nics():
     a3, mega, ultra, a4 = (hardware.get(n).net_busbw_gbps for n in ("a3", "a3-mega", "a3-ultra", "a4"))
     assert a3 < mega < ultra <= a4
+
+
+def test_a_net_plugins_latency_is_paid_on_every_network_hop():
+    """p5's EFA: aws-ofi-nccl reports 75 us to NCCL, which adds it to each inter-node hop of its
+    latency composition; the same H100 node on InfiniBand (NCCL's own transport) adds nothing."""
+    from lagom_jax.cluster.nccl_env import NcclEnv
+    from lagom_jax.costs import cost
+
+    ring = NcclEnv(algorithms=("ring",), protocols=("Simple",))
+    for nodes in (2, 4, 8):
+        p5, ib = (dataclasses.replace(hardware.get(n, nodes=nodes), nccl_env=ring) for n in ("p5", "h100-sxm-8"))
+        hops = 2 * (nodes - 1)  # a ring all-reduce crosses the network 2(nodes - 1) times
+        extra = cost.default_time_us("all-reduce", 64, 8 * nodes, nodes, p5) - cost.default_time_us(
+            "all-reduce", 64, 8 * nodes, nodes, ib)
+        assert extra == pytest.approx(75.0 * hops, rel=0.05)  # 64 bytes: below NCCL's Simple x1.4
+    assert hardware.get("p5").net_latency_us == 75.0 and hardware.get("h100-sxm-8").net_latency_us == 0.0
 
 
 def test_tcpx_pays_its_measured_network_latency():

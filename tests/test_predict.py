@@ -149,7 +149,7 @@ def test_a_prediction_across_nodes_says_when_the_presets_network_is_an_assumptio
 
     # Measured networks say nothing; every preset whose network is a stand-in names what stands in.
     assumed = {name for name, hw in hardware.PRESETS.items() if hw.network_assumption}
-    assert {"h200-sxm-8", "b200-sxm-8", "a3-mega", "a3-ultra", "a4", "gb200-nvl72"} <= assumed
+    assert {"h200-sxm-8", "b200-sxm-8", "a3-mega", "a3-ultra", "a4", "gb200-nvl72", "p5"} <= assumed
     assert not {"h100-sxm-8", "a100-sxm-8", "dgx-h100", "nd-a100-v4", "a3"} & assumed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

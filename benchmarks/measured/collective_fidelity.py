@@ -18,7 +18,7 @@ on (``after``: ``collective_tables``). Sources:
 * **published**: bus bandwidths other people measured on systems whose presets exist
   (cited per point below), none of them in the anchor's tables;
 * **p5-efa**, **azure-ndv5-ib**: published nccl-tests sweeps across 2-64 nodes of 8 H100
-  (``benchmarks/data/nccl_tests_scale.md``), predicted on ``h100-sxm-8``; the section ends with
+  (``benchmarks/data/nccl_tests_scale.md``), predicted on ``p5`` and ``h100-sxm-8``; the section ends with
   them point by point as bus bandwidth (the goal: within 15% of each at 4-128 nodes);
 * **a3-tcpx**: published nccl-tests sweeps over 2 Google Cloud A3 High nodes (GPUDirect-TCPX),
   predicted on ``a3``, whose network numbers were read from the all-reduce sweep (its 8 GiB

@@ -53,6 +53,7 @@ GPU_MEMORY_GB: dict[str, float] = {
     "a3-mega": 80.0,  # a3-megagpu-8g: 8x H100 80GB
     "a3-ultra": 141.0,  # a3-ultragpu-8g: 8x H200 141GB
     "a4": 180.0,  # a4-highgpu-8g: 8x B200 (as b200-sxm-8)
+    "p5": 80.0,  # AWS p5.48xlarge: 8x H100 80GB
     "nd-a100-v4": 40.0,  # Azure ND A100 v4: 8x A100 40GB
     "gb200-nvl72": 186.0,  # NVIDIA GB200 NVL72 datasheet: up to 13.4 TB HBM3e for 72 GPUs
 }

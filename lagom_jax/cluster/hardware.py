@@ -581,6 +581,18 @@ PRESETS["a4"] = dataclasses.replace(
     network_assumption="AWS P6-B200's measured EFA (8x 400 Gb/s) stands in for RoCE",
 )
 
+PRESETS["p5"] = dataclasses.replace(
+    # AWS p5.48xlarge: 8x H100 80GB SXM with NVSwitch; 32 EFA devices, 3,200 Gbps in all (AWS EC2
+    # User Guide, "Maximize network bandwidth ... with EFA").
+    PRESETS["h100-sxm-8"], name="p5",
+    # 400 GB/s at the 200G-NIC ring efficiency measured on InfiniBand (assumption, as for the
+    # Google Cloud nodes).
+    net_busbw_gbps=round(32 * 100 / 8 * _NET_200G_EFFICIENCY, 2),
+    # The latency aws-ofi-nccl reports to NCCL for p5/p5e, "from empirical testing on P5"
+    # (aws/aws-ofi-nccl src/platform-aws.cpp), which NCCL adds to every inter-node hop.
+    net_latency_us=75.0,
+    network_assumption="32x 100 Gb/s EFA at InfiniBand's 200G ring efficiency (its latency is aws-ofi-nccl's)",
+)
 # GB200 NVL72: 72 B200 GPUs (18 trays of 2 Grace + 4 B200) joined by NVLink 5 switches into
 # one NVLink domain of 1.8 TB/s per GPU (NVIDIA GB200 NVL72 datasheet). The cost model's
 # "node" is the NVLink domain, so a job of up to 72 GPUs is one node; NCCL runs NVLS across
