@@ -93,9 +93,7 @@ def _published(jobs: int, say) -> tuple[list[str], list[dict]]:
         kw = row.contract_kwargs()
         options, _cap, _runtime = predict._split_flags(row.flags)  # noqa: SLF001
         hw = predict._cluster(row.hardware, row.gpus)  # noqa: SLF001
-        src = predict.train_step_source(kw["family"], **{k: kw[k] for k in (
-            "layers", "d_model", "heads", "kv_heads", "ffn", "vocab", "seq_len", "global_batch", "mesh",
-            "remat", "attention", "scan")})
+        src = predict.train_step_source(kw["family"], **{k: v for k, v in kw.items() if k not in ("family", "hardware")})
         limit = int(memory.gpu_memory_bytes(hw) * 0.9)
         step, _ = memory.compile_step(hw, src.model, src.config, src.shape(), batch_size=row.global_batch,
                                       seq_len=row.seq_len, remat=row.remat, attention=row.attention,
