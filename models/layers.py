@@ -305,23 +305,20 @@ def stack_init(block: nn.Module, rng: jax.Array, n: int, *args: Any) -> Any:
                         is_leaf=lambda p: isinstance(p, nn.Partitioned))
 
 
-def _is_stacked(tree: Any) -> bool:
-    leaves = jax.tree.leaves(tree, is_leaf=lambda p: isinstance(p, nn.Partitioned))
-    return bool(leaves) and all(isinstance(p, nn.Partitioned) and p.names[:1] == ("layers",) for p in leaves)
-
-
 def unstack_layers(boxed: Any) -> Any:
     """Each layer stack of ``boxed`` (a top-level entry whose every weight leads with the
     'layers' axis, ``stack_init``) as a tuple of per-layer trees: the parameters of unrolled
     layers, as MaxText keeps them without ``scan_layers`` (one array per layer and weight, so
     no layer slices a stacked array forward nor pads its gradient back into one). Call it
     where the values are arrays or tracers (inside the init, not on ``eval_shape``'s result)."""
+    boxed_leaf = lambda p: isinstance(p, nn.Partitioned)  # noqa: E731
+
     def split(sub: Any) -> Any:
-        if not _is_stacked(sub):
+        leaves = jax.tree.leaves(sub, is_leaf=boxed_leaf)
+        if not leaves or not all(boxed_leaf(p) and p.names[:1] == ("layers",) for p in leaves):
             return sub
-        n = jax.tree.leaves(sub, is_leaf=lambda p: isinstance(p, nn.Partitioned))[0].value.shape[0]
-        return tuple(jax.tree.map(lambda p: p.replace(value=p.value[i], names=p.names[1:]), sub,
-                                  is_leaf=lambda p: isinstance(p, nn.Partitioned)) for i in range(n))
+        return tuple(jax.tree.map(lambda p: p.replace(value=p.value[i], names=p.names[1:]), sub, is_leaf=boxed_leaf)
+                     for i in range(leaves[0].value.shape[0]))
 
     return {k: split(v) for k, v in boxed.items()} if isinstance(boxed, Mapping) else boxed
 
