@@ -74,6 +74,46 @@ def test_nvls_is_nccls_pick_where_nccl_runs_it():
                               dataclasses.replace(h100, nccl_env=NcclEnv.from_environ({"NCCL_ALGO": "Tree"})))
 
 
+def test_nvls_tree_is_nccls_pick_for_large_all_reduces_across_nvswitch_nodes():
+    # NCCL's NVLSTree: NVLS in each node, a tree between the nodes' heads. Its model
+    # (src/graph/tuning.cc) caps each of the 8 heads at 57.7 GB/s over 2 Hopper nodes and 45.5
+    # over more: 462 and 364 GB/s busBw where the network allows; measured 478-482 over 2 nodes
+    # (p5, Azure ND H100 v5), above any ring the model prices (the network's 331).
+    pick = lambda hw, nbytes, n, nodes: cost.nccl_default_params("all-reduce", nbytes, n, nodes, hw)  # noqa: E731
+    two = hardware.get("h100-sxm-8", nodes=2)
+    p = pick(two, 8 * GiB, 16, 2)
+    assert (p.algorithm, p.protocol, p.nchannels) == ("nvls_tree", "Simple", 16)
+    assert abs(busbw("all-reduce", 8 * GiB, 16, 2, two) - 8 * 57.7) / (8 * 57.7) < 0.03
+    assert busbw("all-reduce", 8 * GiB, 16, 2, two) > 1.3 * cost.busbw_gbps(
+        CollectiveParams("ring", "Simple", 24, 2 << 20, 512), two, 2)
+    # Beyond 2 nodes the network bounds it as it bounds a ring; its latency grows with log2(nodes).
+    many = hardware.get("p5", nodes=32)
+    tree_p = pick(many, 8 * GiB, 256, 32)
+    assert tree_p.algorithm == "nvls_tree"
+    assert cost.busbw_gbps(tree_p, many, 32, kind="all-reduce", n=256) == pytest.approx(min(many.net_busbw_gbps, 364))
+    ib = hardware.get("h100-sxm-8", nodes=32)
+    assert cost.busbw_gbps(tree_p, ib, 32, kind="all-reduce", n=256) == pytest.approx(ib.net_busbw_gbps)
+    lat = lambda nodes: cost.latency_us("all-reduce", 1 << 20, 8 * nodes, nodes, tree_p, many)  # noqa: E731
+    assert lat(32) - lat(16) == pytest.approx(lat(4) - lat(2)) == pytest.approx(2 * (20.9 + many.net_latency_us))
+    # Not where NCCL does not run it: one GPU of the group per node, all-gather, one node,
+    # NVLS off, a ring-only install (a3's TCPX), no NVSwitch.
+    assert pick(two, 8 * GiB, 2, 2).algorithm != "nvls_tree"
+    assert cost.nccl_default_params("all-gather", 8 * GiB, 16, 2, two).algorithm == "ring"
+    assert all(p.algorithm != "nvls_tree" for p in cost.candidate_params("all-reduce", 8 * GiB, 8, 1, two))
+    off = dataclasses.replace(two, nccl_env=NcclEnv.from_environ({"NCCL_NVLS_ENABLE": "0"}))
+    assert pick(off, 8 * GiB, 16, 2).algorithm != "nvls_tree"
+    assert pick(hardware.get("a3", nodes=2), 8 * GiB, 16, 2).algorithm == "ring"
+    assert pick(hardware.get("a100-sxm-8", nodes=2), 8 * GiB, 16, 2).algorithm != "nvls_tree"
+    with pytest.raises(ValueError, match="NVLSTree"):
+        cost.collective_time_us("all-reduce", GiB, 8, 1, CollectiveParams("nvls_tree", "Simple", 16, 128 << 10), two)
+    # NCCL_ALGO=NVLSTree pins it; NCCL's CTAs for it: 16 on Hopper, 32 / 24 on Blackwell.
+    only = dataclasses.replace(two, nccl_env=NcclEnv.from_environ({"NCCL_ALGO": "NVLSTree"}))
+    assert only.nccl_env.as_environ() == {"NCCL_ALGO": "NVLSTree"}
+    assert pick(only, 1 << 20, 16, 2).algorithm == "nvls_tree"
+    b200 = hardware.get("b200-sxm-8", nodes=4)
+    assert [pick(b200, 8 * GiB, 8 * k, k).nchannels for k in (2, 4)] == [32, 24]
+
+
 def test_nvls_takes_fewer_sms_and_less_hbm_from_overlapped_compute():
     # The switch reduces: 16 CTAs instead of ring's 24, and each GPU's HBM serves its input
     # and the result once (n/(n-1) bytes per bus byte) instead of ring's read-and-forward.

@@ -19,7 +19,9 @@ on (``after``: ``collective_tables``). Sources:
   (cited per point below), none of them in the anchor's tables;
 * **p5-efa**, **azure-ndv5-ib**: published nccl-tests sweeps across 2-64 nodes of 8 H100
   (``benchmarks/data/nccl_tests_scale.md``), predicted on ``p5`` and ``h100-sxm-8``; the section ends with
-  them point by point as bus bandwidth (the goal: within 15% of each at 4-128 nodes);
+  them point by point as bus bandwidth (the goal: within 15% of each at 4-128 nodes), and the p5
+  all-reduces once more as they ran: at the algorithm and protocol AWS's tuner plugin gave each
+  (``benchmarks/data/aws_ofi_tuner_p5.csv``), which tells a wrong pick from a wrong time;
 * **a3-tcpx**: published nccl-tests sweeps over 2 Google Cloud A3 High nodes (GPUDirect-TCPX),
   predicted on ``a3``, whose network numbers were read from the all-reduce sweep (its 8 GiB
   busBw and its 1-4 MiB floor), so its other sizes and the all-gather sweep are the test.
@@ -40,6 +42,7 @@ import statistics
 from collections import defaultdict
 
 from lagom_jax.cluster import collective_tables, hardware
+from lagom_jax.cluster.nccl_env import NcclEnv
 from lagom_jax.costs import cost
 
 from ..common import DATA_DIR as DATA, machine_line, write_section
@@ -118,6 +121,23 @@ SCALE_SOURCES = ("p5-efa", "azure-ndv5-ib", "a3-tcpx")
 WITHIN = 0.15
 
 
+def aws_picks() -> dict[tuple[int, str, int], tuple[str, str]]:
+    """(nodes, kind, bytes) -> (algorithm, protocol) AWS's tuner plugin gave the p5 points it decided."""
+    with open(DATA / "aws_ofi_tuner_p5.csv", newline="", encoding="utf-8") as f:
+        return {(int(r["nodes"]), r["kind"], int(r["size_bytes"])): (r["algorithm"], r["protocol"])
+                for r in csv.DictReader(f)}
+
+
+def as_run_us(p: Point, picks: dict[tuple[int, str, int], tuple[str, str]]) -> float | None:
+    """The p5 point's time at the pick AWS's tuner made for it (None where NCCL chose)."""
+    pick = picks.get((p.nodes, p.kind, p.nbytes)) if p.source == "p5-efa" else None
+    if pick is None:
+        return None
+    hw = hardware.get(p.preset, nodes=p.nodes)
+    pinned = dataclasses.replace(hw, nccl_env=NcclEnv(algorithms=(pick[0],), protocols=(pick[1],)))
+    return cost.default_time_us(p.kind, p.nbytes, p.ranks, p.nodes, pinned, AFTER)
+
+
 def scale_lines(pts: list[Point], after: dict[Point, float]) -> list[str]:
     """The multi-node sweeps as bus bandwidth, by source, kind and node count."""
     def busbw(p: Point, us: float) -> float:
@@ -142,6 +162,29 @@ def scale_lines(pts: list[Point], after: dict[Point, float]) -> list[str]:
         lines.append(f"| {source} | {kind} | {nodes} | {sizes} | "
                      f"{' '.join(f'{busbw(p, p.measured_us):.0f}' for p in ps)} | "
                      f"{' '.join(f'{busbw(p, after[p]):.0f}' for p in ps)} | "
+                     f"{' '.join(f'{e:+.0%}' for e in errs)} | {sum(abs(e) <= WITHIN for e in errs)}/{len(ps)} |")
+    picks = aws_picks()
+    run = {p: as_run_us(p, picks) for p in judged}
+    decided = [p for p in judged if run[p] is not None]
+    lines += ["", f"The {len(decided)} p5 all-reduces at 4-32 nodes whose algorithm AWS's tuner plugin chose, "
+              "predicted at its pick: within 15% "
+              f"{sum(abs(p.measured_us / run[p] - 1) <= WITHIN for p in decided)} of them "
+              f"({sum(abs(p.measured_us / after[p] - 1) <= WITHIN for p in decided)} at NCCL's own pick); "
+              "all points at 4-64 nodes, each as it ran: "
+              f"{sum(abs(p.measured_us / (run[p] or after[p]) - 1) <= WITHIN for p in judged)} of {len(judged)}.", "",
+              "| nodes | sizes | measured GB/s | AWS's pick | predicted GB/s at it | error by size | within 15% |",
+              "|---:|---|---|---|---|---|---:|"]
+    by_nodes: dict[int, list[Point]] = defaultdict(list)
+    for p in decided:
+        by_nodes[p.nodes].append(p)
+    short = {"ring": "R", "tree": "T", "nvls_tree": "NT", "Simple": "S", "LL128": "LL128", "LL": "LL"}
+    for nodes, ps in sorted(by_nodes.items()):
+        ps.sort(key=lambda p: p.nbytes)
+        errs = [p.measured_us / run[p] - 1 for p in ps]
+        lines.append(f"| {nodes} | {ps[0].nbytes / 2**20:.0f}-{ps[-1].nbytes / 2**20:.0f} MiB | "
+                     f"{' '.join(f'{busbw(p, p.measured_us):.0f}' for p in ps)} | "
+                     f"{' '.join('/'.join(short[x] for x in picks[(p.nodes, p.kind, p.nbytes)]) for p in ps)} | "
+                     f"{' '.join(f'{busbw(p, run[p]):.0f}' for p in ps)} | "
                      f"{' '.join(f'{e:+.0%}' for e in errs)} | {sum(abs(e) <= WITHIN for e in errs)}/{len(ps)} |")
     return lines
 

@@ -10,8 +10,9 @@ plugin reaches one call), so they are what-ifs the cost model prices
 choices the search makes per collective.
 
 Only what the model distinguishes is accepted: the algorithms ``ring``, ``tree``,
-``nvls`` and the protocols ``LL``, ``LL128``, ``Simple`` (NCCL's spelling is accepted in
-any case). NCCL's other algorithms (CollNet, NVLSTree, PAT) are accepted in a list but
+``nvls``, ``nvlstree`` (the model's ``nvls_tree``) and the protocols ``LL``, ``LL128``,
+``Simple`` (NCCL's spelling is accepted in any case); ``NCCL_NVLS_ENABLE=0`` removes NVLS
+and NVLSTree both. NCCL's other algorithms (CollNet, PAT) are accepted in a list but
 price as nothing; a setting that leaves a collective no algorithm the model knows is a
 ValueError, as is NCCL 2.24's per-collective syntax (``allreduce:tree``), not priced yet.
 
@@ -116,7 +117,7 @@ COPY_ENGINE_KINDS = ("all-gather", "all-to-all")
 # NCCL's algorithm names (src/include/device.h ncclAlgoStr), lower case, and the model's
 # name for those it prices.
 _NCCL_ALGORITHMS = {"tree": "tree", "ring": "ring", "nvls": "nvls", "collnetdirect": None,
-                    "collnetchain": None, "nvlstree": None, "pat": None}
+                    "collnetchain": None, "nvlstree": "nvls_tree", "pat": None}
 _NCCL_PROTOCOLS = {p.lower(): p for p in PROTOCOLS}
 
 
@@ -175,7 +176,7 @@ class NcclEnv:
         return self == NcclEnv()
 
     def allows_algorithm(self, algorithm: str) -> bool:
-        if algorithm == "nvls" and not self.nvls:
+        if algorithm in ("nvls", "nvls_tree") and not self.nvls:
             return False
         return not self.algorithms or algorithm in self.algorithms
 
@@ -238,7 +239,7 @@ class NcclEnv:
                    user_buffers=user_buffers)
         if algorithms and not any(made.allows_algorithm(a) for a in ALGORITHMS):
             raise ValueError(f"NCCL_ALGO={env['NCCL_ALGO']!r} with NCCL_NVLS_ENABLE={nvls} leaves no "
-                             "algorithm the model prices (ring, tree, nvls)")
+                             "algorithm the model prices (ring, tree, nvls, nvlstree)")
         return made
 
     def as_environ(self) -> dict[str, str]:
@@ -322,7 +323,7 @@ def _cta_pin(env: Mapping[str, str], name: str) -> int:
     return value or old
 
 
-_NCCL_SPELLING = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS"}
+_NCCL_SPELLING = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "nvls_tree": "NVLSTree"}
 
 
 def _parse_list(name: str, value: str, known: Mapping[str, str | None]) -> tuple[str, ...]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-NcclAlgorithm = Literal["ring", "tree", "nvls", "symmetric"]
+NcclAlgorithm = Literal["ring", "tree", "nvls", "nvls_tree", "symmetric"]
 NcclProtocol = Literal["LL", "LL128", "Simple"]
 # NVLS: NVLink SHARP, the reduction done by the NVSwitch (Hopper and newer), Simple only.
+# nvls_tree: NCCL's NVLSTree, NVLS inside each node and a tree between the nodes' heads
+# (all-reduce across nodes only), Simple only.
 # symmetric: NCCL 2.27's symmetric-memory kernels on buffers registered as symmetric
 # windows (``cost.symmetric_pick``); protocol LL for its LL kernels, Simple for the others.
-ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls", "symmetric")
+ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls", "nvls_tree", "symmetric")
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
 # Kinds the tuner is consulted for, named as in lagom_jax.program.graph.COLLECTIVE_KINDS, with NCCL's ncclFunc_t
@@ -51,8 +53,8 @@ class CollectiveParams:
             raise ValueError(f"unknown protocol {self.protocol!r} (known: {', '.join(PROTOCOLS)})")
         if self.algorithm == "symmetric" and self.protocol == "LL128":
             raise ValueError("NCCL's symmetric kernels are LL or load/store ('Simple'), not LL128")
-        if self.algorithm == "nvls" and self.protocol != "Simple":
-            raise ValueError(f"NCCL runs NVLS with the Simple protocol only, got {self.protocol!r}")
+        if self.algorithm in ("nvls", "nvls_tree") and self.protocol != "Simple":
+            raise ValueError(f"NCCL runs {self.algorithm} with the Simple protocol only, got {self.protocol!r}")
         if not 1 <= self.nchannels <= MAX_CHANNELS:
             raise ValueError(f"nchannels must be in [1, {MAX_CHANNELS}], got {self.nchannels}")
         if self.chunk_bytes <= 0:

@@ -161,6 +161,15 @@ class CostConfig:
     # Pipeline steps of an NVLS all-reduce that fill before data flows: a reduce through
     # the switch (multimem load-reduce) and a broadcast back (multimem store).
     nvls_steps: int = 2
+    # NVLSTree (NVLS inside each node, a tree between the nodes' NVLS heads; all-reduce
+    # across nodes, Simple only; NVIDIA/nccl src/graph/tuning.cc v2.30.7): latency
+    # hwLat[NVLINK][NVLSTree] + 2 log2(nodes) x (hwLat[NET][NVLSTree] + the net device's
+    # latency), base 0; and the most one head moves across nodes (perChMaxNVLSTreeBw, GB/s),
+    # columns 2 nodes / more, by architecture.
+    nvls_tree_intra_lat_us: float = 25.0
+    nvls_tree_net_lat_us: float = 20.9
+    per_head_nvls_tree: tuple[tuple[str, tuple[float, float]], ...] = (
+        ("hopper", (57.7, 45.5)), ("blackwell", (96.0, 80.0)))
 
     # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
     __hash__ = hashing.hash_fields_once
@@ -221,7 +230,11 @@ def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: C
                          "use algorithm='ring'")
     if params.algorithm == "nvls" and nodes > 1:
         raise ValueError(f"{kind}: NVLS is modelled inside one NVLink domain only (NCCL runs it across "
-                         "nodes only with CollNet), got nodes={nodes}")
+                         "nodes only with CollNet; across nodes it runs NVLSTree, algorithm='nvls_tree'), "
+                         f"got nodes={nodes}")
+    if params.algorithm == "nvls_tree" and not nvls_tree_shape(kind, group_size, nodes):
+        raise ValueError(f"{kind} over {group_size} GPUs on {nodes} node(s): NCCL runs NVLSTree for all-reduces "
+                         "across nodes with at least 2 GPUs on each; use algorithm='ring'")
 
 
 def bus_factor(kind: str, algorithm: str, n: int) -> float:
@@ -267,6 +280,9 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
     intra_kind = hw.intra_link
     if params.algorithm == "nvls":
         return cfg.nvls_lat_us, None
+    if params.algorithm == "nvls_tree":
+        hops = 2 * int(math.log2(nodes))  # NCCL's log2i: the floor
+        return cfg.nvls_tree_intra_lat_us + hops * (cfg.nvls_tree_net_lat_us + hw.net_latency_us), None
     if params.algorithm == "tree":
         base = cfg.base_lat_tree[p]
         intra = cfg.lookup(cfg.hop_lat_tree, intra_kind)[p]
@@ -306,7 +322,7 @@ def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
 def _nvls_key(algorithm: str, kind: str, n: int) -> tuple[str, int]:
     """The (kind, ranks) ``_busbw`` depends on: NVLS's alone (so the cache keeps one entry per
     ring or tree rate whatever collective asks)."""
-    return (kind, n) if algorithm == "nvls" else ("all-reduce", 0)
+    return (kind, n) if algorithm in ("nvls", "nvls_tree") else ("all-reduce", 0)
 
 
 def nvls_rate(kind: str, n: int) -> float:
@@ -336,6 +352,9 @@ def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwarePr
         peak = hw.nvls_busbw_gbps * nvls_rate(kind, n or hw.gpus_per_node)
         per_nvls = peak / full * min(1.0, nthreads / cfg.full_rate_threads[p])
         return min(nc * per_nvls, peak)
+    if algorithm == "nvls_tree":
+        peak = nvls_tree_busbw_gbps(hw, n // nodes if n else hw.gpus_per_node, nodes, share, cfg)
+        return min(nc * peak / nvls_tree_ctas(hw, nodes), peak) * min(1.0, nthreads / cfg.full_rate_threads[p])
     if algorithm == "tree":
         tree_ch = cfg.lookup(cfg.per_ch_tree, hw.arch)[col] / cta
         bw = min(nc * min(per_ch, tree_ch), cap) * cfg.tree_factor
@@ -467,8 +486,10 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
                     *_nvls_key(params.algorithm, kind, n)) * 1e3
     p = PROTOCOL_INDEX[params.protocol]
     hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
-    hop = 0.0 if params.algorithm == "nvls" else cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
+    multicast = params.algorithm in ("nvls", "nvls_tree")
+    hop = 0.0 if multicast else cfg.lookup(hop_table, _link_kind(hw, nodes))[p]
     steps = (ring_steps(kind, n) if params.algorithm == "ring" else cfg.nvls_steps if params.algorithm == "nvls"
+             else cfg.nvls_steps + 2 * math.ceil(math.log2(nodes)) if params.algorithm == "nvls_tree"
              else 2 * max(n // nodes, 1))
     return (bus_factor(kind, params.algorithm, n), bw, one_ch, hop, steps,
             *_latency_parts(kind, n, nodes, params, hw, cfg))
@@ -502,8 +523,8 @@ def _first_share(n: int, params: CollectiveParams, bus: float, cfg: CostConfig) 
 
     The first: NCCL's minimum per channel, nthreads x bytes-per-thread (``_BYTES_PER_THREAD``;
     ring LL x ranks), the rule by which it cuts its own channel count for small messages
-    (``nccl_default_params``). NVLS always runs all its CTAs: (0, 0)."""
-    if params.algorithm == "nvls":
+    (``nccl_default_params``). NVLS and NVLSTree always run all their CTAs: (0, 0)."""
+    if params.algorithm in ("nvls", "nvls_tree"):
         return 0.0, 0.0
     return params.nthreads * _per_thread(params, n) * bus, (params.nchannels - 1) * cfg.idle_channel_us
 
@@ -515,7 +536,7 @@ def _per_thread(params: CollectiveParams, n: int) -> int:
 def working_channels(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams, hw: HardwareProfile,
                      cfg: CostConfig = DEFAULT_COSTS) -> int:
     """Channels that get data: the most ``k <= nchannels`` for which each would carry
-    ``u + (k - 1) c r`` bus bytes (1 at least; NVLS: all).
+    ``u + (k - 1) c r`` bus bytes (1 at least; NVLS and NVLSTree: all).
 
     ``u`` is NCCL's minimum per channel (``_first_share``), ``c r`` what one channel moves
     (``r``) in the time an idle CTA costs (``idle_channel_us``). NCCL's own rule, a channel
@@ -525,7 +546,7 @@ def working_channels(kind: str, nbytes: float, n: int, nodes: int, params: Colle
     time flat through the steps, never lower; ``_time_from_terms`` is its closed form.
     """
     _check_args(kind, nbytes, n, nodes, params)
-    if params.algorithm in ("nvls", "symmetric") or n <= 1:
+    if params.algorithm in ("nvls", "nvls_tree", "symmetric") or n <= 1:
         return params.nchannels
     bus, _bw, one_ch, *_ = _size_free_terms(kind, n, nodes, params, hw, cfg)
     first, _idle = _first_share(n, params, bus, cfg)
@@ -555,7 +576,7 @@ _NVLS_CHUNK = 128 << 10
 
 def _protocols(hw: HardwareProfile, algorithm: str) -> tuple[str, ...]:
     """The protocols NCCL runs ``algorithm`` with here, under the cluster's NCCL_PROTO."""
-    own = ("Simple",) if algorithm == "nvls" else ("LL", "LL128", "Simple") if hw.ll128_enabled else ("LL", "Simple")
+    own = ("Simple",) if algorithm in ("nvls", "nvls_tree") else ("LL", "LL128", "Simple") if hw.ll128_enabled else ("LL", "Simple")
     return tuple(p for p in own if hw.nccl_env.allows_protocol(p))
 
 
@@ -577,15 +598,51 @@ def nvls_shape(kind: str, n: int, nodes: int) -> bool:
     return kind == "all-reduce" or (kind in ("all-gather", "reduce-scatter") and n <= NVLS_MAX_ARITY)
 
 
+def nvls_tree_shape(kind: str, n: int, nodes: int) -> bool:
+    """Whether NCCL can run NVLSTree for this collective where the system has NVLS: an
+    all-reduce across nodes with at least 2 of its GPUs on each node (NCCL disables NVLSTree
+    on one node, and NVLS needs 2 GPUs of the node: ``ncclNvlsInit``, src/transport/nvls.cc)."""
+    return kind == "all-reduce" and nodes > 1 and n // nodes >= 2
+
+
+def nvls_tree_ctas(hw: HardwareProfile, nodes: int) -> int:
+    """CTAs of an NVLSTree collective (NVIDIA/nccl ``ncclNvlsTuning``, src/transport/nvls.cc,
+    2.30): 16 on Hopper; on Blackwell 32 over 2 nodes and 24 over more (its tuning for NICs of
+    48-96 GB/s, the 400 Gb/s every Blackwell preset has); NCCL_NVLS_NCHANNELS where pinned, then
+    NCCL_MIN_CTAS / NCCL_MAX_CTAS."""
+    env = hw.nccl_env
+    own = env.nvls_ctas or (16 if hw.arch != "blackwell" else 32 if nodes <= 2 else 24)
+    return max(1, min(max(own, env.min_ctas), env.channel_cap, hw.sm_count))
+
+
+def nvls_tree_busbw_gbps(hw: HardwareProfile, ppn: int, nodes: int, share: float = 1.0,
+                         cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """NVLSTree's bus bandwidth (nccl-tests convention) with ``ppn`` GPUs on each node, as
+    NCCL's model composes it (``ncclTopoTuneModel``): one NVLS head per GPU of the group on a
+    node (at most ``NVLS_MAX_ARITY``), each moving the least of its NVLS share inside the node
+    (the measured NVLS all-reduce, ``nvls_busbw_gbps``, over the heads as NCCL's ``(h - 1) / h``
+    of ``h`` heads), its share of the node's network (``net_busbw_gbps``, the network's measured
+    ring rate: NCCL gives the ring and the heads the same ``bwInter`` per NIC), doubled over 2
+    nodes where each node's tree sends and receives its half at once, and NCCL's per-head cap
+    (``per_head_nvls_tree``)."""
+    heads = min(ppn, NVLS_MAX_ARITY)
+    intra = hw.nvls_busbw_gbps * (heads - 1) / max(hw.gpus_per_node - 1, 1)
+    net = hw.net_busbw_gbps * share * (2.0 if nodes <= 2 else 1.0)
+    cap = heads * cfg.lookup(cfg.per_head_nvls_tree, hw.arch)[0 if nodes <= 2 else 1]
+    return min(intra, net, cap)
+
+
 def _algorithms(kind: str, n: int, nodes: int, hw: HardwareProfile) -> tuple[str, ...]:
     """The (algorithm, protocol) pairs NCCL may pick for this collective, in its scan
-    order (Tree, Ring, NVLS), under the cluster's NCCL settings; ValueError where those
-    settings leave none (NCCL fails such a call: "no algorithm/protocol available")."""
+    order (Tree, Ring, NVLS, NVLSTree), under the cluster's NCCL settings; ValueError where
+    those settings leave none (NCCL fails such a call: "no algorithm/protocol available")."""
     own = ["ring"]
     if kind == "all-reduce" and n > 2:
         own.insert(0, "tree")
     if hw.has_nvls and nvls_shape(kind, n, nodes):
         own.append("nvls")
+    if hw.nvls_channels and nvls_tree_shape(kind, n, nodes):
+        own.append("nvls_tree")
     pairs = tuple((a, p) for a in own if hw.nccl_env.allows_algorithm(a) for p in _protocols(hw, a))
     if not pairs:
         raise ValueError(f"{kind} over {n} GPUs: the NCCL settings {hw.nccl_env.describe()} leave it no "
@@ -599,7 +656,7 @@ def _default_threads(algorithm: str, protocol: str, hw: HardwareProfile) -> int:
 
 
 def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile) -> int:
-    if algorithm == "nvls":
+    if algorithm in ("nvls", "nvls_tree"):
         return _NVLS_CHUNK
     if protocol == "LL":
         return _LL_CHUNK
@@ -628,14 +685,14 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
                                 _default_threads("nvls", "Simple", hw))
     best: tuple[float, CollectiveParams] | None = None
     for algo, proto in _algorithms(kind, group_size, nodes, hw):
-        p = CollectiveParams(algo, proto, _init_channels(algo, hw, kind), _default_chunk(kind, algo, proto, hw),
+        p = CollectiveParams(algo, proto, _init_channels(algo, hw, kind, nodes), _default_chunk(kind, algo, proto, hw),
                              _default_threads(algo, proto, hw))
         t = _nccl_estimate_us(kind, nbytes, group_size, nodes, p, hw, cfg)
         if best is None or t < best[0]:
             best = (t, p)
     assert best is not None
     p = best[1]
-    if p.algorithm == "nvls":
+    if p.algorithm in ("nvls", "nvls_tree"):
         return p
     thr = _per_thread(p, group_size)
     nc, nt = p.nchannels, p.nthreads
@@ -667,13 +724,16 @@ def registered_nvls_applies(kind: str, n: int, nodes: int, hw: HardwareProfile) 
             and kind in ("all-gather", "reduce-scatter") and hw.has_nvls and nvls_shape(kind, n, nodes))
 
 
-def _init_channels(algorithm: str, hw: HardwareProfile, kind: str = "all-reduce") -> int:
-    """CTAs NCCL's communicator gives ``algorithm``: nvlsCTAs for NVLS (NCCL_NVLS_NCHANNELS
-    where pinned; fewer on registered buffers, ``nvls_registered_ctas``), else the
+def _init_channels(algorithm: str, hw: HardwareProfile, kind: str = "all-reduce", nodes: int = 1) -> int:
+    """CTAs NCCL's communicator over ``nodes`` gives ``algorithm``: nvlsCTAs for NVLS
+    (NCCL_NVLS_NCHANNELS where pinned; fewer on registered buffers, ``nvls_registered_ctas``)
+    and NVLSTree (``nvls_tree_ctas``), else the
     communicator's channels (``hw.nccl_channels``, XLA's maxCTAs already applied), both
     inside the user's CTA pins (``NcclEnv.ctas``)."""
     env = hw.nccl_env
     ctas = min(env.ctas(hw.nccl_channels), hw.sm_count)
+    if algorithm == "nvls_tree":
+        return nvls_tree_ctas(hw, nodes)
     if algorithm != "nvls":
         return ctas
     if env.user_buffers:
@@ -858,7 +918,8 @@ def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwarePr
                           ) -> tuple[CollectiveParams, ...]:
     """``candidate_params`` without NCCL's pick, the only member that depends on the size
     (sorting ~60 ordered dataclasses per collective size cost more than timing them).
-    NVLS runs its communicator's CTAs whatever a call asks (NCCL), so it has one member."""
+    NVLS and NVLSTree run their communicator's CTAs whatever a call asks (NCCL), so each has
+    one member."""
     # At most the communicator's CTAs: NCCL caps a tuner plugin's channels at them
     # (``nChannels <= comm->nChannels``), so more need NCCL_MIN_CTAS (``nccl_settings``); and,
     # where NCCL_NTHREADS is pinned, at its threads (no plugin sets threads per call).
@@ -868,8 +929,8 @@ def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwarePr
     for algo, proto in _algorithms(kind, group_size, nodes, hw):
         chunk = _default_chunk(kind, algo, proto, hw)
         nt = _default_threads(algo, proto, hw)
-        if algo == "nvls":
-            out.add(CollectiveParams(algo, proto, _init_channels(algo, hw, kind), chunk, nt))
+        if algo in ("nvls", "nvls_tree"):
+            out.add(CollectiveParams(algo, proto, _init_channels(algo, hw, kind, nodes), chunk, nt))
             continue
         for nc in ladder:
             out.add(CollectiveParams(algo, proto, nc, chunk, nt))
@@ -1031,7 +1092,7 @@ def _resource_terms(params: CollectiveParams, hw: HardwareProfile, nodes: int, c
     """(SMs held, peak bus GB/s, HBM bytes per bus byte) of ``comm_resource_use``: the same
     few params come back for every collective size the search prices."""
     sms = 0.0 if hw.nccl_env.copy_engine(kind, nodes) else params.nchannels * hw.sm_share_per_channel
-    multicast = params.algorithm == "nvls" or (params.algorithm == "symmetric" and _multicast(hw))
+    multicast = params.algorithm in ("nvls", "nvls_tree") or (params.algorithm == "symmetric" and _multicast(hw))
     per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if multicast else cfg.hbm_bytes_per_bus_byte
     per_bus_byte *= cfg.protocol_wire_bytes[PROTOCOL_INDEX[params.protocol]]
     if params.algorithm == "symmetric":

@@ -125,8 +125,9 @@ def _cta_pin_unneeded(setting: Setting, plan: Plan, hw: HardwareProfile) -> str:
     communicator's every CTA."""
     base, env = hw.nccl_env, setting.env
     if env.max_ctas and env.max_ctas != base.max_ctas:
-        if not any(c.params.algorithm in ("nvls", "symmetric") for c in plan.collectives):
-            return "a cap reaches only NVLS's and the symmetric kernels' CTAs (the tuner sets the others'), none here"
+        if not any(c.params.algorithm in ("nvls", "nvls_tree", "symmetric") for c in plan.collectives):
+            return ("a cap reaches only NVLS's, NVLSTree's and the symmetric kernels' CTAs (the tuner sets the "
+                    "others'), none here")
     if env.min_ctas and env.min_ctas != base.min_ctas:
         own = base.ctas(hw.nccl_channels)
         if not any(c.params.nchannels >= own and c.params.algorithm in ("ring", "tree") for c in plan.collectives):

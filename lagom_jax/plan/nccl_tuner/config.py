@@ -147,10 +147,11 @@ class TunerRule:
 
         nthreads is not carried: NCCL lets no plugin set threads per call, only the global
         NCCL_NTHREADS / NCCL_LL128_NTHREADS (NVIDIA/nccl ``src/graph/tuning.cc``; the
-        plugin's ``getCollInfo`` in ``tuner_v6.h`` has no thread output). NVLS runs the
-        communicator's NVLS CTAs and chunks whatever a call asks, so its rule keeps NCCL's.
+        plugin's ``getCollInfo`` in ``tuner_v6.h`` has no thread output). NVLS and NVLSTree
+        run the communicator's NVLS CTAs and chunks whatever a call asks, so their rules keep
+        NCCL's.
         """
-        nvls = params.algorithm == "nvls"
+        nvls = params.algorithm in ("nvls", "nvls_tree")
         return cls(
             kind=kind,
             min_bytes=min_bytes,
