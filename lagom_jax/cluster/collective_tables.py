@@ -128,10 +128,13 @@ def anchor(table: str, kind: str, ranks: int, model_us) -> Anchor | None:  # noq
 # RESULTS.md "collective_fidelity", the by-size-band table). Inside one node: sizes held out of XLA's
 # H100/B200 tables and Echo's A100 nccl-tests logs, and published bus bandwidths. Across nodes:
 # Echo's logs of 2-16 Azure ND A100 v4 VMs predicted on their own preset (``nd-a100-v4``), whose
-# network rate is read from one of those 94 points; the model is 2% off from 64 MiB but 25-41%
-# optimistic below (latency across nodes), and the published multi-node peaks are within 2%.
+# network rate is read from one of those 94 points, the only cross-node sweeps here run under
+# NCCL's own choices: the model is 2% off from 64 MiB, 16% at 1-64 MiB and 32% below (optimistic:
+# latency across nodes; 25% and 41% before NCCL's tree correction joined the model). The other
+# sweeps ran someone's picks (AWS's tuner plugin on p5: 8% and 14%; 32 channels forced on Azure
+# ND H100 v5: 17%; TCPX's ring: 11% and 6%), so they do not set the floor.
 MEASURED_ERROR_ONE_NODE: tuple[tuple[float, float], ...] = ((1 << 20, 0.20), (64 << 20, 0.08), (math.inf, 0.02))
-MEASURED_ERROR_ACROSS_NODES: tuple[tuple[float, float], ...] = ((1 << 20, 0.41), (64 << 20, 0.25), (math.inf, 0.02))
+MEASURED_ERROR_ACROSS_NODES: tuple[tuple[float, float], ...] = ((1 << 20, 0.32), (64 << 20, 0.16), (math.inf, 0.02))
 
 
 def measured_error(nbytes: float, nodes: int) -> float:

@@ -166,6 +166,17 @@ class CostConfig:
     # hwLat[NVLINK][NVLSTree] + 2 log2(nodes) x (hwLat[NET][NVLSTree] + the net device's
     # latency), base 0; and the most one head moves across nodes (perChMaxNVLSTreeBw, GB/s),
     # columns 2 nodes / more, by architecture.
+    # NCCL's correction of a tree all-reduce's bandwidth at medium sizes, "trees are not
+    # perfectly sticking to the model" (``treeCorrectionFactor``, src/graph/tuning.cc, the same
+    # since NCCL 2.7): by protocol [LL, LL128, Simple], one factor per power of two of nBytes/64
+    # from 64 B to 256 MiB, 1 from 512 MiB. NCCL applies it to its own pick's estimate, a step
+    # at each power of two; the model to the tree's time too, since it is NCCL's account of what
+    # trees measured, joining the steps linearly in log size so that a larger all-reduce never
+    # takes less time (``tree_correction``).
+    tree_correction: tuple[tuple[float, ...], ...] = (
+        (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+        (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+        (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9))
     nvls_tree_intra_lat_us: float = 25.0
     nvls_tree_net_lat_us: float = 20.9
     per_head_nvls_tree: tuple[tuple[str, tuple[float, float]], ...] = (
@@ -495,6 +506,28 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
             *_latency_parts(kind, n, nodes, params, hw, cfg))
 
 
+def tree_correction(algorithm: str, protocol: str, nbytes: float, cfg: CostConfig = DEFAULT_COSTS) -> float:
+    """The factor on a tree all-reduce's bandwidth at this size (``CostConfig.tree_correction``,
+    joined linearly in log2 size; 1 for other algorithms, below 64 B and from 512 MiB). Only
+    all-reduce runs a tree."""
+    if algorithm != "tree" or nbytes < 64:
+        return 1.0
+    i, frac = _correction_point(nbytes, cfg)
+    row = _correction_row(protocol, cfg)
+    return row[i] * (1 - frac) + row[i + 1] * frac
+
+
+def _correction_point(nbytes: float, cfg: CostConfig) -> tuple[int, float]:
+    """(index, fraction) of ``nbytes`` (>= 64) between the correction table's points."""
+    x = math.log2(nbytes / 64)
+    i = min(int(x), len(cfg.tree_correction[0]) - 1)
+    return i, min(x - i, 1.0)
+
+
+def _correction_row(protocol: str, cfg: CostConfig) -> tuple[float, ...]:
+    return (*cfg.tree_correction[PROTOCOL_INDEX[protocol]], 1.0)
+
+
 def _time_from_terms(nbytes: float, n: int, params: CollectiveParams, terms: _Terms,
                      hw: HardwareProfile, cfg: CostConfig) -> float:
     """The collective-time formula of the module docstring, for a group of n > 1 ranks.
@@ -514,7 +547,8 @@ def _time_from_terms(nbytes: float, n: int, params: CollectiveParams, terms: _Te
     share = max(min(wire, first), wire / nc)
     chunks = math.ceil(share / params.chunk_bytes)
     fill = min(params.chunk_bytes, share / steps) / one_ch
-    transfer = max(wire / bw, min(wire, first) / one_ch + idle, wire / (nc * one_ch))
+    f = tree_correction(params.algorithm, params.protocol, nbytes, cfg)  # the rates, not the idle CTAs
+    transfer = max(wire / (bw * f), min(wire, first) / one_ch + idle, wire / (nc * one_ch * f))
     return hw.launch_us + lat + transfer + chunks * hop * cfg.chunk_sync_fraction + fill
 
 
@@ -559,6 +593,7 @@ def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: Coll
     """NCCL's own prediction ``lat + nBytes / algBw`` (no chunk terms), used to pick algo/proto."""
     wire = nbytes * bus_factor(kind, params.algorithm, n)
     bw = busbw_gbps(params, hw, nodes, cfg, net_share(hw, n, nodes), kind, n)
+    bw *= tree_correction(params.algorithm, params.protocol, nbytes, cfg)
     return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (bw * 1e3)
 
 
@@ -975,7 +1010,9 @@ def _size_free_columns(kind: str, group_size: int, nodes: int, hw: HardwareProfi
     return fixed, dict(bus=bus, bw=bw, one_ch=one_ch, hop=hop, steps=steps, lat=lat, factor=factor,
                        nc=np.array([p.nchannels for p in fixed], dtype=float),
                        chunk=np.array([p.chunk_bytes for p in fixed], dtype=float),
-                       first=first, idle=idle)
+                       first=first, idle=idle,
+                       tree=np.array([p.algorithm == "tree" for p in fixed]),
+                       correction=np.array([_correction_row(p.protocol, cfg) for p in fixed], dtype=float))
 
 
 def _times_from_columns(nbytes: float, n: int, c: dict[str, np.ndarray], hw: HardwareProfile, cfg: CostConfig
@@ -989,8 +1026,12 @@ def _times_from_columns(nbytes: float, n: int, c: dict[str, np.ndarray], hw: Har
     share = np.maximum(np.minimum(wire, c["first"]), wire / nc)
     chunks = np.ceil(share / c["chunk"])
     fill = np.minimum(c["chunk"], share / c["steps"]) / one_ch
-    transfer = np.maximum(np.maximum(wire / c["bw"], np.minimum(wire, c["first"]) / one_ch + c["idle"]),
-                          wire / (nc * one_ch))
+    f = 1.0
+    if nbytes >= 64 and c["tree"].any():
+        i, frac = _correction_point(nbytes, cfg)
+        f = np.where(c["tree"], c["correction"][:, i] * (1 - frac) + c["correction"][:, i + 1] * frac, 1.0)
+    transfer = np.maximum(np.maximum(wire / (c["bw"] * f), np.minimum(wire, c["first"]) / one_ch + c["idle"]),
+                          wire / (nc * one_ch * f))
     return hw.launch_us + lat + transfer + chunks * c["hop"] * cfg.chunk_sync_fraction + fill
 
 
