@@ -133,6 +133,17 @@ def test_nvls_tree_is_nccls_pick_for_large_all_reduces_across_nvswitch_nodes():
     assert pick(only, 1 << 20, 16, 2).algorithm == "nvls_tree"
     b200 = hardware.get("b200-sxm-8", nodes=4)
     assert [pick(b200, 8 * GiB, 8 * k, k).nchannels for k in (2, 4)] == [32, 24]
+    # On buffers registered with NCCL (XLA's user buffers) NVLSTree runs ceil(48 / 8) = 6 CTAs on
+    # H100 (7 on B200) at the same bandwidth: the same time, fewer SMs held beside compute.
+    registered = dataclasses.replace(two, nccl_env=dataclasses.replace(two.nccl_env, user_buffers=True))
+    own, reg = pick(two, GiB, 16, 2), pick(registered, GiB, 16, 2)
+    assert (own.nchannels, reg.nchannels) == (16, 6) and reg.algorithm == "nvls_tree"
+    assert pick(dataclasses.replace(b200, nccl_env=dataclasses.replace(b200.nccl_env, user_buffers=True)),
+                GiB, 32, 4).nchannels == 7
+    t = lambda p, hw: cost.collective_time_us("all-reduce", GiB, 16, 2, p, hw)  # noqa: E731
+    assert t(reg, registered) == pytest.approx(t(own, two), rel=0.01)
+    assert (cost.comm_resource_use(reg, registered, nodes=2, kind="all-reduce")[0]
+            < 0.5 * cost.comm_resource_use(own, two, nodes=2, kind="all-reduce")[0])
 
 
 def test_nvls_takes_fewer_sms_and_less_hbm_from_overlapped_compute():

@@ -5,6 +5,8 @@ symmetric buffers), NVLS on registered buffers (XLA's user buffers) and those wi
 efficiency CTA policy (NVLS all-gathers and reduce-scatters), per kind and size:
 the kernel, its CTAs and its time alone; then a GEMM beside each collective, the step with
 each setting and with NCCL_MAX_CTAS caps, so the SMs a setting hands back to compute show.
+Across 2 and 16 such nodes: the all-reduce NCCL runs (NVLSTree where NVLS is on) under its
+defaults, on registered buffers and with NVLS off, alone and beside a GEMM.
 
     python -m benchmarks.predicted.nccl_mechanisms [--no-record]
 """
@@ -54,11 +56,41 @@ def collective_rows() -> list[str]:
     return rows
 
 
-def _gemm_beside(kind: str, nbytes: int) -> StepGraph:
-    coll = Task(id=0, name="c", kind=kind, bytes=nbytes, groups=(tuple(range(8)),), is_async=True)
+def _gemm_beside(kind: str, nbytes: int, gpus: int = 8) -> StepGraph:
+    coll = Task(id=0, name="c", kind=kind, bytes=nbytes, groups=(tuple(range(gpus)),), is_async=True)
     gemm = Task(id=1, name="gemm", kind="compute", flops=2 * 8192**3, bytes=3 * 8192**2 * 2, opcode="fusion",
                 gemm=(1, 8192, 8192, 8192))
-    return StepGraph("gemm+c", (coll, gemm), num_devices=8)
+    return StepGraph("gemm+c", (coll, gemm), num_devices=gpus)
+
+
+NODES = (2, 16)
+ACROSS = (("NCCL's defaults", {}), ("user buffers", {"user_buffers": True}), ("NVLS off", {"nvls": False}))
+ACROSS_SIZES = (16 << 20, 256 << 20, 1 << 30)
+
+
+def across_rows() -> list[str]:
+    """An all-reduce over every GPU of ``nodes`` nodes: NCCL's pick, CTAs, time alone and busBw;
+    then the step of a GEMM beside a 256 MiB one."""
+    rows = []
+    for name in PRESETS:
+        for nodes in NODES:
+            base = hardware.get(name, nodes=nodes)
+            n = base.gpus_per_node * nodes
+            for nbytes in (*ACROSS_SIZES, None):
+                cells = []
+                for _label, env in ACROSS:
+                    hw = dataclasses.replace(base, nccl_env=NcclEnv(**env))
+                    if nbytes is None:
+                        step = _gemm_beside("all-reduce", 256 << 20, n)
+                        cells.append(f"{search.run_strategy('xla-default', step, hw).makespan_us / 1e3:.3f} ms")
+                        continue
+                    p = cost.nccl_default_params("all-reduce", nbytes, n, nodes, hw)
+                    t = cost.collective_time_us("all-reduce", nbytes, n, nodes, p, hw)
+                    bus = nbytes * cost.bus_factor("all-reduce", "ring", n) / t / 1e3
+                    cells.append(f"{p.algorithm}/{p.protocol} {p.nchannels} CTAs, {t:.0f} us ({bus:.0f} GB/s)")
+                what = "GEMM beside 256 MiB" if nbytes is None else _size(nbytes)
+                rows.append(f"| {name} x{nodes} | {what} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def step_rows() -> list[str]:
@@ -91,7 +123,12 @@ def section() -> str:
         "An 8192^3 bf16 GEMM beside an independent 256 MiB collective, the step (ms) under each setting: what "
         "the SMs a setting frees or takes do to the compute beside it.", "",
         "| GPUs | collective | " + " | ".join(labels) + " |", "|---|---|" + "---:|" * len(labels),
-        *step_rows(),
+        *step_rows(), "",
+        "Across nodes (every GPU of 2 and 16 nodes): the all-reduce NCCL runs, its CTAs, time alone and bus "
+        "bandwidth (NVLSTree on NVLS nodes: NVLS in each node, a tree between them; 6-7 CTAs on registered "
+        "buffers), and an 8192^3 GEMM beside a 256 MiB one.", "",
+        "| GPUs | all-reduce | " + " | ".join(label for label, _ in ACROSS) + " |", "|---|---|" + "---|" * len(ACROSS),
+        *across_rows(),
     ])
 
 

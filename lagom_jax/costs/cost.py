@@ -365,6 +365,7 @@ def _busbw(algorithm: str, protocol: str, nc: int, nthreads: int, hw: HardwarePr
         return min(nc * per_nvls, peak)
     if algorithm == "nvls_tree":
         peak = nvls_tree_busbw_gbps(hw, n // nodes if n else hw.gpus_per_node, nodes, share, cfg)
+        # Registered buffers reach it on the fewer CTAs NCCL gives them, as for NVLS.
         return min(nc * peak / nvls_tree_ctas(hw, nodes), peak) * min(1.0, nthreads / cfg.full_rate_threads[p])
     if algorithm == "tree":
         tree_ch = cfg.lookup(cfg.per_ch_tree, hw.arch)[col] / cta
@@ -640,14 +641,22 @@ def nvls_tree_shape(kind: str, n: int, nodes: int) -> bool:
     return kind == "all-reduce" and nodes > 1 and n // nodes >= 2
 
 
-def nvls_tree_ctas(hw: HardwareProfile, nodes: int) -> int:
+def nvls_tree_ctas(hw: HardwareProfile, nodes: int, registered: bool | None = None) -> int:
     """CTAs of an NVLSTree collective (NVIDIA/nccl ``ncclNvlsTuning``, src/transport/nvls.cc,
     2.30): 16 on Hopper; on Blackwell 32 over 2 nodes and 24 over more (its tuning for NICs of
     48-96 GB/s, the 400 Gb/s every Blackwell preset has); NCCL_NVLS_NCHANNELS where pinned, then
-    NCCL_MIN_CTAS / NCCL_MAX_CTAS."""
+    NCCL_MIN_CTAS / NCCL_MAX_CTAS. On buffers registered with NCCL (XLA's user buffers; default:
+    as the cluster registers them) fewer, ``ceil(factor / heads)`` with one head per GPU of the
+    node and factor 48 on Hopper, 56 on Blackwell (``ncclNvlsRegResourcesQuery``, more than one
+    node; ``ncclRegisterCollNvlsBuffers`` applies it to NVLSTree as to NVLS): 6 and 7 on 8 GPUs,
+    at the same bandwidth (the copies through NCCL's own buffers are what registration drops)."""
     env = hw.nccl_env
     own = env.nvls_ctas or (16 if hw.arch != "blackwell" else 32 if nodes <= 2 else 24)
-    return max(1, min(max(own, env.min_ctas), env.channel_cap, hw.sm_count))
+    own = max(1, min(max(own, env.min_ctas), env.channel_cap, hw.sm_count))
+    if not (env.user_buffers if registered is None else registered):
+        return own
+    factor = 56 if hw.arch == "blackwell" else 48
+    return max(1, min(math.ceil(factor / min(hw.gpus_per_node, NVLS_MAX_ARITY)), own))
 
 
 def nvls_tree_busbw_gbps(hw: HardwareProfile, ppn: int, nodes: int, share: float = 1.0,
