@@ -253,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         a = [after[p] / p.measured_us - 1 for p in ps if p in after]
         lines.append(f"| {source} | {scope} | {stats(b)} | {stats(a)} |")
     lines += ["", "By size band (all sources, points judged after; the tuner's floor on a collective's change, "
-              "`collective_tables.measured_error`, is the median abs error of its band):", "",
+              "`collective_tables.measured_error`, is the median abs error of its band inside one node, and across "
+              "nodes of Echo's logs alone, the only cross-node sweeps run under NCCL's own choices: the line below "
+              "the table):", "",
               "| scope | size | points | before: median error | after: median error | after: median abs |",
               "|---|---|---:|---:|---:|---:|"]
     for scope, multi in (("one node", False), ("across nodes", True)):
@@ -264,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
                              f"| {statistics.median(before[p] / p.measured_us - 1 for p in sel):+.1%} "
                              f"| {statistics.median(after[p] / p.measured_us - 1 for p in sel):+.1%} "
                              f"| {statistics.median(abs(after[p] / p.measured_us - 1) for p in sel):.1%} |")
+    echo = [p for p in pts if p.source == "echo-a100" and p.nodes > 1]
+    lines += ["", "Echo's logs across nodes, median abs error after: " + ", ".join(
+        f"{name} {statistics.median(abs(after[p] / p.measured_us - 1) for p in sel):.1%}"
+        for name, lo, hi in (("< 1 MiB", 0, 1 << 20), ("1-64 MiB", 1 << 20, 64 << 20), (">= 64 MiB", 64 << 20, math.inf))
+        if (sel := [p for p in echo if lo <= p.nbytes < hi])) + "."]
     lines += ["", "Published points (bus bandwidth converted to time):", "",
               "| system | GPUs | collective | size | measured us | before | after | source |",
               "|---|---:|---|---:|---:|---:|---:|---|"]
