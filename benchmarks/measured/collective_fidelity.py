@@ -22,6 +22,9 @@ on (``after``: ``collective_tables``). Sources:
   them point by point as bus bandwidth (the goal: within 15% of each at 4-128 nodes), and the p5
   all-reduces once more as they ran: at the algorithm and protocol AWS's tuner plugin gave each
   (``benchmarks/data/aws_ofi_tuner_p5.csv``), which tells a wrong pick from a wrong time;
+* **nccl-tests-309-a**, **-b**: two users' all-reduce sweeps (1 MiB-16 GiB) over 2-8 nodes of 8 H100
+  with 8x 400G InfiniBand under NCCL's defaults (NVIDIA/nccl-tests issue #309), predicted on
+  ``h100-sxm-8``, whose network rate comes from neither;
 * **a3-tcpx**: published nccl-tests sweeps over 2 Google Cloud A3 High nodes (GPUDirect-TCPX),
   predicted on ``a3``, whose network numbers were read from the all-reduce sweep (its 8 GiB
   busBw and its 1-4 MiB floor), so its other sizes and the all-gather sweep are the test.
@@ -117,7 +120,7 @@ def points() -> list[Point]:
     return out
 
 
-SCALE_SOURCES = ("p5-efa", "azure-ndv5-ib", "a3-tcpx")
+SCALE_SOURCES = ("p5-efa", "azure-ndv5-ib", "nccl-tests-309-a", "nccl-tests-309-b", "a3-tcpx")
 WITHIN = 0.15
 
 
