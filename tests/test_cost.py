@@ -81,7 +81,7 @@ def test_tree_all_reduce_takes_nccls_correction_at_medium_sizes():
     # still grows with bytes.
     hw = hardware.get("nd-a100-v4", nodes=2)
     tree = CollectiveParams("tree", "Simple", 24, 512 << 10, 640)
-    off = dataclasses.replace(MODEL, tree_correction=tuple((1.0,) * 23 for _ in range(3)))
+    off = dataclasses.replace(MODEL, tree_correction=tuple((1.0,) * 24 for _ in range(3)))
     assert cost.tree_correction("tree", "Simple", 1 << 20) == pytest.approx(0.5)
     assert cost.tree_correction("tree", "Simple", 1 << 30) == cost.tree_correction("ring", "Simple", 1 << 20) == 1.0
     assert cost.tree_correction("tree", "LL", 64 * 2 ** 11.5) == pytest.approx(0.45)  # between 0.5 and 0.4

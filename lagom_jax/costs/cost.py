@@ -166,17 +166,20 @@ class CostConfig:
     # hwLat[NVLINK][NVLSTree] + 2 log2(nodes) x (hwLat[NET][NVLSTree] + the net device's
     # latency), base 0; and the most one head moves across nodes (perChMaxNVLSTreeBw, GB/s),
     # columns 2 nodes / more, by architecture.
-    # NCCL's correction of a tree all-reduce's bandwidth at medium sizes, "trees are not
+    # NCCL's correction of a tree's all-reduce bandwidth at medium sizes, "trees are not
     # perfectly sticking to the model" (``treeCorrectionFactor``, src/graph/tuning.cc, the same
     # since NCCL 2.7): by protocol [LL, LL128, Simple], one factor per power of two of nBytes/64
-    # from 64 B to 256 MiB, 1 from 512 MiB. NCCL applies it to its own pick's estimate, a step
-    # at each power of two; the model to the tree's time too, since it is NCCL's account of what
-    # trees measured, joining the steps linearly in log size so that a larger all-reduce never
-    # takes less time (``tree_correction``).
+    # from 64 B. NCCL applies it to its pick's estimate, a step at each power of two: for Tree
+    # up to 256 MiB, for NVLSTree up to 512 MiB and only on Blackwell with x86 hosts. The model
+    # applies it to both trees' time on every architecture (``tree_correction``), joining the
+    # steps linearly in log size so that a larger all-reduce never takes less time: it is
+    # NCCL's account of what trees measure, and the H100 sweeps across 2-32 nodes show
+    # NVLSTree's medium sizes that much slower than its model on Hopper too
+    # (``collective_fidelity``: the all-reduces of NVIDIA/nccl-tests #309 and AWS p5).
     tree_correction: tuple[tuple[float, ...], ...] = (
-        (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
-        (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
-        (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9))
+        (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+        (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+        (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9))
     nvls_tree_intra_lat_us: float = 25.0
     nvls_tree_net_lat_us: float = 20.9
     per_head_nvls_tree: tuple[tuple[str, tuple[float, float]], ...] = (
@@ -508,14 +511,19 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
 
 
 def tree_correction(algorithm: str, protocol: str, nbytes: float, cfg: CostConfig = DEFAULT_COSTS) -> float:
-    """The factor on a tree all-reduce's bandwidth at this size (``CostConfig.tree_correction``,
-    joined linearly in log2 size; 1 for other algorithms, below 64 B and from 512 MiB). Only
-    all-reduce runs a tree."""
-    if algorithm != "tree" or nbytes < 64:
+    """The factor on a tree's all-reduce bandwidth at this size (``CostConfig.tree_correction``,
+    joined linearly in log2 size; 1 for other algorithms, below 64 B and from 512 MiB (Tree)
+    or 1 GiB (NVLSTree)). Only all-reduce runs a tree."""
+    if algorithm not in _CORRECTED or nbytes < 64:
         return 1.0
     i, frac = _correction_point(nbytes, cfg)
-    row = _correction_row(protocol, cfg)
+    row = _correction_row(algorithm, protocol, cfg)
     return row[i] * (1 - frac) + row[i + 1] * frac
+
+
+# Points of NCCL's correction table each tree takes (``ncclTopoGetAlgoTime``: logSize < 23 for
+# Tree, < 24 for NVLSTree).
+_CORRECTED = {"tree": 23, "nvls_tree": 24}
 
 
 def _correction_point(nbytes: float, cfg: CostConfig) -> tuple[int, float]:
@@ -525,8 +533,19 @@ def _correction_point(nbytes: float, cfg: CostConfig) -> tuple[int, float]:
     return i, min(x - i, 1.0)
 
 
-def _correction_row(protocol: str, cfg: CostConfig) -> tuple[float, ...]:
-    return (*cfg.tree_correction[PROTOCOL_INDEX[protocol]], 1.0)
+def _correction_row(algorithm: str, protocol: str, cfg: CostConfig) -> tuple[float, ...]:
+    """``algorithm``'s factors by table point, 1 past its last (one point past the table)."""
+    row = cfg.tree_correction[PROTOCOL_INDEX[protocol]]
+    n = _CORRECTED.get(algorithm, 0)
+    return (*row[:n], *(1.0,) * (len(row) + 1 - n))
+
+
+def _pick_correction(algorithm: str, protocol: str, nbytes: float, hw: HardwareProfile, cfg: CostConfig) -> float:
+    """The correction NCCL itself applies when it picks: Tree's everywhere, NVLSTree's on
+    Blackwell (NCCL also asks for an x86 host, which the presets do not record)."""
+    if algorithm == "nvls_tree" and hw.arch != "blackwell":
+        return 1.0
+    return tree_correction(algorithm, protocol, nbytes, cfg)
 
 
 def _time_from_terms(nbytes: float, n: int, params: CollectiveParams, terms: _Terms,
@@ -594,7 +613,7 @@ def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: Coll
     """NCCL's own prediction ``lat + nBytes / algBw`` (no chunk terms), used to pick algo/proto."""
     wire = nbytes * bus_factor(kind, params.algorithm, n)
     bw = busbw_gbps(params, hw, nodes, cfg, net_share(hw, n, nodes), kind, n)
-    bw *= tree_correction(params.algorithm, params.protocol, nbytes, cfg)
+    bw *= _pick_correction(params.algorithm, params.protocol, nbytes, hw, cfg)
     return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (bw * 1e3)
 
 
@@ -1020,8 +1039,8 @@ def _size_free_columns(kind: str, group_size: int, nodes: int, hw: HardwareProfi
                        nc=np.array([p.nchannels for p in fixed], dtype=float),
                        chunk=np.array([p.chunk_bytes for p in fixed], dtype=float),
                        first=first, idle=idle,
-                       tree=np.array([p.algorithm == "tree" for p in fixed]),
-                       correction=np.array([_correction_row(p.protocol, cfg) for p in fixed], dtype=float))
+                       tree=np.array([p.algorithm in _CORRECTED for p in fixed]),
+                       correction=np.array([_correction_row(p.algorithm, p.protocol, cfg) for p in fixed], dtype=float))
 
 
 def _times_from_columns(nbytes: float, n: int, c: dict[str, np.ndarray], hw: HardwareProfile, cfg: CostConfig
