@@ -539,6 +539,11 @@ def test_rule_from_collective_params_uses_plan_spellings():
     rule = TunerRule.from_params("all-gather", params, min_bytes=1024, max_bytes=1 << 20, nranks=8)
     assert rule == TunerRule("all-gather", 1024, 1 << 20, 8, None, "tree", "LL128", 6, 1 << 18)
     assert parse_config(render_config([rule])) == ([rule], [])
+    # NVLS and NVLSTree run their communicator's NVLS CTAs and chunks: the rule keeps NCCL's (0).
+    tree = TunerRule.from_params("all-reduce", params_lib.CollectiveParams("nvls_tree", "Simple", 16, 128 << 10),
+                                 nranks=16, nnodes=2)
+    assert (tree.algorithm, tree.nchannels, tree.chunk_bytes) == ("nvls_tree", 0, 0)
+    assert parse_config(render_config([tree])) == ([tree], [])
 
 
 @pytest.mark.parametrize(
