@@ -133,6 +133,9 @@ def test_nvls_tree_is_nccls_pick_for_large_all_reduces_across_nvswitch_nodes():
     assert pick(only, 1 << 20, 16, 2).algorithm == "nvls_tree"
     b200 = hardware.get("b200-sxm-8", nodes=4)
     assert [pick(b200, 8 * GiB, 8 * k, k).nchannels for k in (2, 4)] == [32, 24]
+    # A head's NVLS rate is an 8-GPU node's: 32 heads of an NVL72 rack are never the bound.
+    racks = hardware.get("gb200-nvl72", nodes=4)
+    assert cost.nvls_tree_busbw_gbps(racks, 64, 4) == pytest.approx(min(racks.net_busbw_gbps, 32 * 80.0))
     # On buffers registered with NCCL (XLA's user buffers) NVLSTree runs ceil(48 / 8) = 6 CTAs on
     # H100 (7 on B200) at the same bandwidth: the same time, fewer SMs held beside compute.
     registered = dataclasses.replace(two, nccl_env=dataclasses.replace(two.nccl_env, user_buffers=True))

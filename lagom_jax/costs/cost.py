@@ -683,13 +683,14 @@ def nvls_tree_busbw_gbps(hw: HardwareProfile, ppn: int, nodes: int, share: float
     """NVLSTree's bus bandwidth (nccl-tests convention) with ``ppn`` GPUs on each node, as
     NCCL's model composes it (``ncclTopoTuneModel``): one NVLS head per GPU of the group on a
     node (at most ``NVLS_MAX_ARITY``), each moving the least of its NVLS share inside the node
-    (the measured NVLS all-reduce, ``nvls_busbw_gbps``, over the heads as NCCL's ``(h - 1) / h``
-    of ``h`` heads), its share of the node's network (``net_busbw_gbps``, the network's measured
+    (NCCL's ``2 x efficiency x bwIntra x (h - 1) / h`` a head, which is the measured NVLS
+    all-reduce of 8 GPUs, ``nvls_busbw_gbps``, over 7: the rate is measured on 8-GPU nodes and
+    a head's does not fall in a larger NVLink domain), its share of the node's network (``net_busbw_gbps``, the network's measured
     ring rate: NCCL gives the ring and the heads the same ``bwInter`` per NIC), doubled over 2
     nodes where each node's tree sends and receives its half at once, and NCCL's per-head cap
     (``per_head_nvls_tree``)."""
     heads = min(ppn, NVLS_MAX_ARITY)
-    intra = hw.nvls_busbw_gbps * (heads - 1) / max(hw.gpus_per_node - 1, 1)
+    intra = hw.nvls_busbw_gbps * (heads - 1) / (min(hw.gpus_per_node, 8) - 1)
     net = hw.net_busbw_gbps * share * (2.0 if nodes <= 2 else 1.0)
     cap = heads * cfg.lookup(cfg.per_head_nvls_tree, hw.arch)[0 if nodes <= 2 else 1]
     return min(intra, net, cap)
