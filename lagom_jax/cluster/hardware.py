@@ -144,8 +144,9 @@ class HardwareProfile:
     host_link_gbps: float = 0.0
     # Latency the network device adds to every inter-node hop of a ring or tree (us), on top of
     # NCCL's ``hwLat[NET]`` (``CostConfig.hop_lat_ring``/``hop_lat_tree``): NCCL's own
-    # ``latencyInter``, which a net plugin reports as its device's latency (NVIDIA/nccl
-    # src/graph/tuning.cc, ``ncclTopoTuneModel``). 0: InfiniBand through NCCL's own transport.
+    # ``latencyInter``, which a net plugin reports as its device's latency and NCCL adds to a
+    # hop once, and once more for the Simple protocol's flush (NVIDIA/nccl src/graph/tuning.cc,
+    # ``ncclTopoTuneModel``). 0: InfiniBand through NCCL's own transport.
     # A fabric that moves data through the hosts' TCP stacks (GPUDirect-TCPX) pays far more:
     # fitted on a published small-message floor of the fabric, cited in its preset.
     net_latency_us: float = 0.0
@@ -548,10 +549,11 @@ PRESETS["a3"] = dataclasses.replace(
     # (GoogleCloudPlatform/ai-infra-cluster-provisioning sample_workloads/nccltest/a3/README.md,
     # 2023-12): busBw 89.54 GB/s at 8 GiB; 1.65-1.79 ms from 1 to 4 MiB, where RDMA fabrics take
     # ~0.1 ms. NCCL's latency composition (2 network hops of a 16-rank ring all-reduce, x1.4 for
-    # Simple) puts that floor at 560 us a network hop, 546 of them the device's (NCCL's table
-    # has 14 for a Simple ring hop): TCP through the host's receive path.
+    # Simple) puts that floor at 560 us a network hop: NCCL's 14 for a Simple ring hop and twice
+    # the device's latency (once for the hop, once for Simple's flush), 273 us: TCP through the
+    # host's receive path.
     net_busbw_gbps=89.54,
-    net_latency_us=546.0,
+    net_latency_us=273.0,
     nccl_env=NcclEnv(algorithms=("ring",), protocols=("Simple",)),
 )
 PRESETS["a3-mega"] = dataclasses.replace(

@@ -296,11 +296,11 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
         return cfg.nvls_lat_us, None
     if params.algorithm == "nvls_tree":
         hops = 2 * int(math.log2(nodes))  # NCCL's log2i: the floor
-        return cfg.nvls_tree_intra_lat_us + hops * (cfg.nvls_tree_net_lat_us + hw.net_latency_us), None
+        return cfg.nvls_tree_intra_lat_us + hops * (cfg.nvls_tree_net_lat_us + _net_latency(hw, params.protocol)), None
     if params.algorithm == "tree":
         base = cfg.base_lat_tree[p]
         intra = cfg.lookup(cfg.hop_lat_tree, intra_kind)[p]
-        inter = cfg.lookup(cfg.hop_lat_tree, "net")[p] + hw.net_latency_us
+        inter = cfg.lookup(cfg.hop_lat_tree, "net")[p] + _net_latency(hw, params.protocol)
         per_node = max(n // nodes, 1)
         return base + 2 * ((per_node - 1) * intra + math.log2(nodes) * inter), None
     base = cfg.base_lat_ring[p]
@@ -313,11 +313,17 @@ def _latency_parts(kind: str, n: int, nodes: int, params: CollectiveParams,
     net_ovh = cfg.net_overhead_us * (3 if params.protocol == "Simple" else 1)
     # One GPU per node: every hop crosses the network, NCCL uses the tree's net latency.
     inter_table = cfg.hop_lat_tree if n == nodes else cfg.hop_lat_ring
-    inter = cfg.lookup(inter_table, "net")[p] + hw.net_latency_us
+    inter = cfg.lookup(inter_table, "net")[p] + _net_latency(hw, params.protocol)
     lat = base + (steps - n_inter) * max(intra, net_ovh) + n_inter * inter
     if kind == "all-reduce" and params.protocol == "Simple":
         return lat, cfg.lookup(cfg.multinode_simple_lat_factor, hw.arch)
     return lat, None
+
+
+def _net_latency(hw: HardwareProfile, protocol: str) -> float:
+    """What the network device adds to one inter-node hop: its latency (NCCL's
+    ``latencyInter``), twice for Simple, whose flush NCCL also charges it for."""
+    return hw.net_latency_us * (2 if protocol == "Simple" else 1)
 
 
 def busbw_gbps(params: CollectiveParams, hw: HardwareProfile, nodes: int = 1,
