@@ -166,6 +166,10 @@ class CostConfig:
     # hwLat[NVLINK][NVLSTree] + 2 log2(nodes) x (hwLat[NET][NVLSTree] + the net device's
     # latency), base 0; and the most one head moves across nodes (perChMaxNVLSTreeBw, GB/s),
     # columns 2 nodes / more, by architecture.
+    nvls_tree_intra_lat_us: float = 25.0
+    nvls_tree_net_lat_us: float = 20.9
+    per_head_nvls_tree: tuple[tuple[str, tuple[float, float]], ...] = (
+        ("hopper", (57.7, 45.5)), ("blackwell", (96.0, 80.0)))
     # NCCL's correction of a tree's all-reduce bandwidth at medium sizes, "trees are not
     # perfectly sticking to the model" (``treeCorrectionFactor``, src/graph/tuning.cc, the same
     # since NCCL 2.7): by protocol [LL, LL128, Simple], one factor per power of two of nBytes/64
@@ -180,10 +184,6 @@ class CostConfig:
         (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
         (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
         (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9))
-    nvls_tree_intra_lat_us: float = 25.0
-    nvls_tree_net_lat_us: float = 20.9
-    per_head_nvls_tree: tuple[tuple[str, tuple[float, float]], ...] = (
-        ("hopper", (57.7, 45.5)), ("blackwell", (96.0, 80.0)))
 
     # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
     __hash__ = hashing.hash_fields_once
@@ -666,22 +666,17 @@ def nvls_tree_shape(kind: str, n: int, nodes: int) -> bool:
     return kind == "all-reduce" and nodes > 1 and n // nodes >= 2
 
 
-def nvls_tree_ctas(hw: HardwareProfile, nodes: int, registered: bool | None = None) -> int:
+def nvls_tree_ctas(hw: HardwareProfile, nodes: int) -> int:
     """CTAs of an NVLSTree collective (NVIDIA/nccl ``ncclNvlsTuning``, src/transport/nvls.cc,
     2.30): 16 on Hopper; on Blackwell 32 over 2 nodes and 24 over more (its tuning for NICs of
     48-96 GB/s, the 400 Gb/s every Blackwell preset has); NCCL_NVLS_NCHANNELS where pinned, then
-    NCCL_MIN_CTAS / NCCL_MAX_CTAS. On buffers registered with NCCL (XLA's user buffers; default:
-    as the cluster registers them) fewer, ``ceil(factor / heads)`` with one head per GPU of the
-    node and factor 48 on Hopper, 56 on Blackwell (``ncclNvlsRegResourcesQuery``, more than one
-    node; ``ncclRegisterCollNvlsBuffers`` applies it to NVLSTree as to NVLS): 6 and 7 on 8 GPUs,
-    at the same bandwidth (the copies through NCCL's own buffers are what registration drops)."""
+    NCCL_MIN_CTAS / NCCL_MAX_CTAS; on buffers registered with NCCL (XLA's user buffers) fewer,
+    ``nvls_registered_ctas`` across nodes (``ncclRegisterCollNvlsBuffers`` applies it to
+    NVLSTree as to NVLS)."""
     env = hw.nccl_env
     own = env.nvls_ctas or (16 if hw.arch != "blackwell" else 32 if nodes <= 2 else 24)
     own = max(1, min(max(own, env.min_ctas), env.channel_cap, hw.sm_count))
-    if not (env.user_buffers if registered is None else registered):
-        return own
-    factor = 56 if hw.arch == "blackwell" else 48
-    return max(1, min(math.ceil(factor / min(hw.gpus_per_node, NVLS_MAX_ARITY)), own))
+    return min(nvls_registered_ctas(hw, "all-reduce", nodes), own) if env.user_buffers else own
 
 
 def nvls_tree_busbw_gbps(hw: HardwareProfile, ppn: int, nodes: int, share: float = 1.0,
@@ -691,10 +686,10 @@ def nvls_tree_busbw_gbps(hw: HardwareProfile, ppn: int, nodes: int, share: float
     node (at most ``NVLS_MAX_ARITY``), each moving the least of its NVLS share inside the node
     (NCCL's ``2 x efficiency x bwIntra x (h - 1) / h`` a head, which is the measured NVLS
     all-reduce of 8 GPUs, ``nvls_busbw_gbps``, over 7: the rate is measured on 8-GPU nodes and
-    a head's does not fall in a larger NVLink domain), its share of the node's network (``net_busbw_gbps``, the network's measured
-    ring rate: NCCL gives the ring and the heads the same ``bwInter`` per NIC), doubled over 2
-    nodes where each node's tree sends and receives its half at once, and NCCL's per-head cap
-    (``per_head_nvls_tree``)."""
+    a head's does not fall in a larger NVLink domain), its share of the node's network
+    (``net_busbw_gbps``, the network's measured ring rate: NCCL gives the ring and the heads the
+    same ``bwInter`` per NIC), doubled over 2 nodes where each node's tree sends and receives its
+    half at once, and NCCL's per-head cap (``per_head_nvls_tree``)."""
     heads = min(ppn, NVLS_MAX_ARITY)
     intra = hw.nvls_busbw_gbps * (heads - 1) / (min(hw.gpus_per_node, 8) - 1)
     net = hw.net_busbw_gbps * share * (2.0 if nodes <= 2 else 1.0)
@@ -800,10 +795,10 @@ def _init_channels(algorithm: str, hw: HardwareProfile, kind: str = "all-reduce"
     and NVLSTree (``nvls_tree_ctas``), else the
     communicator's channels (``hw.nccl_channels``, XLA's maxCTAs already applied), both
     inside the user's CTA pins (``NcclEnv.ctas``)."""
-    env = hw.nccl_env
-    ctas = min(env.ctas(hw.nccl_channels), hw.sm_count)
     if algorithm == "nvls_tree":
         return nvls_tree_ctas(hw, nodes)
+    env = hw.nccl_env
+    ctas = min(env.ctas(hw.nccl_channels), hw.sm_count)
     if algorithm != "nvls":
         return ctas
     if env.user_buffers:
@@ -812,19 +807,23 @@ def _init_channels(algorithm: str, hw: HardwareProfile, kind: str = "all-reduce"
     return min(max(env.nvls_ctas or hw.nvls_channels, env.min_ctas), ctas)
 
 
-def nvls_registered_ctas(hw: HardwareProfile, kind: str = "all-reduce") -> int:
+def nvls_registered_ctas(hw: HardwareProfile, kind: str = "all-reduce", nodes: int = 1) -> int:
     """CTAs of an NVLS collective on buffers registered with NCCL (XLA's
     ``--xla_gpu_enable_nccl_user_buffers``: ``ncclCommRegister``): with no copy through
     NCCL's own buffers it needs fewer, ``ceil(factor / heads)`` with one head per GPU of the
-    node and factor 32 (all-reduce on Hopper, all-gather), 64 (all-reduce on Blackwell), 40 and
-    48 (reduce-scatter on Hopper and Blackwell) (NVIDIA/nccl ``src/transport/nvls.cc``,
-    ``ncclNvlsRegResourcesQuery``, one node, 2.27-2.30): an all-reduce 4 and 8 on 8 GPUs,
-    where unregistered NVLS runs 16 and 24. It reaches the same bandwidth on them (the copies
-    are what it drops)."""
+    node (NVIDIA/nccl ``src/transport/nvls.cc``, ``ncclNvlsRegResourcesQuery``, 2.27-2.30). In
+    one node factor 32 (all-reduce on Hopper, all-gather), 64 (all-reduce on Blackwell), 40 and
+    48 (reduce-scatter on Hopper and Blackwell): an all-reduce 4 and 8 on 8 GPUs, where
+    unregistered NVLS runs 16 and 24. Across nodes (NVLSTree's all-reduce) 48 on Hopper and 56
+    on Blackwell: 6 and 7 on 8 GPUs. It reaches the same bandwidth on them (the copies are what
+    it drops)."""
     blackwell = hw.arch == "blackwell"
-    factor = {"all-reduce": 64 if blackwell else 32, "all-gather": 32,
-              "reduce-scatter": 48 if blackwell else 40}.get(kind, 32)
-    heads = min(hw.gpus_per_node, 32)
+    if nodes > 1:
+        factor = 56 if blackwell else 48
+    else:
+        factor = {"all-reduce": 64 if blackwell else 32, "all-gather": 32,
+                  "reduce-scatter": 48 if blackwell else 40}.get(kind, 32)
+    heads = min(hw.gpus_per_node, NVLS_MAX_ARITY)
     return max(1, min(math.ceil(factor / heads), hw.nvls_channels))
 
 
