@@ -506,3 +506,19 @@ def test_clearing_the_caches_forgets_the_monotone_floors_and_prices_the_same():
     cost.clear_caches()
     assert not cost._FLOORS
     assert cost.default_time_us("all-gather", 4096, 2, 1, a100) == before
+
+
+def test_a_collective_across_nodes_holds_the_nics_ctas_not_the_nvlink_ones():
+    """NCCL's communicator across nodes runs 2 CTAs per NIC (16 on 8-NIC H100 nodes), inside a
+    node 24: a cross-node all-gather holds fewer SMs at the same network-bound bandwidth, and
+    NCCL_MAX_CTAS and XLA's cap still bound it."""
+    h100 = hardware.get("h100-sxm-8", nodes=4)
+    big = 1 << 30
+    inside = cost.nccl_default_params("all-gather", big, 8, 1, h100)
+    across = cost.nccl_default_params("all-gather", big, 32, 4, h100)
+    assert (inside.nchannels, across.nchannels) == (24, 16)
+    full = cost.busbw_gbps(across, h100, nodes=4, kind="all-gather", n=32)
+    assert full == pytest.approx(h100.net_busbw_gbps, rel=1e-6)  # the NICs, not the CTAs, bind
+    capped = dataclasses.replace(h100, nccl_env=NcclEnv(max_ctas=8))
+    assert cost.nccl_default_params("all-gather", big, 32, 4, capped).nchannels == 8
+    assert cost.default_time_us("all-gather", big, 32, 4, capped) > cost.default_time_us("all-gather", big, 32, 4, h100)

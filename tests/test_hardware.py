@@ -335,3 +335,25 @@ def test_azure_a100_preset_carries_its_measured_network_and_the_model_scales_it_
     azure, dgx = hardware.get("nd-a100-v4"), hardware.get("a100-sxm-8")
     assert azure.xla_target == "a100_sxm_40" and azure.net_busbw_gbps < dgx.net_busbw_gbps
     assert (azure.sm_count, azure.intra_busbw_gbps) == (dgx.sm_count, dgx.intra_busbw_gbps)
+
+
+@pytest.mark.parametrize("name", sorted(hardware.PRESETS))
+def test_channels_across_nodes_follow_the_nics_and_carry_the_network(name):
+    hw = hardware.get(name)
+    assert hw.channels(1) == hw.nccl_channels
+    across = hw.channels(2)
+    assert 1 <= across <= hw.sm_count
+    # Enough CTAs at one CTA's share to carry the node's network (NCCL's ring across nodes
+    # saturates its NICs).
+    assert across * hw.net_channel_gbps >= hw.net_busbw_gbps * 0.99
+
+
+def test_eight_nic_nodes_run_16_ctas_across_nodes_and_one_nic_nodes_2():
+    # 8 NICs: 8 search channels, 2 CTAs each (NVIDIA/nccl #1453 "Channel 00/16"; #689).
+    for name in ("a100-sxm-8", "h100-sxm-8", "dgx-h100", "h200-sxm-8", "b200-sxm-8", "p5", "a3-mega",
+                 "a3-ultra", "a4", "nd-a100-v4"):
+        assert hardware.get(name).channels(4) == 16, name
+    assert hardware.get("v100-25g").channels(2) == 2  # one NIC per node
+    assert hardware.get("a3").channels(2) == 12  # as the measured TCPX sweep ran
+    with pytest.raises(ValueError, match="net_nccl_channels must be in 0..sm_count 132"):
+        dataclasses.replace(hardware.get("h100-sxm-8"), net_nccl_channels=200)

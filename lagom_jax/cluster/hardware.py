@@ -150,6 +150,14 @@ class HardwareProfile:
     # A fabric that moves data through the hosts' TCP stacks (GPUDirect-TCPX) pays far more:
     # fitted on a published small-message floor of the fabric, cited in its preset.
     net_latency_us: float = 0.0
+    # CTAs per collective of a communicator whose ranks span nodes; 0: ``nccl_channels``.
+    # NCCL searches the rings of such a communicator through the NICs, not NVLink alone:
+    # each search channel leaves the node through one NIC at that NIC's speed
+    # (NVIDIA/nccl src/graph/search.cc, ``ncclTopoCompute``: 8 NICs of 400 Gb/s give 8 channels
+    # at 48 GB/s), and ``ncclTopoPostset`` (src/graph/connect.cc) runs two CTAs per search
+    # channel, so the count follows the NICs; ``net_channel_gbps`` is one CTA's share. Trees
+    # run the rings' channels (the tree search is held to their count).
+    net_nccl_channels: int = 0
 
     # Hashed on every cached cost lookup: once per instance (lagom_jax.hashing).
     __hash__ = hashing.hash_fields_once
@@ -198,8 +206,15 @@ class HardwareProfile:
             raise ValueError(f"hardware {self.name!r}: NVLS exists only on NVSwitch systems of Hopper or "
                              f"newer with at most sm_count CTAs (arch {self.arch}, link {self.intra_link}, "
                              f"{self.nvls_channels} channels)")
-        if self.nccl_channels > self.sm_count:
-            raise ValueError(f"hardware {self.name!r}: nccl_channels {self.nccl_channels} exceeds sm_count {self.sm_count}")
+        for f in ("nccl_channels", "net_nccl_channels"):
+            if not 0 <= getattr(self, f) <= self.sm_count:
+                raise ValueError(f"hardware {self.name!r}: {f} must be in 0..sm_count {self.sm_count}, "
+                                 f"got {getattr(self, f)}")
+
+    def channels(self, nodes: int = 1) -> int:
+        """CTAs per collective NCCL gives a communicator whose ranks span ``nodes`` nodes
+        (before any NCCL setting or XLA cap: ``NcclEnv.ctas``)."""
+        return (self.net_nccl_channels or self.nccl_channels) if nodes > 1 else self.nccl_channels
 
     @property
     def num_gpus(self) -> int:
@@ -325,8 +340,10 @@ PRESETS: dict[str, HardwareProfile] = {
         # NCCL: 12 search channels x 20 GB/s, 24 CTAs => 10 GB/s busBw per CTA.
         intra_channel_gbps=10.0,
         net_busbw_gbps=192.0,  # DGX A100, 8x HDR 200G: AR busBw 192 (NVIDIA, nccl #812)
-        # NCCL uses ~16 SMs for 8 NICs at 190 GB/s (NVIDIA, nccl #689) => ~12 per CTA.
+        # Across nodes 8 search channels at the HDR NIC's 24 GB/s, 2 CTAs each: "8 NICs -> 16
+        # SMs" at 190 GB/s (NVIDIA, nccl #689) => 12 per CTA.
         net_channel_gbps=12.0,
+        net_nccl_channels=16,
         nccl_channels=24,  # "Channel xx/24" on 8xA100 NVSwitch (nccl-tests #100)
         ll128_enabled=True,  # NVLink path (NCCL enables LL128 on NVLink)
         launch_us=_LAUNCH_US,
@@ -356,7 +373,11 @@ PRESETS: dict[str, HardwareProfile] = {
         intra_channel_gbps=15.0,
         # 8x 400 Gb/s NICs; 4x8 H100 with 3.2 Tb/s IB measured AR busBw 330.9 (aigatech).
         net_busbw_gbps=330.9,
-        net_channel_gbps=15.0,  # NCCL's Hopper per-channel speed, per CTA, as inside the node
+        # Across nodes NCCL's search gives each 400 Gb/s NIC one channel at 48 GB/s ("nChannels 8,
+        # bw 48"), and ncclTopoPostset runs 2 CTAs per channel: 16 CTAs at 24 GB/s each;
+        # multi-node H100 runs log "Channel 00/16" (NVIDIA/nccl issue #1453).
+        net_channel_gbps=24.0,
+        net_nccl_channels=16,
         nccl_channels=24,  # 6x60 -> 12x30 search channels, 24 CTAs (NCCL search.cc/connect.cc)
         ll128_enabled=True,
         launch_us=_LAUNCH_US,
@@ -420,6 +441,9 @@ PRESETS: dict[str, HardwareProfile] = {
         net_busbw_gbps=round(25 / 8 * _RING_EFFICIENCY, 2),  # one 25 Gb/s Ethernet NIC per node
         network_assumption="one 25 Gb/s Ethernet NIC per node at the A100 ring's efficiency",
         net_channel_gbps=6.0,  # one slow NIC: ~2 SMs suffice (nccl #689)
+        # One NIC: one search channel across nodes, 2 CTAs ("Channel 00/02" with one NIC per
+        # node, nccl-tests #133).
+        net_nccl_channels=2,
         nccl_channels=12,  # derived above from NCCL's channel search
         ll128_enabled=True,  # NVLink path
         launch_us=_LAUNCH_US,
@@ -456,7 +480,10 @@ PRESETS: dict[str, HardwareProfile] = {
         # nccl-tests result on it was found, the EFA measurement stands in (assumption).
         net_busbw_gbps=364.65,
         network_assumption="AWS p5en's measured EFA (8x 400 Gb/s) stands in for InfiniBand NDR",
-        net_channel_gbps=15.0,  # NCCL's Hopper per-channel speed, per CTA, as inside the node
+        # 8x 400 Gb/s NICs: as h100-sxm-8, 16 CTAs at 24 GB/s across nodes (aws-ofi-nccl groups
+        # p5en's 2x 200 Gb/s EFA per GPU into one 400 Gb/s device).
+        net_channel_gbps=24.0,
+        net_nccl_channels=16,
         nccl_channels=24,  # same NVSwitch topology and NCCL search as H100 (6x60 -> 12x30 -> 24)
         ll128_enabled=True,
         launch_us=_LAUNCH_US,
@@ -508,7 +535,10 @@ PRESETS: dict[str, HardwareProfile] = {
         # stands in (assumption).
         net_busbw_gbps=377.34,
         network_assumption="AWS P6-B200's measured EFA (8x 400 Gb/s) stands in for InfiniBand NDR",
-        net_channel_gbps=22.5,  # NCCL's Blackwell per-channel speed, per CTA, as inside the node
+        # 8x 400 Gb/s NICs: NCCL's Blackwell inter-node speeds top out at the NIC's 48 (47.9 in
+        # NCCL 2.27), so as on H100, 8 search channels and 16 CTAs at 24 GB/s across nodes.
+        net_channel_gbps=24.0,
+        net_nccl_channels=16,
         # Derived above; NCCL logs "32 coll channels" on a DGX B200 (nccl #1646).
         nccl_channels=32,
         ll128_enabled=True,  # NCCL enables LL128 by default on Hopper/Blackwell (src/graph/tuning.cc)
@@ -554,6 +584,10 @@ PRESETS["a3"] = dataclasses.replace(
     # host's receive path.
     net_busbw_gbps=89.54,
     net_latency_us=273.0,
+    # The measurement ran 12 channels across the nodes (its log); the 4 NICs' 96 GB/s over them.
+    # (GKE's TCPX configuration pinned NCCL_MIN_NCHANNELS=NCCL_MAX_NCHANNELS=8 from 2023-12.)
+    net_nccl_channels=12,
+    net_channel_gbps=8.0,
     nccl_env=NcclEnv(algorithms=("ring",), protocols=("Simple",)),
 )
 PRESETS["a3-mega"] = dataclasses.replace(
@@ -564,6 +598,8 @@ PRESETS["a3-mega"] = dataclasses.replace(
     # offloads the TCP data path to the NICs).
     net_busbw_gbps=round(8 * 200 / 8 * _NET_200G_EFFICIENCY, 2),
     network_assumption="8x 200 Gb/s GPUDirect-TCPXO at InfiniBand's 200G ring efficiency",
+    # 8 search channels at a 200 Gb/s NIC's 24 GB/s, 16 CTAs: 12 GB/s each.
+    net_channel_gbps=12.0,
 )
 PRESETS["a3-ultra"] = dataclasses.replace(
     # a3-ultragpu-8g: 8x H200 141GB with NVSwitch; 8 ConnectX-7 NICs, one per GPU, 3,200

@@ -207,8 +207,9 @@ def _link_caps(hw: HardwareProfile, nodes: int, share: float = 1.0) -> tuple[flo
     """(busBw at saturation, busBw of one channel) for a group spanning ``nodes`` nodes
     that has ``share`` of each node's network (``net_share``)."""
     if nodes > 1:
-        return (min(hw.intra_busbw_gbps, hw.net_busbw_gbps * share),
-                min(hw.intra_channel_gbps, hw.net_channel_gbps))
+        # A channel of a ring across nodes runs at its NIC's share (``net_channel_gbps``,
+        # NCCL's bwInter), not at the NVLink search's speed inside one node.
+        return min(hw.intra_busbw_gbps, hw.net_busbw_gbps * share), hw.net_channel_gbps
     return hw.intra_busbw_gbps, hw.intra_channel_gbps
 
 
@@ -793,12 +794,12 @@ def _init_channels(algorithm: str, hw: HardwareProfile, kind: str = "all-reduce"
     """CTAs NCCL's communicator over ``nodes`` gives ``algorithm``: nvlsCTAs for NVLS
     (NCCL_NVLS_NCHANNELS where pinned; fewer on registered buffers, ``nvls_registered_ctas``)
     and NVLSTree (``nvls_tree_ctas``), else the
-    communicator's channels (``hw.nccl_channels``, XLA's maxCTAs already applied), both
-    inside the user's CTA pins (``NcclEnv.ctas``)."""
+    communicator's channels (``hw.channels(nodes)``: its NICs' across nodes), both
+    inside the user's CTA pins and XLA's maxCTAs (``NcclEnv.ctas``)."""
     if algorithm == "nvls_tree":
         return nvls_tree_ctas(hw, nodes)
     env = hw.nccl_env
-    ctas = min(env.ctas(hw.nccl_channels), hw.sm_count)
+    ctas = min(env.ctas(hw.channels(nodes)), hw.sm_count)
     if algorithm != "nvls":
         return ctas
     if env.user_buffers:
@@ -992,7 +993,7 @@ def _size_free_candidates(kind: str, group_size: int, nodes: int, hw: HardwarePr
     # At most the communicator's CTAs: NCCL caps a tuner plugin's channels at them
     # (``nChannels <= comm->nChannels``), so more need NCCL_MIN_CTAS (``nccl_settings``); and,
     # where NCCL_NTHREADS is pinned, at its threads (no plugin sets threads per call).
-    max_nc = min(MAX_CHANNELS, hw.sm_count - 1, _init_channels("ring", hw))
+    max_nc = min(MAX_CHANNELS, hw.sm_count - 1, _init_channels("ring", hw, kind, nodes))
     ladder = sorted({c for c in _CHANNEL_LADDER if c <= max_nc} | {max_nc})
     out = set()
     for algo, proto in _algorithms(kind, group_size, nodes, hw):

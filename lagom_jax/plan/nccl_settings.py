@@ -129,9 +129,9 @@ def _cta_pin_unneeded(setting: Setting, plan: Plan, hw: HardwareProfile) -> str:
             return ("a cap reaches only NVLS's, NVLSTree's and the symmetric kernels' CTAs (the tuner sets the "
                     "others'), none here")
     if env.min_ctas and env.min_ctas != base.min_ctas:
-        own = base.ctas(hw.nccl_channels)
-        if not any(c.params.nchannels >= own and c.params.algorithm in ("ring", "tree") for c in plan.collectives):
-            return f"no collective was given all the communicator's {own} channels, so none wants more"
+        if not any(c.params.nchannels >= base.ctas(hw.channels(c.nodes)) and c.params.algorithm in ("ring", "tree")
+                   for c in plan.collectives):
+            return "no collective was given all its communicator's channels, so none wants more"
     return ""
 
 
@@ -167,7 +167,8 @@ def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
             if cap < min(base.max_ctas or hw.nvls_channels, hw.nvls_channels) and base.nvls:
                 out.append(Setting(f"NCCL_MAX_CTAS={cap}", dataclasses.replace(base, max_ctas=cap), (),
                                    "nothing beyond NCCL"))
-    own = base.ctas(hw.nccl_channels)
+    # The fewest CTAs a communicator of this cluster runs (one spanning nodes runs its NICs').
+    own = min(base.ctas(hw.channels(1)), base.ctas(hw.channels(hw.nodes)))
     for floor in CTA_FLOORS:
         if own < floor <= min(base.channel_cap, hw.sm_count - 1):
             out.append(Setting(f"NCCL_MIN_CTAS={floor} (more channels than the communicator's {own})",
