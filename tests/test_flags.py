@@ -126,7 +126,7 @@ def test_what_the_installed_xla_accepted_is_checked_once_and_a_rejection_every_t
     assert calls == [good, bad, bad]  # the accepted flags from disk the second time
     assert len(list((tmp_path / "flags").glob("*.ok"))) == 1
     # Another XLA (here: another jaxlib file identity) is asked again.
-    monkeypatch.setattr(flags, "_installed_xla", lambda: "another jaxlib")
+    monkeypatch.setattr(flags, "installed_xla_key", lambda: "another jaxlib")
     flags._validate_cached.cache_clear()
     flags.validate(good)
     assert calls[-1] == good and len(calls) == 4

@@ -165,3 +165,26 @@ def test_a_prediction_across_nodes_says_when_the_presets_network_is_an_assumptio
     assert cli.main(args) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if "network numbers" in line]
     assert len(err) == 1 and err[0].startswith("lagom-jax predict: note: llama: a3-mega's network numbers")
+
+
+def test_windowed_einsum_is_compiled_in_where_this_xla_can_or_refused_with_why(monkeypatch, tmp_path):
+    from lagom_jax.program import gpu_compile, windowed_einsum
+
+    flag = {windowed_einsum.FLAG: 0}
+    assert windowed_einsum.asks_for_windowing(flag)
+    assert not windowed_einsum.asks_for_windowing({windowed_einsum.FLAG: windowed_einsum.DEFAULT_MIB})
+    # The probe compiles one collective matmul over 2 GPUs and is remembered per installed XLA.
+    monkeypatch.setenv("LAGOM_JAX_CACHE", str(tmp_path))
+    windowed_einsum.why_not.cache_clear()
+    answer = windowed_einsum.why_not()
+    # jaxlib 0.10 leaves the slice size at 0 (no window); 0.12 windows and fails its verifier.
+    assert answer == "" or "windowed einsum" in answer or "slice size" in answer
+    windowed_einsum.why_not.cache_clear()
+    monkeypatch.setattr(gpu_compile, "run_isolated", lambda *a, **k: pytest.fail("asked twice"))
+    assert windowed_einsum.why_not() == answer
+    windowed_einsum.why_not.cache_clear()
+    # Where the deviceless compile cannot window, the flag would compile to the step without
+    # it (or not at all): refused by name, with why, before the step compiles.
+    monkeypatch.setattr(windowed_einsum, "why_not", lambda: windowed_einsum.NO_WINDOW)
+    with pytest.raises(ValueError, match=f"{windowed_einsum.FLAG}=0 cannot be priced: .*slice size"):
+        _ms(xla_flags=flag)

@@ -32,7 +32,7 @@ from lagom_jax.plan.nccl_settings import SYMMETRIC_BUFFERS, USER_BUFFERS
 from lagom_jax.models import attention as attention_lib
 from lagom_jax.models.layers import QUANTIZATIONS
 from lagom_jax.costs import launch
-from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile
+from lagom_jax.program import custom_calls, flags as flags_lib, gpu_compile, hlo_compile, windowed_einsum
 
 __all__ = ["AssumedNetworkWarning", "COMPILE_PRICED_FLAGS", "RUNTIME_PRICED_FLAGS", "PricingWarning", "hlo_step_job", "predict_hlo_step_ms", "predict_train_step_ms", "repredict_ms",
            "train_step_job", "train_step_source", "warn_unpriced"]
@@ -90,6 +90,9 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
                 f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}), as "
                 f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))}) or through NCCL's "
                 f"settings ({', '.join(sorted(RUNTIME_PRICED_FLAGS))})")
+    if windowed_einsum.asks_for_windowing(options) and windowed_einsum.why_not():
+        raise ValueError(f"xla flag {windowed_einsum.FLAG}={options[windowed_einsum.FLAG]} cannot be priced: "
+                         f"{windowed_einsum.why_not()}")
     # Spelled for the installed XLA: a user's xla_gpu_enable_pipelined_* compiles as jaxlib
     # 0.11's xla_gpu_pipeline_* there, and a flag it has neither way is refused by name.
     return (flags_lib.installed_options(options) if options else options), cap, runtime

@@ -350,7 +350,7 @@ def _explain_failure(output: str) -> str:
 
 
 @functools.cache
-def _installed_xla() -> str:
+def installed_xla_key() -> str:
     """Which XLA this process would check flags against: JAX's and jaxlib's versions and the
     file of jaxlib's compiled extension (its path, size and modification time)."""
     import jax
@@ -364,7 +364,7 @@ def _installed_xla() -> str:
 
 def _accepted_marker(xla_flags: str, options_json: str) -> pathlib.Path:
     """The file that records that the installed XLA accepted these flags and options."""
-    key = hashlib.sha256(json.dumps([_installed_xla(), xla_flags, options_json]).encode()).hexdigest()[:32]
+    key = hashlib.sha256(json.dumps([installed_xla_key(), xla_flags, options_json]).encode()).hexdigest()[:32]
     return cache_root() / "flags" / f"{key}.ok"
 
 
