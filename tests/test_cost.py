@@ -221,7 +221,10 @@ def test_lagom_motivating_case_more_channels_slow_the_step():
 
 def test_candidates_are_a_sorted_bounded_space_with_nccls_pick():
     hw = hardware.get("h100-sxm-8")
-    for kind in COLLECTIVE_KINDS:
+    # Point-to-point (collective-permute) is NCCL's own schedule: no tuner is asked about it.
+    assert cost.candidate_params("collective-permute", 64 << 20, 8, 1, hw) == (
+        cost.nccl_default_params("collective-permute", 64 << 20, 8, 1, hw),)
+    for kind in (k for k in COLLECTIVE_KINDS if k != "collective-permute"):
         cands = cost.candidate_params(kind, 64 << 20, 8, 1, hw)
         assert list(cands) == sorted(set(cands))
         assert 20 <= len(cands) <= 100
@@ -522,3 +525,18 @@ def test_a_collective_across_nodes_holds_the_nics_ctas_not_the_nvlink_ones():
     capped = dataclasses.replace(h100, nccl_env=NcclEnv(max_ctas=8))
     assert cost.nccl_default_params("all-gather", big, 32, 4, capped).nchannels == 8
     assert cost.default_time_us("all-gather", big, 32, 4, capped) > cost.default_time_us("all-gather", big, 32, 4, h100)
+
+
+def test_a_collective_permute_inside_a_node_runs_ncclS_point_to_point_ctas():
+    """NCCL's send/recv schedule (scheduleP2pTasksToPlan): 32 point-to-point channels on 8 H100
+    halved to 4 for 8 ranks, doubled once a part passes 16 MiB; a permute holds those CTAs, not
+    the communicator's 24, and its time stays anchored to XLA's measured table."""
+    h100 = hardware.get("h100-sxm-8")
+    ctas = [cost.p2p_ctas(mib << 20, 8, h100) for mib in (1, 25, 64, 65, 128, 1024)]
+    assert ctas == [4, 4, 4, 8, 8, 32]
+    assert cost.p2p_ctas(100 << 10, 8, h100) == 2  # parts of at least 64 KiB
+    assert cost.p2p_ctas(25 << 20, 2, h100) == 16  # a pair gets half the pool
+    p = cost.nccl_default_params("collective-permute", 25 << 20, 8, 1, h100)
+    assert p.nchannels == 4
+    assert cost.comm_resource_use(p, h100, nodes=1)[0] < cost.comm_resource_use(
+        cost.nccl_default_params("all-gather", 25 << 20, 8, 1, h100), h100, nodes=1)[0]

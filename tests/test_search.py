@@ -101,18 +101,19 @@ def test_lagoms_floored_seed_keeps_nccls_choice_unless_the_gain_beats_the_floor(
     assert floored.params and all(p == ev.default(tasks[c]) for c, p in floored.params.items())
 
 
-@pytest.mark.parametrize("preset", ["a40-pcie-8", "a100-sxm-8"])
-def test_lagom_strictly_better_where_compute_and_communication_contend(preset):
+@pytest.mark.parametrize("preset, margin", [("a40-pcie-8", 0.0), ("a100-sxm-8", 2e-3)])
+def test_lagom_strictly_better_where_compute_and_communication_contend(preset, margin):
     # Taking every predicted gain (min_gain=0), the contention-aware choice per collective
-    # beats every baseline; the margin is small (0.04% on A40, 0.45% on A100, with channels
-    # at most the communicator's, as NCCL caps a tuner's). On H100 the calibrated contention
-    # (0.2 SM per channel, NVLS's 16 CTAs) leaves nothing between it and each collective's
-    # fastest choice: lagom only ties autoccl there.
+    # beats every baseline; the margin is small (0.4% on A100, with channels at most the
+    # communicator's, as NCCL caps a tuner's; 0.007% on A40, whose one larger gain was the
+    # graph's collective-permute, point-to-point, which NCCL asks no tuner about). On H100 the
+    # calibrated contention (0.2 SM per channel, NVLS's 16 CTAs) leaves nothing between it and
+    # each collective's fastest choice: lagom only ties autoccl there.
     hw = hardware.get(preset)
     g = benchmark_graphs(8)["contended"]
     lagom = search.run_strategy("lagom", g, hw, search.Space(min_gain=0.0))
     best_baseline = min(search.run_strategy(b, g, hw).makespan_us for b in BASELINES)
-    assert lagom.makespan_us < best_baseline * (1 - 2e-4)
+    assert lagom.makespan_us < best_baseline * (1 - margin)
 
 
 # (On H100 lagom starts from autoccl there, which already takes the fastest candidates.)

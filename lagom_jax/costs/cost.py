@@ -743,9 +743,13 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
     algorithm is chosen); else algorithm/protocol by its minimum predicted time
     (scan order Tree, Ring x LL, LL128, Simple; strict <, so ties keep the earlier), then
     its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
-    then threads halved; NCCL_MIN_CTAS does not stop it), and its default chunk size."""
+    then threads halved; NCCL_MIN_CTAS does not stop it), and its default chunk size. A
+    collective-permute inside a node is NCCL's point-to-point schedule (``p2p_ctas``)."""
     if symmetric_applies(kind, group_size, nodes, hw):
         return symmetric_pick(kind, nbytes, group_size, hw)
+    if kind == "collective-permute" and nodes == 1:
+        return CollectiveParams("ring", "Simple", p2p_ctas(nbytes, group_size, hw),
+                                _default_chunk(kind, "ring", "Simple", hw), _default_threads("ring", "Simple", hw))
     if registered_nvls_applies(kind, group_size, nodes, hw):
         return CollectiveParams("nvls", "Simple", _init_channels("nvls", hw, kind), _NVLS_CHUNK,
                                 _default_threads("nvls", "Simple", hw))
@@ -777,6 +781,32 @@ def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
     """A collective's time alone under NCCL's own choice of parameters."""
     params = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
     return collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
+
+
+# NCCL's point-to-point schedule (send/recv: XLA's collective-permute), NVIDIA/nccl
+# src/enqueue.cc ``scheduleP2pTasksToPlan``, 2.22-2.30: each part of a send at least 64 KiB,
+# and a part of more than 32 x NCCL_P2P_NVL_CHUNKSIZE (512 KiB) doubles the channels.
+_P2P_MIN_PART = 64 << 10
+_P2P_MAX_PART = 16 << 20
+
+
+def p2p_ctas(nbytes: float, ranks: int, hw: HardwareProfile) -> int:
+    """CTAs NCCL runs one send/recv on inside a node: the communicator's point-to-point
+    channels (its ring channels rounded up to a power of two, ``ncclTopoComputeP2pChannels``
+    in src/graph/paths.cc: 32 on 8 H100 or B200) halved until they times the communicator's
+    ranks fit in them, no more than the 64 KiB parts of the message, then doubled while a part
+    would exceed 16 MiB. A ring shift over 8 GPUs runs 4 CTAs up to 64 MiB: openxla/xla PR
+    #11182 measured a 25.2 MB collective-permute through NCCL at 445 us (57 GB/s, 4 CTAs of
+    ~14 GB/s), where a copy-engine memcpy took 100 us. NCCL asks no tuner plugin about
+    point-to-point, and NCCL_MIN/MAX_CTAS bound collectives, not these."""
+    pool = 1 << max(hw.channels(1) - 1, 0).bit_length()
+    nc = pool
+    while nc > 1 and nc * ranks > pool:
+        nc //= 2
+    nc = max(1, min(nc, math.ceil(nbytes / _P2P_MIN_PART)))
+    while nbytes / nc > _P2P_MAX_PART and nc < pool:
+        nc *= 2
+    return nc
 
 
 def registered_nvls_applies(kind: str, n: int, nodes: int, hw: HardwareProfile) -> bool:
@@ -974,7 +1004,9 @@ def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
     Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
     """
     default = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
-    if default.algorithm == "symmetric":  # NCCL asks no tuner: its kernel pick is the only choice
+    # NCCL asks no tuner about its symmetric kernels or about point-to-point: its pick is the
+    # only choice.
+    if default.algorithm == "symmetric" or kind == "collective-permute":
         return (default,)
     fixed = _size_free_candidates(kind, group_size, nodes, hw)
     i = bisect.bisect_left(fixed, default)
@@ -1017,7 +1049,7 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
     """Every ``candidate_params`` entry with its ``collective_time_us``, in the same order:
     the one tabulation per collective size that the overlap bound and the search share."""
     cands = candidate_params(kind, nbytes, group_size, nodes, hw, cfg)
-    if group_size <= 1 or cands[0].algorithm == "symmetric":
+    if group_size <= 1 or len(cands) == 1:  # NCCL's own kernel only: symmetric or point-to-point
         return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw, cfg)) for p in cands)
     # The size-free candidates are timed from their tabulated terms (no cache lookup per
     # candidate); NCCL's pick, when it is not one of them, through collective_time_us.
