@@ -90,9 +90,9 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
                 f"program XLA compiles with it ({', '.join(sorted(COMPILE_PRICED_FLAGS))}), as "
                 f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))}) or through NCCL's "
                 f"settings ({', '.join(sorted(RUNTIME_PRICED_FLAGS))})")
-    if windowed_einsum.asks_for_windowing(options) and windowed_einsum.why_not():
-        raise ValueError(f"xla flag {windowed_einsum.FLAG}={options[windowed_einsum.FLAG]} cannot be priced: "
-                         f"{windowed_einsum.why_not()}")
+    why = windowed_einsum.why_not() if windowed_einsum.asks_for_windowing(options) else ""
+    if why:
+        raise ValueError(f"xla flag {windowed_einsum.FLAG}={options[windowed_einsum.FLAG]} cannot be priced: {why}")
     # Spelled for the installed XLA: a user's xla_gpu_enable_pipelined_* compiles as jaxlib
     # 0.11's xla_gpu_pipeline_* there, and a flag it has neither way is refused by name.
     return (flags_lib.installed_options(options) if options else options), cap, runtime

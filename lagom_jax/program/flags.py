@@ -362,10 +362,16 @@ def installed_xla_key() -> str:
                        stat and stat.st_size, stat and stat.st_mtime_ns])
 
 
+def installed_xla_marker(folder: str, *parts: str, suffix: str = ".ok") -> pathlib.Path:
+    """The file under ``cache_root()/folder`` that records an answer of the installed XLA
+    about ``parts``: keyed by that XLA, so another jaxlib asks again."""
+    key = hashlib.sha256(json.dumps([installed_xla_key(), *parts]).encode()).hexdigest()[:32]
+    return cache_root() / folder / f"{key}{suffix}"
+
+
 def _accepted_marker(xla_flags: str, options_json: str) -> pathlib.Path:
     """The file that records that the installed XLA accepted these flags and options."""
-    key = hashlib.sha256(json.dumps([installed_xla_key(), xla_flags, options_json]).encode()).hexdigest()[:32]
-    return cache_root() / "flags" / f"{key}.ok"
+    return installed_xla_marker("flags", xla_flags, options_json)
 
 
 @functools.lru_cache(maxsize=64)

@@ -22,16 +22,17 @@ autotuner finds no config for the partial GEMMs instead).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import hashlib
 import json
 from typing import Any
 
-from lagom_jax.files import atomic_write_text, cache_root
+from lagom_jax.files import atomic_write_text
+from lagom_jax.program import flags
 
 FLAG = "xla_gpu_threshold_for_windowed_einsum_mib"
 # XLA's default threshold (MiB): windowing is off in practice below any real operand.
-DEFAULT_MIB = 100000
+DEFAULT_MIB = int(flags.KNOWN_FLAGS[FLAG].default)
 NO_WINDOW = ("this jaxlib's deviceless compile windows no einsum: XLA caps windowed-einsum loops at the "
              "fast-interconnect slice size (dot_handler.cc, GetWindowedEinsumConfiguration), which its "
              "ahead-of-time path leaves at 0 (GpuCompiler::CompileAheadOfTime; openxla/xla 75d31665 takes it "
@@ -47,10 +48,7 @@ def asks_for_windowing(options: dict[str, Any]) -> bool:
 def why_not() -> str:
     """"" where a deviceless compile with the installed XLA windows an eligible einsum, else
     why not (cached per process and, per installed XLA, on disk)."""
-    from lagom_jax.program import flags
-
-    key = hashlib.sha256(json.dumps(["windowed-einsum", flags.installed_xla_key()]).encode()).hexdigest()[:32]
-    marker = cache_root() / "probes" / f"{key}.json"
+    marker = flags.installed_xla_marker("probes", "windowed-einsum", suffix=".json")
     with contextlib.suppress(OSError, ValueError, KeyError):
         return str(json.loads(marker.read_text())["why_not"])
     from lagom_jax.program import gpu_compile
@@ -67,10 +65,13 @@ def why_not() -> str:
     return reason
 
 
-def _probe(spec: dict[str, Any]) -> Any:
-    """The child's work: compile x @ w with x all-gathered over 2 GPUs, threshold 0."""
-    import dataclasses
+@dataclasses.dataclass
+class _Answer:
+    applies: bool
 
+
+def _probe(spec: dict[str, Any]) -> _Answer:
+    """The child's work: compile x @ w with x all-gathered over 2 GPUs, threshold 0."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -89,12 +90,7 @@ def _probe(spec: dict[str, Any]) -> Any:
     # Triton GEMM off: XLA's deviceless autotuner finds no config for the windowed loop's
     # partial GEMM fusions in some versions (jaxlib 0.12), which is not what is asked here.
     text = lowered.compile(compiler_options={FLAG: 0, "xla_gpu_enable_triton_gemm": False}).as_text()
-
-    @dataclasses.dataclass
-    class Answer:
-        applies: bool
-
-    return Answer("collective-permute" in text)
+    return _Answer("collective-permute" in text)
 
 
 def _child(spec_path: str) -> None:
