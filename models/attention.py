@@ -63,7 +63,10 @@ so every rank has the same share of the causal triangle. Inside a shard_map over
 
 The blocks are einsums with their scores materialised (``impl`` must be "xla"): jax's Pallas
 kernel returns no log-sum-exp to merge partial results by, and MaxText's cuDNN kernel does
-not compile here. Sliding windows are not combined with it.
+not compile here. Each block runs under a named scope (``FUSED_BLOCK_SCOPE``, or
+``FUSED_CAUSAL_BLOCK_SCOPE`` where masked) that the cost model prices as the fused kernel the
+block stands in for, not as the einsums and score traffic XLA compiles it to. Sliding
+windows are not combined with it.
 
 Restrictions of ``flash``: q and k/v have the same sequence length (self-attention), a
 multiple of 16 (Triton blocks are powers of two of at least 16), and ``head_dim >= 16``.
@@ -108,6 +111,14 @@ _MIN_BLOCK = 16
 # first to price causal kernels at about half the work of full ones.
 CAUSAL_SCOPE = "flash_attention_causal"
 FULL_SCOPE = "flash_attention"
+# The named scopes of one block of context-parallel attention (``_partial``; the second where
+# it is masked causally): its einsums and softmax stand in for one fused kernel (cuDNN's, which
+# MaxText's context parallelism runs through Transformer Engine), so `lagom_jax.program.graph`
+# (FUSED_BLOCK_SCOPES) prices what runs under them as that kernel: its matmuls at the GPU's
+# fused-attention rate (half of a causal block's, which the kernel skips), the scores it
+# materialises and the softmax between them not at all.
+FUSED_BLOCK_SCOPE = "fused_attention_block"
+FUSED_CAUSAL_BLOCK_SCOPE = "fused_attention_block_causal"
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, impl: str,
@@ -343,12 +354,13 @@ def _partial(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -
     """Attention of q [b, r, kv_heads, group, d] to k/v [b, s, kv_heads, d] under ``mask``
     [r, s] (None: every key visible): (output [b, r, kv_heads, group, d] float32, normalised
     over these keys; log-sum-exp [b, kv_heads, group, r] float32)."""
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32) * (q.shape[-1] ** -0.5)
-    if mask is not None:
-        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    probs = jnp.exp(logits - lse[..., None]).astype(v.dtype)
-    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32), lse
+    with jax.named_scope(FUSED_BLOCK_SCOPE if mask is None else FUSED_CAUSAL_BLOCK_SCOPE):
+        logits = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32) * (q.shape[-1] ** -0.5)
+        if mask is not None:
+            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        probs = jnp.exp(logits - lse[..., None]).astype(v.dtype)
+        return jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32), lse
 
 
 def _merge(o1: jax.Array, l1: jax.Array, o2: jax.Array, l2: jax.Array) -> tuple[jax.Array, jax.Array]:

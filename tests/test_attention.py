@@ -20,8 +20,8 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from lagom_jax.cluster import hardware
-from lagom_jax.costs import cost
-from lagom_jax.program import gpu_compile, graph, hlo
+from lagom_jax.costs import cost, simulate
+from lagom_jax.program import custom_calls, gpu_compile, graph, hlo
 from models import attention, sharding
 from models.sharding import Layout
 
@@ -173,6 +173,39 @@ def test_the_ring_and_the_gather_move_the_bytes_counted_by_hand():
     # The gather: every rank receives the 7 other ranks' chunks (the whole sequence's k/v).
     gathers = collectives("cp", "all-gather")
     assert gathers and set(gathers) == {8 * chunk}
+
+
+def test_context_parallel_blocks_are_priced_as_the_fused_kernel_they_stand_in_for():
+    b, s, h, kvh, d, ways = 4, 64, 4, 2, 8, 8
+    q, k, v, w = _qkvw(jnp.float32, b=b, s=s, h=h, kvh=kvh, d=d)
+    layout = _context_layout("context=8", "cp+ring")
+    text = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attention.attend(
+        q, k, v, causal=True, impl="xla", layout=layout) * w), argnums=(0, 1, 2))).lower(q, k, v).compile().as_text()
+    g = graph.from_hlo_text(text)
+    fwd = [t for t in g.tasks if t.kernel == "attention-forward"]
+    bwd = [t for t in g.tasks if t.kernel == "attention-backward"]
+    parts = [t for t in g.tasks if t.kernel == custom_calls.FUSED_PART]
+    assert fwd and bwd and parts
+    assert all(t.gemm == () and t.bytes == 0 and t.fused_attention for t in fwd + bwd)
+    # The forward's matmuls: each rank's own causal block (r x r keys, r = s / ways, half of
+    # it run) and ways-1 steps of two unmasked c x c blocks (c = r / 2), 4 d FLOPs a pair.
+    r = s // ways
+    pairs = r * r / 2 + (ways - 1) * 2 * (r // 2) ** 2
+    forward = 4.0 * b * h * d * pairs
+    assert sum(t.flops for t in fwd) >= forward  # the backward recomputes the scores (a forward matmul)
+    assert sum(t.flops for t in bwd) == pytest.approx(2 * forward)  # dq, dk, dv, dp: two forwards
+    hw = H100
+    assert all(simulate.alone_us(t, hw) == 0.0 for t in parts)  # the softmax runs inside the kernel
+    # Switched off (the scopes renamed), the same blocks are einsums that write their scores.
+    plain = graph.from_hlo_text(text.replace("fused_attention_block", "attention_block"))
+    assert not any(t.kernel in ("attention-forward", "attention-backward", custom_calls.FUSED_PART)
+                   for t in plain.tasks)
+
+    def compute_us(gr):
+        return sum(simulate.alone_us(t, hw) for t in gr.tasks if not t.is_collective)
+
+    assert compute_us(g) < compute_us(plain)
+    assert set(graph.FUSED_BLOCK_SCOPES) == {attention.FUSED_BLOCK_SCOPE, attention.FUSED_CAUSAL_BLOCK_SCOPE}
 
 
 # ------------------------------------------------- flash == xla on 8 CPU devices (interpret)

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 
 from lagom_jax.program import hlo
 
-__all__ = ["AttentionCall", "CONDITIONAL_WITH_COLLECTIVES", "MOCK_OPTION", "Priced", "StandIn", "TE_BACKWARD", "TE_FORWARD", "UnpricedWarning",
+__all__ = ["AttentionCall", "CONDITIONAL_WITH_COLLECTIVES", "FUSED_PART", "MOCK_OPTION", "Priced", "StandIn", "TE_BACKWARD", "TE_FORWARD", "UnpricedWarning",
            "attention_bytes", "attention_call", "custom_call_target", "describe_stand_ins", "describe_unpriced",
            "needs_mock", "price", "stand_ins", "unpriced"]
 
@@ -288,6 +288,12 @@ def price(inst: hlo.Instruction, operands: list[hlo.Shape]) -> Priced | None:
         return None  # the partitioner's and host offloading's markers, memory-bound kernels
     # No model for its FLOPs: a vendor FFI kernel, a jaxlib solver, a jax-triton or Mosaic kernel.
     return Priced(0.0, float(inst.shape.bytes + sum(s.bytes for s in operands)), "unpriced")
+
+
+# The kernel tag of a kernel XLA compiles out of work that stands in for one fused kernel
+# priced by its other parts (``graph``'s fused attention blocks: their softmax and masks run
+# inside the fused kernel's matmuls): it takes no time of its own.
+FUSED_PART = "fused-part"
 
 
 class UnpricedWarning(UserWarning):

@@ -441,6 +441,32 @@ def flash_attention_flops(inst: hlo.Instruction, operands: list[hlo.Shape]) -> f
     return forward if name == "mha_forward" else 3.5 * forward
 
 
+# Blocks of attention that stand in for one fused kernel (``models/attention.py``: context
+# parallelism's blocks, einsums with their scores materialised where MaxText runs cuDNN's
+# fused kernel through Transformer Engine). Their op_name carries one of these scopes (the
+# second where the block is masked causally), maybe inside transform names.
+FUSED_BLOCK_SCOPES = ("fused_attention_block", "fused_attention_block_causal")
+_FUSED_BLOCK_IN_OP_NAME = re.compile(r"(?:^|[/(])fused_attention_block(_causal)?(?:$|[/)])")
+
+
+def fused_block_price(op_name: str, flops: float, gemm: tuple[int, ...]) -> tuple[float, str] | None:
+    """(FLOPs, kernel tag) of a kernel inside a fused attention block (``FUSED_BLOCK_SCOPES``),
+    None outside one. The block's matmuls keep their FLOPs (half under the causal scope: a
+    fused kernel skips the masked half, FlashAttention's count), timed at the GPU's measured
+    fused-attention rate (``attention-backward`` under ``transpose(``, the backward pass, else
+    ``attention-forward``) with no memory term: the scores they read and write never leave a
+    fused kernel. Every other kernel of the block (the mask, softmax, log-sum-exp and their
+    gradients) is ``custom_calls.FUSED_PART``, no time of its own: a fused kernel does that
+    work between its matmuls, and its measured rate counts only the matmuls."""
+    m = _FUSED_BLOCK_IN_OP_NAME.search(op_name)
+    if m is None:
+        return None
+    if not gemm:
+        return 0.0, custom_calls.FUSED_PART
+    backward = "transpose(" in op_name
+    return flops * (0.5 if m.group(1) else 1.0), "attention-backward" if backward else "attention-forward"
+
+
 def _gemm_dims(lhs: hlo.Shape, result: hlo.Shape, batch_dims: tuple[int, ...],
                contracting: tuple[int, ...]) -> tuple[int, int, int, int]:
     """(batch, m, n, k) of a matmul from its lhs, result and the lhs batch/contracting dims:
@@ -820,6 +846,9 @@ class _Builder:
                 self.gemm(comp, inst) if flops and not kernel else ())
             if gemm and (target == "__cublas$lt$matmul$f8" or self.fp8_dot(comp, inst)):
                 kernel = "fp8-matmul"
+            fused = None if kernel else fused_block_price(inst.metadata().get("op_name", ""), flops, gemm)
+            if fused is not None:  # part of a fused attention kernel: no score traffic, no matmul shape
+                (flops, kernel), nbytes, gemm = fused, 0.0, ()
             return self.emit(
                 name=inst.name, kind="compute", flops=flops, bytes=nbytes, dtype=dtype,
                 gemm=gemm, kernel=kernel, custom_call=target,
