@@ -571,6 +571,19 @@ class _Builder:
             return best
         return ()
 
+    def op_name(self, inst: hlo.Instruction) -> str:
+        """The JAX op_name of ``inst``; for a fusion without one (its root was made by a pass,
+        e.g. the reduce of a log-sum-exp), that of the last instruction inside it that has one."""
+        name = inst.metadata().get("op_name", "")
+        if name or inst.opcode != "fusion":
+            return name
+        for called in inst.called_computations:
+            for i in reversed(self.module.computation(called).instructions):
+                name = i.metadata().get("op_name", "")
+                if name:
+                    return name
+        return ""
+
     def fp8_dot(self, comp: hlo.Computation, inst: hlo.Instruction) -> bool:
         """Whether ``inst`` runs a matmul of fp8 operands: a dot, or one in the computations
         it calls (XLA's Triton GEMM fusions of fp8 dots, nested ones included)."""
@@ -846,7 +859,7 @@ class _Builder:
                 self.gemm(comp, inst) if flops and not kernel else ())
             if gemm and (target == "__cublas$lt$matmul$f8" or self.fp8_dot(comp, inst)):
                 kernel = "fp8-matmul"
-            fused = None if kernel else fused_block_price(inst.metadata().get("op_name", ""), flops, gemm)
+            fused = None if kernel else fused_block_price(self.op_name(inst), flops, gemm)
             if fused is not None:  # part of a fused attention kernel: no score traffic, no matmul shape
                 (flops, kernel), nbytes, gemm = fused, 0.0, ()
             return self.emit(
