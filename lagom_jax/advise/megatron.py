@@ -86,12 +86,14 @@ RESERVED_GB = 6.0
 # beyond its micro-batches. Fitted to Megatron-LM's functional-test iteration times on one
 # DGX A100 node (Selene, 2023) and one DGX H100 node (2024) (`Eager`; benchmarks/data/
 # megatron_ci_runs.md): median abs error 5.2% / 6.4% on the fitted layouts (refitted
-# 2026-11-29 once the pipeline's stage sends ran NCCL's point-to-point CTAs, ``cost.p2p_ctas``).
+# 2026-11-29 once the pipeline's stage sends ran NCCL's point-to-point CTAs, ``cost.p2p_ctas``,
+# and again once a send inside a node was anchored to XLA's all-to-all rows, the same
+# machinery, not the all-reduce's: ``collective_tables.SAME_MACHINERY``).
 LAYER_HOST_US = 3801.0
 STEP_HOST_US = 6758.0
 MICROBATCH_HOST_US = 0.0
-HOPPER_LAYER_HOST_US = 2244.0
-HOPPER_MICROBATCH_HOST_US = 1462.0
+HOPPER_LAYER_HOST_US = 2253.0
+HOPPER_MICROBATCH_HOST_US = 1348.0
 HOPPER_STEP_HOST_US = 8561.0
 # Host calls of one blocking stage exchange in Megatron-LM's pipeline (``megatron/core/
 # pipeline_parallel/p2p_communication.py::_communicate`` with the default ``batch_p2p_comm``

@@ -20,7 +20,13 @@ A100 SXM (nccl-tests); XLA's all-reduce, all-gather, reduce-scatter and all-to-a
 groups of 2/4/8 of 8 H100 and of 8 B200. What transfers and what does not:
 
 * a group size without rows takes the nearest measured group (log distance);
-* a kind without rows on that GPU (on A100: everything but all-reduce) takes the
+* a collective-permute takes the ratio of the all-to-all whose message to each peer is the
+  permute's (``ranks`` times its size) where the table has it: NCCL has no all-to-all kernel,
+  XLA runs one as a group of sends and receives (one pair a peer, NCCL's point-to-point
+  documentation), and a permute is one such pair, so the all-to-all rows measure the
+  point-to-point machinery a permute runs on (openxla/xla PR #11182's 25.2 MB permute over 8
+  H100, 445 us measured: 491 us so, 760 us at the all-reduce's ratio);
+* any other kind without rows on that GPU (on A100: everything but all-reduce) takes the
   all-reduce ratio at the size with the same bus bytes (half the size);
 * groups spanning nodes are not corrected: the only multi-node measurements (A100 over
   Azure's InfiniBand, 127 GB/s bus bandwidth at most) describe that network, not another
@@ -38,6 +44,9 @@ from collections import defaultdict
 
 DATA = pathlib.Path(__file__).parent.parent / "data" / "collective_times.csv"
 KINDS_WITH_BUS_EQUIVALENT = ("all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# Kinds run on the same NCCL machinery as another kind's rows: a permute is one send/recv pair of
+# the grouped sends and receives an all-to-all is.
+SAME_MACHINERY = {"collective-permute": "all-to-all"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -95,7 +104,8 @@ def interpolate(points: tuple[tuple[float, float], ...], x: float) -> float:
 class Anchor:
     """What one (table, kind, group) says: ``points`` = ((log bytes, measured / modelled),
     ...) over the measured sizes; ``scale`` turns the caller's bytes into the table's (0.5
-    where a kind takes the all-reduce rows at the same bus bytes); ``kind`` and ``ranks``
+    where a kind takes the all-reduce rows at the same bus bytes, the group size where a permute
+    takes the all-to-all's); ``kind`` and ``ranks``
     are the rows used, ``smallest`` = (bytes, us) of the smallest measured size."""
 
     points: tuple[tuple[float, float], ...]
@@ -115,6 +125,10 @@ def anchor(table: str, kind: str, ranks: int, model_us) -> Anchor | None:  # noq
         return None
     scale = 1.0
     n, points = measured(table, kind, ranks)
+    if not points and kind in SAME_MACHINERY:
+        n, points = measured(table, SAME_MACHINERY[kind], ranks)
+        if points:  # the all-to-all whose message to each peer is the permute's
+            kind, scale = SAME_MACHINERY[kind], float(n)
     if not points and kind in KINDS_WITH_BUS_EQUIVALENT:
         kind, scale = "all-reduce", 0.5
         n, points = measured(table, kind, ranks)
