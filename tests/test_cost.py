@@ -540,3 +540,24 @@ def test_a_collective_permute_inside_a_node_runs_ncclS_point_to_point_ctas():
     assert p.nchannels == 4
     assert cost.comm_resource_use(p, h100, nodes=1)[0] < cost.comm_resource_use(
         cost.nccl_default_params("all-gather", 25 << 20, 8, 1, h100), h100, nodes=1)[0]
+    # A step's permute is sized as a pair, but XLA runs it on a communicator of every partition
+    # of the step, and NCCL's schedule counts that communicator's ranks; a PyTorch-style
+    # communicator of the pair gets half the pool.
+    assert cost.nccl_default_params("collective-permute", 25 << 20, 2, 1, h100).nchannels == 4
+    assert cost.nccl_default_params("collective-permute", 25 << 20, 2, 1, h100, p2p_ranks=2).nchannels == 16
+    assert cost.default_time_us("collective-permute", 25 << 20, 2, 1, h100) > cost.default_time_us(
+        "collective-permute", 25 << 20, 2, 1, h100, p2p_ranks=2)
+
+
+def test_a_collective_permute_is_anchored_to_the_all_to_alls_measured_rows():
+    """XLA's all-to-all is a group of NCCL sends and receives: a permute takes its ratio at the same
+    message per peer, which puts openxla/xla PR #11182's 25.2 MB permute over 8 H100 (445 us
+    measured) within 15%, where the all-reduce's ratio at the same bus bytes put it 71% over."""
+    h100 = hardware.get("h100-sxm-8")
+    nbytes = 512 * 24576 * 2
+    assert cost.default_time_us("collective-permute", nbytes, 2, 1, h100) == pytest.approx(445.0, rel=0.15)
+    a = cost._anchor("collective-permute", 8, h100, cost.DEFAULT_COSTS)
+    assert (a.kind, a.scale) == ("all-to-all", 8.0)
+    a100 = hardware.get("a100-sxm-8")  # no all-to-all rows: the all-reduce's at the same bus bytes
+    a = cost._anchor("collective-permute", 8, a100, cost.DEFAULT_COSTS)
+    assert (a.kind, a.scale) == ("all-reduce", 0.5)

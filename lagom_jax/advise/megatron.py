@@ -85,16 +85,17 @@ RESERVED_GB = 6.0
 # micro-batch, the rest of one micro-batch's bookkeeping on one stage, one iteration's work
 # beyond its micro-batches. Fitted to Megatron-LM's functional-test iteration times on one
 # DGX A100 node (Selene, 2023) and one DGX H100 node (2024) (`Eager`; benchmarks/data/
-# megatron_ci_runs.md): median abs error 5.2% / 6.4% on the fitted layouts (refitted
+# megatron_ci_runs.md): median abs error 5.1% / 6.6% on the fitted layouts (refitted
 # 2026-11-29 once the pipeline's stage sends ran NCCL's point-to-point CTAs, ``cost.p2p_ctas``,
 # and again once a send inside a node was anchored to XLA's all-to-all rows, the same
-# machinery, not the all-reduce's: ``collective_tables.SAME_MACHINERY``).
+# machinery, not the all-reduce's, ``collective_tables.SAME_MACHINERY``, and ran on the
+# pipeline group's communicator, ``_Cluster.stage_send``).
 LAYER_HOST_US = 3801.0
-STEP_HOST_US = 6758.0
+STEP_HOST_US = 6824.0
 MICROBATCH_HOST_US = 0.0
 HOPPER_LAYER_HOST_US = 2253.0
-HOPPER_MICROBATCH_HOST_US = 1348.0
-HOPPER_STEP_HOST_US = 8561.0
+HOPPER_MICROBATCH_HOST_US = 1439.0
+HOPPER_STEP_HOST_US = 8495.0
 # Host calls of one blocking stage exchange in Megatron-LM's pipeline (``megatron/core/
 # pipeline_parallel/p2p_communication.py::_communicate`` with the default ``batch_p2p_comm``
 # and ``batch_p2p_sync``): the ``torch.empty`` of the received tensor, the NCCL group of
@@ -366,13 +367,13 @@ class _Cluster:
         self.run, self.hw = run, hw
         self.gpn = hw.gpus_per_node
 
-    def time_us(self, kind: str, nbytes: float, size: int, stride: int) -> float:
+    def time_us(self, kind: str, nbytes: float, size: int, stride: int, p2p_ranks: int = 0) -> float:
         if size <= 1 or nbytes <= 0:
             return 0.0
         nodes = group_nodes(size, stride, self.gpn)
         hw = self.hw
         # Groups side by side on a node share its network (cost.net_share).
-        return cost_lib.default_time_us(kind, nbytes, size, nodes, hw)
+        return cost_lib.default_time_us(kind, nbytes, size, nodes, hw, p2p_ranks=p2p_ranks)
 
     def tp(self, kind: str, nbytes: float) -> float:
         return self.time_us(kind, nbytes, self.run.tp, 1)
@@ -381,10 +382,13 @@ class _Cluster:
         return self.time_us(kind, nbytes, self.run.dp, self.run.tp)
 
     def stage_send(self, nbytes: float) -> float:
-        """One send between neighbouring stages (one GPU pair of many sending at once)."""
+        """One send between neighbouring stages (one GPU pair of many sending at once), on the
+        pipeline group's communicator: PyTorch runs a batch of sends and receives
+        (``batch_isend_irecv``) on its group's NCCL communicator, a lone one on a
+        communicator of the pair (ProcessGroupNCCL ``pointToPoint``)."""
         r = self.run
         stride = r.tp * r.dp
-        return self.time_us("collective-permute", nbytes, 2, stride)
+        return self.time_us("collective-permute", nbytes, 2, stride, p2p_ranks=r.pp)
 
     def first_last(self, kind: str, nbytes: float) -> float:
         r = self.run

@@ -468,6 +468,8 @@ def _table_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: Hard
     below it (not the model's: 0 B cost more than 1 B)."""
     if not cfg.measured_tables or nodes > 1 or group_size <= 1 or not hw.collective_table:
         return 1.0
+    if kind == "collective-permute":  # the rows of its communicator's ranks (``nccl_default_params``)
+        group_size = max(group_size, hw.num_gpus)
     a = _anchor(kind, group_size, hw, cfg)
     if a is None:
         return 1.0
@@ -737,18 +739,23 @@ def _default_chunk(kind: str, algorithm: str, protocol: str, hw: HardwareProfile
 
 @functools.lru_cache(maxsize=1 << 14)
 def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
-                        hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS) -> CollectiveParams:
+                        hw: HardwareProfile, cfg: CostConfig = DEFAULT_COSTS, *, p2p_ranks: int = 0
+                        ) -> CollectiveParams:
     """What NCCL itself would run: its symmetric kernel where the buffers are symmetric
     windows (``symmetric_pick``: NCCL 2.27-2.30 take it whenever one applies, before any
     algorithm is chosen); else algorithm/protocol by its minimum predicted time
     (scan order Tree, Ring x LL, LL128, Simple; strict <, so ties keep the earlier), then
     its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
     then threads halved; NCCL_MIN_CTAS does not stop it), and its default chunk size. A
-    collective-permute inside a node is NCCL's point-to-point schedule (``p2p_ctas``)."""
+    collective-permute inside a node is NCCL's point-to-point schedule (``p2p_ctas``) on
+    the communicator it runs on, ``p2p_ranks``; by default the one XLA builds, every
+    partition of the step (``hw.num_gpus``), not the pair (``GetNcclP2PConfigForCollectivePermute``:
+    "all execution instances together form one replica group", openxla/xla
+    xla/service/gpu/runtime/nccl_collective_permute_thunk.cc)."""
     if symmetric_applies(kind, group_size, nodes, hw):
         return symmetric_pick(kind, nbytes, group_size, hw)
     if kind == "collective-permute" and nodes == 1:
-        return CollectiveParams("ring", "Simple", p2p_ctas(nbytes, group_size, hw),
+        return CollectiveParams("ring", "Simple", p2p_ctas(nbytes, max(group_size, p2p_ranks or hw.num_gpus), hw),
                                 _default_chunk(kind, "ring", "Simple", hw), _default_threads("ring", "Simple", hw))
     if registered_nvls_applies(kind, group_size, nodes, hw):
         return CollectiveParams("nvls", "Simple", _init_channels("nvls", hw, kind), _NVLS_CHUNK,
@@ -777,9 +784,10 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
 
 
 def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
-                    cfg: CostConfig = DEFAULT_COSTS) -> float:
-    """A collective's time alone under NCCL's own choice of parameters."""
-    params = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
+                    cfg: CostConfig = DEFAULT_COSTS, *, p2p_ranks: int = 0) -> float:
+    """A collective's time alone under NCCL's own choice of parameters (``p2p_ranks``: the
+    communicator a collective-permute runs on, ``nccl_default_params``)."""
+    params = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg, p2p_ranks=p2p_ranks)
     return collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
 
 
