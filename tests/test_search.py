@@ -225,8 +225,10 @@ def _builder():
     return tasks, add
 
 
-def tp_graph(layers=4, flops=1e12, nbytes=64 * MiB):
-    """Tensor + sequence parallel layers: all-gather -> dot -> gelu -> dot -> reduce-scatter."""
+def tp_graph(layers=4, flops=2e12, nbytes=64 * MiB):
+    """Tensor + sequence parallel layers: all-gather -> dot -> gelu -> dot -> reduce-scatter.
+    The dots are long enough to hide a ring's steps on the A40, whose sends run on one CTA each
+    (NCCL's point-to-point schedule on the 8 partitions' communicator, ``cost.p2p_ctas``)."""
     from lagom_jax.program.graph import StepGraph
 
     tasks, add = _builder()
