@@ -549,6 +549,24 @@ def test_a_collective_permute_inside_a_node_runs_ncclS_point_to_point_ctas():
         "collective-permute", 25 << 20, 2, 1, h100, p2p_ranks=2)
 
 
+def test_registered_buffers_speed_sends_and_receives_inside_a_node_only():
+    """XLA's user buffers register a permute's and an all-to-all's buffers; NCCL 2.23+ then sends
+    straight into the peer's buffer (+10% measured on an 8-GPU all-to-all, NVIDIA/nccl #1722):
+    the transfer, not the latency; nothing across nodes or for the other kinds."""
+    h100 = hardware.get("h100-sxm-8")
+    reg = dataclasses.replace(h100, nccl_env=NcclEnv(user_buffers=True))
+    big = 256 << 20
+    for kind in ("collective-permute", "all-to-all"):
+        ratio = cost.default_time_us(kind, big, 8, 1, h100) / cost.default_time_us(kind, big, 8, 1, reg)
+        assert 1.05 < ratio <= cost.DEFAULT_COSTS.registered_p2p_rate + 1e-9
+        small = cost.default_time_us(kind, 4096, 8, 1, h100) / cost.default_time_us(kind, 4096, 8, 1, reg)
+        assert small < ratio  # the latency stays
+    two = h100.with_nodes(2)
+    assert cost.default_time_us("collective-permute", big, 2, 2, two) == cost.default_time_us(
+        "collective-permute", big, 2, 2, dataclasses.replace(two, nccl_env=NcclEnv(user_buffers=True)))
+    assert cost.default_time_us("all-gather", big, 8, 1, h100) == cost.default_time_us("all-gather", big, 8, 1, reg)
+
+
 def test_a_collective_permute_is_anchored_to_the_all_to_alls_measured_rows():
     """XLA's all-to-all is a group of NCCL sends and receives: a permute takes its ratio at the same
     message per peer, which puts openxla/xla PR #11182's 25.2 MB permute over 8 H100 (445 us

@@ -41,8 +41,9 @@ def test_candidates_follow_the_hardware():
         "NCCL_MIN_CTAS=32 (more channels than the communicator's 24)",
         "NCCL_MIN_CTAS=64 (more channels than the communicator's 24)"}
     # No NVLink: no copy-engine collectives; no NVSwitch multicast: no NVLS to turn off; only
-    # more channels than the communicator's 8.
+    # registered sends and receives and more channels than the communicator's 8.
     assert [s.name for s in nccl_settings.candidates(hardware.get("a40-pcie-8"))] == [
+        "registered buffers (XLA's user buffers: direct sends and receives, NVLS on fewer CTAs)",
         "NCCL_MIN_CTAS=32 (more channels than the communicator's 8)",
         "NCCL_MIN_CTAS=64 (more channels than the communicator's 8)"]
     off = dataclasses.replace(h100, nccl_env=NcclEnv(nvls=False))

@@ -155,6 +155,13 @@ class CostConfig:
     # NCCL's own choice never takes less time for more bytes (``_monotone_floor_us``); False:
     # the model and its anchor as they fall.
     monotone_default: bool = True
+    # Sends and receives (all-to-all, collective-permute) inside a node on buffers registered
+    # with NCCL (XLA's user buffers register both, openxla/xla PR #8874; NCCL 2.23+ then copies
+    # straight into the peer's buffer, no staging through its FIFO, on the same CTAs): their
+    # rate over the unregistered one, measured once: alltoall_perf of 4 GiB over 8 H800 of one
+    # machine, NCCL 2.27.0, algbw 160 -> 176 GB/s with local registration (NVIDIA/nccl issue
+    # #1722; no gain across two nodes, where the network's copies stay).
+    registered_p2p_rate: float = 176.0 / 160.0
     # NVLS all-reduce latency (us): NCCL's hwLat[NVLINK][NVLS] with base 0, one node
     # (src/graph/tuning.cc); its time has no per-hop or per-chunk term in NCCL's model.
     nvls_lat_us: float = 25.0
@@ -508,6 +515,8 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
     bw = busbw_gbps(params, hw, nodes, cfg, share, kind, n) * 1e3  # bytes per us
     one_ch = _busbw(params.algorithm, params.protocol, 1, params.nthreads, hw, nodes, cfg, share,
                     *_nvls_key(params.algorithm, kind, n)) * 1e3
+    if registered_p2p(kind, nodes, params, hw):
+        bw, one_ch = bw * cfg.registered_p2p_rate, one_ch * cfg.registered_p2p_rate
     p = PROTOCOL_INDEX[params.protocol]
     hop_table = cfg.hop_lat_tree if params.algorithm == "tree" else cfg.hop_lat_ring
     multicast = params.algorithm in ("nvls", "nvls_tree")
@@ -517,6 +526,14 @@ def _size_free_terms(kind: str, n: int, nodes: int, params: CollectiveParams, hw
              else 2 * max(n // nodes, 1))
     return (bus_factor(kind, params.algorithm, n), bw, one_ch, hop, steps,
             *_latency_parts(kind, n, nodes, params, hw, cfg))
+
+
+def registered_p2p(kind: str, nodes: int, params: CollectiveParams, hw: HardwareProfile) -> bool:
+    """Whether this collective runs NCCL's sends and receives on registered buffers inside a
+    node (``CostConfig.registered_p2p_rate``): XLA's user buffers, an all-to-all or a
+    collective-permute, one node, the Simple protocol (NCCL registers no LL buffer)."""
+    return (hw.nccl_env.user_buffers and kind in ("all-to-all", "collective-permute") and nodes <= 1
+            and params.protocol == "Simple")
 
 
 def tree_correction(algorithm: str, protocol: str, nbytes: float, cfg: CostConfig = DEFAULT_COSTS) -> float:

@@ -99,7 +99,10 @@ def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> list[st
             kinds.add(t.kind)
             continue
         try:
-            changed = cost.nccl_default_params(*shape, other) != cost.nccl_default_params(*shape, hw)
+            params = cost.nccl_default_params(*shape, hw)
+            changed = (cost.nccl_default_params(*shape, other) != params
+                       or cost.registered_p2p(t.kind, shape.nodes, params, other)
+                       != cost.registered_p2p(t.kind, shape.nodes, params, hw))
         except ValueError:  # the setting leaves it no algorithm: ``choose`` says so
             changed = True
         if changed:
@@ -138,9 +141,14 @@ def _cta_pin_unneeded(setting: Setting, plan: Plan, hw: HardwareProfile) -> str:
 def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
     """The settings worth pricing on ``hw`` beside its own: XLA's symmetric buffers (NCCL's
     symmetric kernels), those with NCCL's zero-CTA policy (copy engines), XLA's user buffers
-    (NVLS on fewer CTAs), NVLS on or off, and a CTA cap under NVLS's CTAs."""
+    (sends and receives straight into the peer's buffer; NVLS on fewer CTAs), NVLS on or off,
+    and a CTA cap under NVLS's CTAs."""
     base = hw.nccl_env
     out = []
+    if hw.gpus_per_node > 1 and not base.user_buffers:
+        out.append(Setting("registered buffers (XLA's user buffers: direct sends and receives, NVLS on fewer CTAs)",
+                           dataclasses.replace(base, user_buffers=True), (XlaFlag(USER_BUFFERS, True),),
+                           f"NCCL 2.23 or later, {_COLLECTIVE_MEMORY}"))
     if hw.intra_link == "nvlink" and hw.gpus_per_node > 1:
         if not base.symmetric_buffers and hw.arch in ("hopper", "blackwell"):
             out.append(Setting("symmetric kernels (XLA's symmetric buffers)",
@@ -151,10 +159,6 @@ def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
                                dataclasses.replace(base, zero_cta=True, symmetric_buffers=True),
                                (XlaFlag(SYMMETRIC_BUFFERS, True),), f"NCCL 2.28 or later, {_COLLECTIVE_MEMORY}"))
     if hw.nvls_channels > 0:
-        if not base.user_buffers and base.nvls:
-            out.append(Setting("NVLS on registered buffers (XLA's user buffers)",
-                               dataclasses.replace(base, user_buffers=True),
-                               (XlaFlag(USER_BUFFERS, True),), f"NVSwitch with NVLS, {_COLLECTIVE_MEMORY}"))
         if base.nvls and not base.efficiency and not base.algorithms and not base.protocols:
             out.append(Setting("NVLS all-gathers and reduce-scatters on registered buffers (NCCL_CTA_POLICY=1, "
                                "XLA's user buffers)",
