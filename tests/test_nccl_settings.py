@@ -174,3 +174,32 @@ def test_only_the_kept_setting_reads_taken():
     out = nccl_settings.choose(step, planned, h100, strategy="lagom")
     taken = [name for name, why in out.decisions if "; taken;" in why]
     assert taken == [out.setting.name]
+
+
+def _ring_of_sends(n: int = 6) -> StepGraph:
+    """A ring of 32 MiB sends over 8 GPUs, each feeding a short GEMM: the sends are exposed."""
+    tasks, prev = [], ()
+    ring = tuple((j, (j + 1) % 8) for j in range(8))
+    for i in range(n):
+        send = Task(id=len(tasks), name=f"send{i}", kind="collective-permute", bytes=32 << 20, pairs=ring,
+                    is_async=True, deps=prev)
+        tasks.append(send)
+        gemm = Task(id=len(tasks), name=f"gemm{i}", kind="compute", flops=2 * 2048**3, bytes=3 * 2048**2 * 2,
+                    opcode="fusion", gemm=(1, 2048, 2048, 2048), deps=(send.id,))
+        tasks.append(gemm)
+        prev = (gemm.id,)
+    return StepGraph("ring-of-sends", tuple(tasks), num_devices=8)
+
+
+def test_registered_sends_are_priced_by_replaying_the_chosen_step_and_taken_above_the_floor():
+    h100 = hardware.get("h100-sxm-8")
+    step = _ring_of_sends()
+    planned = planning.plan(step, h100, strategy="lagom", baselines=("xla-default",))
+    out = nccl_settings.choose(step, planned, h100, strategy="lagom")
+    why = dict(out.decisions)
+    registered = next(n for n in why if n.startswith("registered buffers"))
+    assert "changes collective-permute" in why[registered]
+    # Exposed sends 10% faster: far above the floor, so it is taken and its plan searched.
+    assert out.setting is not None and out.setting.env.user_buffers
+    assert [f.name for f in out.setting.flags] == ["xla_gpu_enable_nccl_user_buffers"]
+    assert out.planned.plan.makespan_us < 0.95 * planned.plan.makespan_us

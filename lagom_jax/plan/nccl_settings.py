@@ -46,7 +46,7 @@ from collections.abc import Callable
 from lagom_jax import search
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.nccl_env import NcclEnv
-from lagom_jax.costs import cost
+from lagom_jax.costs import cost, simulate
 from lagom_jax.plan import planning
 from lagom_jax.plan.schema import Plan
 from lagom_jax.program.flags import XlaFlag
@@ -85,11 +85,12 @@ class Outcome:
     decisions: tuple[tuple[str, str], ...]
 
 
-def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> list[str]:
+def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> tuple[list[str], bool]:
     """The kinds of the step's collectives that ``setting`` can change (empty: none): what
-    NCCL would run for them by itself, or where it runs them (the copy engines)."""
+    NCCL would run for them by itself, where it runs them (the copy engines), or the rate of
+    their registered sends; and whether it changes what runs for any (False: only that rate)."""
     other = dataclasses.replace(hw, nccl_env=setting.env)
-    kinds, seen = set(), set()
+    kinds, seen, reruns = set(), set(), False
     for t in step.collectives:
         shape = collective_shape(t, step.num_devices, hw.gpus_per_node)
         if shape in seen or t.kind in kinds or shape.ranks <= 1:
@@ -97,17 +98,19 @@ def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> list[st
         seen.add(shape)
         if setting.env.copy_engine(t.kind, shape.nodes) != hw.nccl_env.copy_engine(t.kind, shape.nodes):
             kinds.add(t.kind)
+            reruns = True
             continue
         try:
             params = cost.nccl_default_params(*shape, hw)
-            changed = (cost.nccl_default_params(*shape, other) != params
-                       or cost.registered_p2p(t.kind, shape.nodes, params, other)
-                       != cost.registered_p2p(t.kind, shape.nodes, params, hw))
+            rerun = cost.nccl_default_params(*shape, other) != params
+            changed = rerun or (cost.registered_p2p(t.kind, shape.nodes, params, other)
+                                != cost.registered_p2p(t.kind, shape.nodes, params, hw))
         except ValueError:  # the setting leaves it no algorithm: ``choose`` says so
-            changed = True
+            rerun = changed = True
         if changed:
             kinds.add(t.kind)
-    return sorted(kinds)
+            reruns = reruns or rerun
+    return sorted(kinds), reruns
 
 
 # Registered buffers live in XLA's collective memory, which the JAX client sizes
@@ -245,6 +248,24 @@ def with_setting(plan: Plan, setting: Setting, hw: HardwareProfile) -> Plan:
                                nccl_settings=_environ(setting.env, hw.nccl_env))
 
 
+def _replay_us(result: search.SearchResult, hw: HardwareProfile) -> float:
+    """The makespan of a search's chosen step replayed on ``hw``."""
+    return simulate.simulate(result.graph, hw, result.param_map, overlap_limit=result.overlap_limit).makespan_us
+
+
+def _priced(base_us: float, us: float, kinds: list[str], setting: Setting, step: StepGraph,
+            hw: HardwareProfile) -> str:
+    """The decision line of a priced setting."""
+    gain = 1.0 - us / base_us
+    verdict = "taken" if gain >= SETTING_FLOOR else (f"not taken: below the {1 / (1 - SETTING_FLOOR):.3f}x floor "
+                                             f"({SETTING_FLOOR:.1%} of the step)")
+    extra = ""
+    if setting.env.symmetric_buffers and not hw.nccl_env.symmetric_buffers:
+        extra = f"; memory up to +{human_bytes(memory_overhead_bytes(step))} (buffers rounded to 2 MiB)"
+    return (f"step {base_us / 1e3:.3f} -> {us / 1e3:.3f} ms predicted ({base_us / us:.4f}x speedup; changes "
+            f"{', '.join(kinds)}); {verdict}{extra}; needs {setting.needs}")
+
+
 def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, strategy: str,
            fingerprint: str = "", log: Callable[[str], None] = lambda _: None,
            space: search.Space = search.Space()) -> Outcome:
@@ -261,26 +282,29 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
         if unneeded:
             decisions.append((setting.name, f"not priced: {unneeded}"))
             continue
-        kinds = _affected(step, hw, setting)
+        kinds, reruns = _affected(step, hw, setting)
         if not kinds:
             decisions.append((setting.name, "not priced: no collective of this step would change"))
             continue
         log(f"NCCL settings: pricing {setting.name} ({', '.join(kinds)}) ...")
+        other = dataclasses.replace(hw, nccl_env=setting.env)
+        if not reruns:
+            # Only registered sends' rate moves: every candidate of theirs gets the same factor,
+            # so the search would choose as before; the chosen step replayed says what it gains
+            # (searched again only if that is taken).
+            us = base_us * _replay_us(planned.chosen, other) / _replay_us(planned.chosen, hw)
+            if 1.0 - us / base_us < SETTING_FLOOR:
+                decisions.append((setting.name, _priced(base_us, us, kinds, setting, step, hw)))
+                continue
         try:
-            again = planning.plan(step, dataclasses.replace(hw, nccl_env=setting.env), strategy=strategy,
+            again = planning.plan(step, other, strategy=strategy,
                                   baselines=(), fingerprint=fingerprint, space=space, floor_note=False)
         except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
             decisions.append((setting.name, f"not priced: {err}"))
             continue
         us = again.plan.makespan_us
         gain = 1.0 - us / base_us
-        verdict = "taken" if gain >= SETTING_FLOOR else (f"not taken: below the {1 / (1 - SETTING_FLOOR):.3f}x floor "
-                                                 f"({SETTING_FLOOR:.1%} of the step)")
-        extra = ""
-        if setting.env.symmetric_buffers and not hw.nccl_env.symmetric_buffers:
-            extra = f"; memory up to +{human_bytes(memory_overhead_bytes(step))} (buffers rounded to 2 MiB)"
-        decisions.append((setting.name, f"step {base_us / 1e3:.3f} -> {us / 1e3:.3f} ms predicted "
-                          f"({base_us / us:.4f}x speedup; changes {', '.join(kinds)}); {verdict}{extra}; needs {setting.needs}"))
+        decisions.append((setting.name, _priced(base_us, us, kinds, setting, step, hw)))
         if gain >= SETTING_FLOOR and (best is None or us < best[0]):
             best = (us, setting, again)
     if best is None:
