@@ -88,7 +88,8 @@ class Outcome:
 def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> tuple[list[str], bool]:
     """The kinds of the step's collectives that ``setting`` can change (empty: none): what
     NCCL would run for them by itself, where it runs them (the copy engines), or the rate of
-    their registered sends; and whether it changes what runs for any (False: only that rate)."""
+    their registered sends; and whether it changes what the search may run for any (False:
+    only that rate)."""
     other = dataclasses.replace(hw, nccl_env=setting.env)
     kinds, seen, reruns = set(), set(), False
     for t in step.collectives:
@@ -102,7 +103,7 @@ def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> tuple[l
             continue
         try:
             params = cost.nccl_default_params(*shape, hw)
-            rerun = cost.nccl_default_params(*shape, other) != params
+            rerun = cost.candidate_params(*shape, other) != cost.candidate_params(*shape, hw)
             changed = rerun or (cost.registered_p2p(t.kind, shape.nodes, params, other)
                                 != cost.registered_p2p(t.kind, shape.nodes, params, hw))
         except ValueError:  # the setting leaves it no algorithm: ``choose`` says so
