@@ -74,8 +74,9 @@ LLAMA3_70B = dict(family="llama", layers=80, d_model=8192, heads=64, kv_heads=8,
 # unrolled them (scan_layers false): unrolled, the step compiles in 519 s here and predicts
 # 946.5 ms, scanned in 10 s and 946.9 ms (2026-11-28). The family's ring attention blocks are
 # einsums with their scores materialised where MaxText runs cuDNN's fused kernel (Transformer
-# Engine); they run under a named scope the cost model prices as that kernel (models/attention.py),
-# which took the predicted base step from 0.959 to 0.581 s (2026-11-29).
+# Engine); they run under a named scope the cost model prices as that kernel (models/attention.py).
+# With that and the ring's sends on NCCL's 4 CTAs of XLA's 8-partition communicator, the predicted
+# base step went 0.959 -> 0.694 s (2026-11-29).
 LLAMA3_8B_CP = dict(family="llama", config="llama3-8b", seq_len=8192, global_batch=8, mesh={"context": 8},
                     hardware="b200-sxm-8", remat="minimal_flash", attention="xla", context_parallel="ring")
 CP_ROW = "llama3-8b/8xB200 context parallelism 8 (ring, load-balanced)"
@@ -155,10 +156,10 @@ EFFECTS: tuple[Effect, ...] = (
            "openxla/xla PR #31108", "nccl", {"NCCL_NVLS_ENABLE": "1"},
            xla_flags={"xla_gpu_enable_nccl_user_buffers": True},
            note="base 0.70 s/step on plain NCCL; the family's ring blocks (einsums) priced as the cuDNN fused "
-                "kernel MaxText runs; the setting as priced changes nothing here: under NCCL's default CTA "
-                "policy registered buffers leave its all-gathers and reduce-scatters on rings (NVLS needs "
-                "NCCL_CTA_POLICY=1), and what registration does to ring copies and send/recv (direct writes "
-                "into the peer's buffer, NCCL 2.23+) has no measurement to price it by"),
+                "kernel MaxText runs; the setting as priced is registered sends 10% faster (one measured "
+                "all-to-all, NVIDIA/nccl #1722): under NCCL's default CTA policy registered buffers leave its "
+                "all-gathers and reduce-scatters on rings (NVLS needs NCCL_CTA_POLICY=1), and what else "
+                "registration does to a 32 MiB send or a ring's copies has no measurement to price it by"),
     Effect(MOE_FP8_ROW, "quantization=fp8 (dense and expert GEMMs, delayed scaling)", 100 * (1 - 1.372 / 1.501),
            "marin .agents/logbooks/7079-fp8-loss-val.md (FP8VAL-001)", "model", model={"quantization": "fp8"},
            note="the run's dispatch wire was fp8 too, around a ring; here GShard's all-to-all stays bf16"),

@@ -475,8 +475,8 @@ def _table_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: Hard
     below it (not the model's: 0 B cost more than 1 B)."""
     if not cfg.measured_tables or nodes > 1 or group_size <= 1 or not hw.collective_table:
         return 1.0
-    if kind == "collective-permute":  # the rows of its communicator's ranks (``nccl_default_params``)
-        group_size = max(group_size, hw.num_gpus)
+    if kind == "collective-permute":  # the rows of its communicator's ranks
+        group_size = p2p_communicator(group_size, hw)
     a = _anchor(kind, group_size, hw, cfg)
     if a is None:
         return 1.0
@@ -765,14 +765,11 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
     its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
     then threads halved; NCCL_MIN_CTAS does not stop it), and its default chunk size. A
     collective-permute inside a node is NCCL's point-to-point schedule (``p2p_ctas``) on
-    the communicator it runs on, ``p2p_ranks``; by default the one XLA builds, every
-    partition of the step (``hw.num_gpus``), not the pair (``GetNcclP2PConfigForCollectivePermute``:
-    "all execution instances together form one replica group", openxla/xla
-    xla/service/gpu/runtime/nccl_collective_permute_thunk.cc)."""
+    the communicator it runs on (``p2p_communicator``)."""
     if symmetric_applies(kind, group_size, nodes, hw):
         return symmetric_pick(kind, nbytes, group_size, hw)
     if kind == "collective-permute" and nodes == 1:
-        return CollectiveParams("ring", "Simple", p2p_ctas(nbytes, max(group_size, p2p_ranks or hw.num_gpus), hw),
+        return CollectiveParams("ring", "Simple", p2p_ctas(nbytes, p2p_communicator(group_size, hw, p2p_ranks), hw),
                                 _default_chunk(kind, "ring", "Simple", hw), _default_threads("ring", "Simple", hw))
     if registered_nvls_applies(kind, group_size, nodes, hw):
         return CollectiveParams("nvls", "Simple", _init_channels("nvls", hw, kind), _NVLS_CHUNK,
@@ -813,6 +810,15 @@ def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
 # and a part of more than 32 x NCCL_P2P_NVL_CHUNKSIZE (512 KiB) doubles the channels.
 _P2P_MIN_PART = 64 << 10
 _P2P_MAX_PART = 16 << 20
+
+
+def p2p_communicator(group_size: int, hw: HardwareProfile, p2p_ranks: int = 0) -> int:
+    """Ranks of the NCCL communicator a collective-permute's sends run on: ``p2p_ranks`` where
+    the caller knows it (PyTorch's batched sends: their group's), else the one XLA builds, every
+    partition of the step (``hw.num_gpus``), not the pair (``GetNcclP2PConfigForCollectivePermute``:
+    "all execution instances together form one replica group", openxla/xla
+    xla/service/gpu/runtime/nccl_collective_permute_thunk.cc)."""
+    return max(group_size, p2p_ranks or hw.num_gpus)
 
 
 def p2p_ctas(nbytes: float, ranks: int, hw: HardwareProfile) -> int:

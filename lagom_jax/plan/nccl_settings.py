@@ -276,6 +276,7 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
     are (XLA's defaults run with the cluster's settings), only ``strategy``'s step moves.
     """
     base_us = planned.plan.makespan_us
+    replayed_base: float | None = None  # the chosen step replayed as is, once a setting needs it
     best: tuple[float, Setting, planning.Planned] | None = None
     decisions = []
     for setting in candidates(hw):
@@ -296,7 +297,9 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
             # the setting changes without changing NCCL's own pick (user buffers: NVLS on fewer
             # CTAs): on llama3-70b over 8 H100 nodes the search found 908.0 ms where the replay
             # says 910.3, both below the floor; a full search each costs XLA's Mixtral module ~30 s.
-            us = base_us * _replay_us(planned.chosen, other) / _replay_us(planned.chosen, hw)
+            if replayed_base is None:
+                replayed_base = _replay_us(planned.chosen, hw)
+            us = base_us * _replay_us(planned.chosen, other) / replayed_base
             if 1.0 - us / base_us < SETTING_FLOOR:
                 decisions.append((setting.name, _priced(base_us, us, kinds, setting, step, hw)))
                 continue

@@ -446,7 +446,7 @@ def flash_attention_flops(inst: hlo.Instruction, operands: list[hlo.Shape]) -> f
 # fused kernel through Transformer Engine). Their op_name carries one of these scopes (the
 # second where the block is masked causally), maybe inside transform names.
 FUSED_BLOCK_SCOPES = ("fused_attention_block", "fused_attention_block_causal")
-_FUSED_BLOCK_IN_OP_NAME = re.compile(r"(?:^|[/(])fused_attention_block(_causal)?(?:$|[/)])")
+_FUSED_BLOCK_IN_OP_NAME = re.compile(rf"(?:^|[/(])({'|'.join(FUSED_BLOCK_SCOPES)})(?:$|[/)])")
 
 
 def fused_block_price(op_name: str, flops: float, gemm: tuple[int, ...]) -> tuple[float, str] | None:
@@ -464,7 +464,8 @@ def fused_block_price(op_name: str, flops: float, gemm: tuple[int, ...]) -> tupl
     if not gemm:
         return 0.0, custom_calls.FUSED_PART
     backward = "transpose(" in op_name
-    return flops * (0.5 if m.group(1) else 1.0), "attention-backward" if backward else "attention-forward"
+    causal = m.group(1) == FUSED_BLOCK_SCOPES[1]
+    return flops * (0.5 if causal else 1.0), "attention-backward" if backward else "attention-forward"
 
 
 def _gemm_dims(lhs: hlo.Shape, result: hlo.Shape, batch_dims: tuple[int, ...],
