@@ -82,13 +82,14 @@ LLAMA3_8B_CP = dict(family="llama", config="llama3-8b", seq_len=8192, global_bat
 CP_ROW = "llama3-8b/8xB200 context parallelism 8 (ring, load-balanced)"
 # marin's 26-layer MoE on 8 H100 (marin .agents/logbooks/7079-fp8-loss-val.md, FP8VAL-001): d_model
 # 2560, 20 heads, 64 experts top-4 of width 1280 and one shared expert of 1280, vocab 128256, EP 8,
-# batch 32 x 4096; 1.501 s/step bf16, 1.372 fp8. Not published, so assumed: 20 KV heads, GShard's
-# capacity 1.25, full remat. Stand-ins: GShard's one-hot dispatch and its all-to-all in bf16 where
-# the run gathered and scattered tokens around a ring with an fp8 wire.
+# batch 32 x 4096; 1.501 s/step bf16, 1.372 fp8; capacity factor 1.0 and full remat
+# (``recompute_all``), as the logbook's config says. Not published, so assumed: 20 KV heads.
+# Stand-ins: GShard's one-hot dispatch and its all-to-all in bf16 where the run gathered and
+# scattered tokens around a ring with an fp8 wire.
 MOE_FP8_ROW = "MoE 26L 64 experts top-4/8xH100 EP8"
 MOE_FP8 = dict(family="mixtral", layers=26, d_model=2560, heads=20, kv_heads=20, ffn=1280, vocab=128256, experts=64,
                top_k=4, shared_experts=1, expert_ffn=1280, seq_len=4096, global_batch=32, mesh={"expert": 8},
-               hardware="h100-sxm-8", remat="full")
+               hardware="h100-sxm-8", remat="full", capacity_factor=1.0)
 WORKLOADS: dict[str, dict[str, Any]] = {"marin-moe/64xGB200": MARIN_MOE, "llama3-70b/16xH100 fsdp8 tp2": LLAMA3_70B,
                                         CP_ROW: LLAMA3_8B_CP, MOE_FP8_ROW: MOE_FP8}
 MEASURED_BASE_S = {"marin-moe/64xGB200": 18.101, CP_ROW: 0.70, MOE_FP8_ROW: 1.501}
@@ -124,7 +125,15 @@ class Effect:
 
 EFFECTS: tuple[Effect, ...] = (
     Effect("marin-moe/64xGB200", "NCCL_ALGO=NVLS,Ring NCCL_NVLS_ENABLE=1", 0.68, MARIN, "nccl",
-           {"NCCL_ALGO": "NVLS,Ring", "NCCL_NVLS_ENABLE": "1"}, note="measured 4.6 sigma"),
+           {"NCCL_ALGO": "NVLS,Ring", "NCCL_NVLS_ENABLE": "1"},
+           # NVIDIA/nccl v2.27.7 (also 2.25-2.26): MNNVL fuses the rack into one node (init.cc counts
+           # nNodes from the fused topology's rings: 1), so NVLSTree ("Disable NVLS Tree on a single
+           # node", tuning.cc), PAT (one GPU per node only) and CollNet are off, Tree's 64-GPU chain
+           # never wins, and NVLS is skipped for all-gather/reduce-scatter above 32 local ranks
+           # (enqueue.cc): NCCL's defaults there are already NVLS or Ring for every size.
+           note="measured 4.6 sigma; by NCCL's own selection rules this setting changes no algorithm on "
+                "one 64-GPU MNNVL communicator (nNodes 1: NVLSTree, PAT and CollNet off, the tree never "
+                "picked), so the model's 0 is NCCL's; what the measurement moved is outside NCCL's choice"),
     Effect("marin-moe/64xGB200", "NCCL_PROTO=Simple", 0.19, MARIN, "nccl", {"NCCL_PROTO": "Simple"},
            noise_pct=0.29),
     Effect("marin-moe/64xGB200", "NCCL_PROTO=LL128", -2.70, MARIN, "nccl", {"NCCL_PROTO": "LL128"}),

@@ -60,15 +60,23 @@ def thresholds(ar: int, ag: int, rs: int) -> dict[str, int]:
             "xla_gpu_reduce_scatter_combine_threshold_bytes": rs}
 
 
-# JAX-Toolbox's MaxText flags (NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md).
+# Host launches as those runs made them: CUDA graphs off (``--xla_gpu_graph_level=0``, today's
+# empty command-buffer set).
+GRAPHS_OFF = {"xla_gpu_enable_command_buffer": ""}
+
+# JAX-Toolbox's MaxText flags (NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md; every version
+# that published the 0.721 s step turned CUDA graphs off, and those of 2024 Triton GEMMs too).
 MAXTEXT_JT = {**LHS, **thresholds(GiB, GiB, 128 * MiB), **PIPELINED,
-              "xla_gpu_enable_while_loop_double_buffering": True, **BY_DIM_OFF,
+              "xla_gpu_enable_while_loop_double_buffering": True, **BY_DIM_OFF, **GRAPHS_OFF,
               "xla_disable_hlo_passes": "rematerialization", "xla_gpu_enable_triton_gemm": False}
 
 
 def maxtext_a3(ar_mib: int, ag_mib: int, rs_mib: int) -> dict[str, Any]:
-    """AI-Hypercomputer/maxtext's a3 llama2-7b scripts (1vm.sh .. 16vm.sh)."""
+    """AI-Hypercomputer/maxtext's a3 llama2-7b scripts (1vm.sh .. 16vm.sh as the README's numbers
+    were published, 1200dd7e0, 2024-04-05): besides their thresholds, Triton GEMMs and CUDA graphs
+    off and XLA's rematerialization pass disabled."""
     return {**LHS, **PIPELINED, "xla_gpu_enable_while_loop_double_buffering": True, **BY_DIM_OFF,
+            **GRAPHS_OFF, "xla_gpu_enable_triton_gemm": False, "xla_disable_hlo_passes": "rematerialization",
             **thresholds(ar_mib * MiB, ag_mib * MiB, rs_mib * MiB)}
 
 
@@ -85,7 +93,7 @@ def maxtext_llama2_7b_tflop(batch: int = 4, seq: int = 4096) -> float:
 # NVIDIA/dgxc-benchmarking paxml/configure.sh.
 PAX_DGXC = {**LHS, **thresholds(512 * MiB, 512 * MiB, 8 * MiB), **PIPELINED,
             "xla_gpu_enable_while_loop_double_buffering": False, **BY_DIM_OFF,
-            "xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_command_buffer": "",
+            "xla_gpu_enable_triton_gemm": False, **GRAPHS_OFF,
             "xla_disable_hlo_passes": "rematerialization"}
 
 # The XLA flags of Paxml's GPU run scripts (google/paxml paxml/contrib/gpu/scripts_gpu/
@@ -95,7 +103,7 @@ PAX_DGXC = {**LHS, **thresholds(512 * MiB, 512 * MiB, 8 * MiB), **PIPELINED,
 # scripts' other flags are XLA's defaults now or gone from XLA (async collectives, the
 # highest-priority stream, fp-conversion simplification, Triton softmax fusion).
 def pax_run(ar_bytes: int = 51200) -> dict[str, Any]:
-    return {**LHS, "xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_command_buffer": "",
+    return {**LHS, "xla_gpu_enable_triton_gemm": False, **GRAPHS_OFF,
             "xla_gpu_all_reduce_combine_threshold_bytes": ar_bytes}
 
 
@@ -115,7 +123,7 @@ MIXTRAL_8X7B = dict(family="mixtral", layers=32, d_model=4096, heads=32, kv_head
 MAXTEXT_A3U_MIXTRAL = {**LHS, **thresholds(71303168, 536870912, 134217728), **PIPELINED,
                        "xla_gpu_enable_while_loop_double_buffering": True, **BY_DIM_OFF,
                        "xla_disable_hlo_passes": "rematerialization", "xla_gpu_enable_triton_gemm": False,
-                       "xla_gpu_enable_command_buffer": ""}
+                       **GRAPHS_OFF}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -554,7 +554,7 @@ PRESETS: dict[str, HardwareProfile] = {
         # 8x B200 all-reduce busBw 839-846 @8-16GiB, above any ring: NVLS
         # (stas00/ml-engineering network/README, NCCL 2.27.7).
         nvls_busbw_gbps=840.0,
-        nvls_channels=24,  # nvlsCTAs on sm_100 inside one NVLink domain (src/init.cc)
+        nvls_channels=24,  # nvlsCTAs on sm_100 inside one NVLink domain (src/transport/nvls.cc, 2.27+)
     ),
 }
 
@@ -648,8 +648,10 @@ PRESETS["gb200-nvl72"] = dataclasses.replace(
     # NCCL_MNNVL_ENABLE=1, 834.6 GB/s at 8 GiB (839.2 at 4 GiB; coreweave/nccl-tests README,
     # out of place), the 8x B200 node's 840 within 1%: kept. Between racks: the B200 node's
     # measured 8x 400 Gb/s stands in (assumption).
-    # nvlsCTAs on sm_100 across nodes of one NVLink domain: 32 (NVIDIA/nccl src/init.cc).
-    nvls_channels=32,
+    # nvlsCTAs: the B200 node's 24. NCCL 2.27+ counts an MNNVL communicator inside one clique
+    # (the rack) as one node for them: 24, and 32 only where it spans several cliques
+    # (NVIDIA/nccl src/transport/nvls.cc ``ncclNvlsInit``, NVLS_NCHANNELS_SM100_NVL; 2.26 gave
+    # every sm_100 communicator 32).
     # NVLink-C2C to the Grace host, measured per GPU: host to device 201 GB/s, device to host
     # 193 (Azure/AI-benchmarking-guide, Azure_Results/ND_GB200_v6_results.md): the slower
     # direction, offloading's.
