@@ -141,9 +141,13 @@ EFFECTS: tuple[Effect, ...] = (
            xla_flags={"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL"},
            base_xla_flags={"xla_gpu_enable_command_buffer": ""},
            note="base: the adopted config (17.008 s), command buffers off; priced by the host's launches "
-                "(costs/launch.py), which a 17-s step of long kernels hides either way; the memory the graphs "
-                "keep (+3 GiB measured) and what capture does to the schedule beyond collectives are not "
-                "priced"),
+                "(costs/launch.py), which a 17-s step of long kernels hides either way. XLA's runtime gives "
+                "no other cost to price: graphs are recorded once and updated at most once a step "
+                "(CommandBufferThunk::ExecuteOnStream), the uncaptured collectives keep their stream and "
+                "events, and the default LHS mode chains a graph's kernels in schedule order; the one overlap "
+                "loss found in XLA's history is of async compute regions (openxla/xla PR #48900), not "
+                "collectives. The +3 GiB (driver memory of instantiated graphs) costs no time. Each arm is "
+                "one run: the -1.14% may be run-to-run variation"),
     Effect("marin-moe/64xGB200", "--xla_gpu_enable_analytical_sol_latency_estimator=true", 1.10, MARIN, "xla",
            xla_flags={"xla_gpu_enable_analytical_sol_latency_estimator": True}, noise_pct=1.28,
            note="a rerun measured -1.28%; the issue rejects it as no measurable effect"),

@@ -144,6 +144,9 @@ class Row:
     note: str = ""
     attention: str = "flash"
     moe: bool = False
+    # When the software that ran the measurement was current (its container or commit, YYYY-MM):
+    # the same configuration moves by more than the model's miss between stacks months apart.
+    stack: str = ""
 
     @property
     def gpus(self) -> int:
@@ -170,35 +173,36 @@ _PAX_175B_REMAT = "remat full: GPT175B keeps Pax's default CHECKPOINT_POLICY, SA
 
 ROWS: tuple[Row, ...] = (
     Row("maxtext-llama2-7b/8xH100", LLAMA2_7B, 4096, 16, {"fsdp": 8}, "h100-sxm-8", "minimal_flash",
-        MAXTEXT_JT, 0.721, _JT, scan=False),
+        MAXTEXT_JT, 0.721, _JT, scan=False, stack="2024-05"),
     *(Row(f"maxtext-llama2-7b/a3x{vms}", LLAMA2_7B, 4096, 4 * 8 * vms,
           {"data": vms, "fsdp": 8} if vms > 1 else {"fsdp": 8}, "a3", "minimal_flash",
-          maxtext_a3(*thr), maxtext_llama2_7b_tflop() / tflops, _A3, scan=False,
+          maxtext_a3(*thr), maxtext_llama2_7b_tflop() / tflops, _A3, scan=False, stack="2024-04",
           note=f"step = {maxtext_llama2_7b_tflop():.1f} TFLOP a GPU (MaxText's count when the numbers were "
                f"published) / the published {tflops} TFLOP/s")
       for vms, thr, tflops in ((1, (128, 128, 64), 492), (2, (64, 128, 64), 422), (4, (512, 128, 64), 407),
                                (8, (1024, 128, 64), 409), (16, (1024, 128, 128), 375))),
     *(Row(f"paxml-gpt5b/{n}xH100", PAX_5B, 2048, 4 * n, {"data": n // 8, "fsdp": 8}, "dgx-h100", "minimal",
-          PAX_DGXC, s, _DGXC, note="remat SAVE_DOT_ONLY = MaxText's minimal")
+          PAX_DGXC, s, _DGXC, note="remat SAVE_DOT_ONLY = MaxText's minimal", stack="2024-03")
       for n, s in ((16, 0.634), (32, 0.639), (64, 0.643), (128, 0.651))),
     Row("paxml-gpt126m/64xA100", PAX_126M, 2048, 256, {"data": 64}, "a100-sxm-8", "none", pax_run(32 * MiB), 0.122, _PAX,
         note=_PAX_NOTE + "; " + _PAX_126M_REMAT + "; no flash attention (scores materialised, as measured)",
-        attention="xla", scan=False),
+        attention="xla", scan=False, stack="2024-06"),
     Row("paxml-gpt5b/256xA100", PAX_5B, 2048, 2048, {"fsdp": 256}, "a100-sxm-8", "minimal", pax_run(), 3.447, _PAX,
-        note=_PAX_NOTE),
+        note=_PAX_NOTE, stack="2024-06"),
     Row("paxml-gpt175b/256xA100-te", PAX_175B, 2048, 1536, {"fsdp": 256}, "a100-sxm-8", "full", pax_run(), 75.15,
-        _PAX, note=_PAX_NOTE + "; " + _PAX_175B_REMAT + "; measured with Transformer Engine"),
+        _PAX, note=_PAX_NOTE + "; " + _PAX_175B_REMAT + "; measured with Transformer Engine", stack="2024-06"),
     Row("paxml-gpt126m/64xH100-te", PAX_126M, 2048, 256, {"data": 64}, "h100-sxm-8", "none", pax_run(32 * MiB),
         256 / 4709, _PAX, note=_PAX_NOTE + "; " + _PAX_126M_REMAT + "; measured with Transformer Engine; "
-        "no flash attention (the source: flash attention except 126M)", attention="xla", scan=False),
+        "no flash attention (the source: flash attention except 126M)", attention="xla", scan=False,
+        stack="2024-06"),
     Row("paxml-gpt5b/256xH100-te", PAX_5B, 2048, 2048, {"fsdp": 256}, "h100-sxm-8", "minimal", pax_run(),
-        2048 / 1657, _PAX, note=_PAX_NOTE + "; measured with Transformer Engine"),
+        2048 / 1657, _PAX, note=_PAX_NOTE + "; measured with Transformer Engine", stack="2024-06"),
     Row("paxml-llama2-7b/16xH100", LLAMA2_7B, 4096, 32, {"fsdp": 16}, "h100-sxm-8", "minimal", pax_run(), 0.740,
-        _PAX, note=_PAX_NOTE),
+        _PAX, note=_PAX_NOTE, stack="2024-06"),
     Row("maxtext-mixtral-8x7b/a3-ultra x32", MIXTRAL_8X7B, 4096, 1280, {"data": 16, "fsdp": 2, "expert": 8},
         "a3-ultra", "save_proj_and_mlp", MAXTEXT_A3U_MIXTRAL, 3.437,
         "AI-Hypercomputer/gpu-recipes training/a3ultra/mixtral-8x7b/maxtext-pretraining-gke/README.md",
-        scan=False, moe=True,
+        scan=False, moe=True, stack="2024-12",
         note="remat custom with q/k/v/out/mlpwi_0/mlpwi_1/mlpwo on the device; with the family's 'minimal' "
              "instead the experts' dots (batched over the experts) are recomputed: 462 TFLOP a GPU, +19.4%"),
 )
@@ -217,15 +221,16 @@ class ModuleRow:
     moe: bool = False
     note: str = ""
     remat: str = "as exported"
+    stack: str = ""
 
 
 _XLA_PR = "openxla/xla PR #31030 (\"main\" column)"
 _XLA_NOTE = "XLA's module as MaxText exported it, under XLA's defaults; Transformer Engine's attention priced"
 MODULE_ROWS: tuple[ModuleRow, ...] = (
     ModuleRow("xla-hlo-llama3.1-8b/8xH100", "hlo_llama31_8b_bf16_1x8", "h100-sxm-8",
-              CALIBRATION["hlo_llama31_8b_bf16_1x8"], _XLA_PR, note=_XLA_NOTE),
+              CALIBRATION["hlo_llama31_8b_bf16_1x8"], _XLA_PR, note=_XLA_NOTE, stack="2025"),
     ModuleRow("xla-hlo-mixtral-8x7b/8xH100", "hlo_mixtral_8x7b_bf16_1x8", "h100-sxm-8",
-              CALIBRATION["hlo_mixtral_8x7b_bf16_1x8"], _XLA_PR, moe=True, note=_XLA_NOTE),
+              CALIBRATION["hlo_mixtral_8x7b_bf16_1x8"], _XLA_PR, moe=True, note=_XLA_NOTE, stack="2025"),
 )
 
 
@@ -337,7 +342,8 @@ def measured_section(rows: list[Row], modules: list[ModuleRow] = (), folder: str
         "attention, layers scanned unless the run unrolled them, the run's remat policy and XLA flags), "
         "then compared with the published step time. The `xla-hlo-*` rows are XLA's own benchmark modules "
         "(MaxText exported them): predicted from the module under XLA's defaults, the flags of the "
-        "measurement not being published. Gains are *predicted*: lagom against XLA's "
+        "measurement not being published. *stack*: when the software that ran the measurement was current "
+        "(its container, commit or results table, year-month). Gains are *predicted*: lagom against XLA's "
         "defaults on the step compiled without flags, and against the run's own flags.",
         "",
         f"Median absolute error {statistics.median(errors):.1%} over {len(ok)} rows "
@@ -349,22 +355,37 @@ def measured_section(rows: list[Row], modules: list[ModuleRow] = (), folder: str
         (f"MoE rows: median absolute error {statistics.median(moe):.1%} over {len(moe)} (goal: at most 10%)."
          if moe else "MoE rows: none predicted."),
         "",
-        "| row | GPUs | system | remat | predicted s | measured s | error | lagom over defaults | "
+        *_by_stack(results),
+        "| row | GPUs | system | stack | remat | predicted s | measured s | error | lagom over defaults | "
         "lagom over the run's flags | source |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row, r in results:
+        head = f"| {row.name} | {row.gpus} | {row.hardware} | {row.stack} | {row.remat} |"
         if "failed" in r:
-            lines.append(f"| {row.name} | {row.gpus} | {row.hardware} | {row.remat} | failed: {r['failed']} "
-                         f"| {row.measured_s:.3f} | | | | {row.source} |")
+            lines.append(f"{head} failed: {r['failed']} | {row.measured_s:.3f} | | | | {row.source} |")
             continue
-        lines.append(f"| {row.name} | {row.gpus} | {row.hardware} | {row.remat} | {r['predicted_s']:.3f} | "
-                     f"{row.measured_s:.3f} | {r['error']:+.1%} | {r['gain_over_default']:.3f}x | "
-                     f"{r['gain_over_run_flags']:.3f}x | {row.source} |")
+        lines.append(f"{head} {r['predicted_s']:.3f} | {row.measured_s:.3f} | {r['error']:+.1%} | "
+                     f"{r['gain_over_default']:.3f}x | {r['gain_over_run_flags']:.3f}x | {row.source} |")
     notes = [f"- {row.name}: {row.note}" for row, _ in results if row.note]
     if notes:
         lines += ["", "Notes:", *notes]
     return "\n".join(lines)
+
+
+def _by_stack(results: list[tuple[Any, dict[str, Any]]]) -> list[str]:
+    """One line: the signed median error of the rows by when their software stack was current
+    (the same configuration on two stacks months apart differs by more than the model's miss,
+    docs/predictions.md)."""
+    groups: dict[str, list[float]] = {}
+    for row, r in results:
+        if "failed" not in r and row.stack:
+            groups.setdefault(row.stack, []).append(r["error"])
+    if not groups:
+        return []
+    cells = [f"{stack}: {statistics.median(errs):+.1%} ({len(errs)})" for stack, errs in sorted(groups.items())]
+    return ["By the date of the software stack each measurement ran on (median signed error, rows): "
+            + "; ".join(cells) + ".", ""]
 
 
 def scale_section(cases: list[Scale]) -> str:
