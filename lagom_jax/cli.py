@@ -240,6 +240,12 @@ def _add_quantization_arg(p: argparse.ArgumentParser) -> None:
                    help="--model llama|mixtral with --window: every K-th layer global, the others windowed")
     p.add_argument("--global-kv-heads", type=int, default=None,
                    help="--model llama|mixtral with --global-every: the global layers' KV heads")
+    p.add_argument("--embed-lookup", default=None, choices=("gather", "matmul"),
+                   help="the token lookup: gather (default) or matmul, a one-hot times the table (MaxText's "
+                   "use_iota_embed, Praxis' matmul lookup)")
+    p.add_argument("--grad-clip", type=float, default=None, metavar="NORM",
+                   help="clip the gradients to this global norm before the update (MaxText's "
+                   "gradient_clipping_threshold; default: no clipping)")
 
 
 def _add_moe_args(p: argparse.ArgumentParser) -> None:
@@ -279,6 +285,9 @@ def _config_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.model not in ("llama", "mixtral"):
             raise _UsageError(f"--{name.replace('_', '-')} {value} needs --model llama or mixtral, not {args.model}")
         given[name] = value
+    for name in ("embed_lookup", "grad_clip"):  # every family's step
+        if getattr(args, name, None) is not None:
+            given[name] = getattr(args, name)
     return given
 
 

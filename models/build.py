@@ -259,6 +259,8 @@ def build(model: str, config: str, recipe: str, mesh_shape: str | Mapping[str, i
                             is_leaf=lambda s: isinstance(s, PartitionSpec))
 
     tx = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=0.01)
+    if cfg.grad_clip:  # the global norm needs every gradient before any update
+        tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx)
     if cfg.quantization:  # fp8 scales and amax histories take their gradient as their new value
         tx = optax.multi_transform({"train": tx, "fp8": optax.set_to_zero()}, fp8.labels)
 

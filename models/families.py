@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .llama import Llama, Mixtral
-from .layers import (Block, BlockStyle, Embed, ModelConfig, Norm, block_layout,
+from .layers import (Block, BlockStyle, Embed, ModelConfig, Norm, block_layout, lookup,
                      cross_entropy, next_token_batch, next_token_batch_shapes, normal, stack_init,
                      weight)
 from .pipeline import Stack
@@ -54,12 +54,15 @@ class GPT2Outer(nn.Module):
 
     def setup(self) -> None:
         c = self.cfg
-        self.wte = Embed(c.vocab, c.d_model, self.dtype)
+        self.wte = Embed(c.vocab, c.d_model, self.dtype, style=c.embed_lookup)
         self.wpe = weight(self, "wpe", (c.max_len, c.d_model), ("pos", "embed"), normal(0.01))
         self.ln_f = Norm(False, 1e-5, self.dtype)
 
     def embed(self, tokens: jax.Array) -> jax.Array:
-        x = self.wte(tokens) + self.wpe[: tokens.shape[1]].astype(self.dtype)
+        s = tokens.shape[1]
+        pos = (lookup(self.wpe, jnp.arange(s), self.dtype, "matmul") if self.cfg.embed_lookup == "matmul"
+               else self.wpe[:s].astype(self.dtype))
+        x = self.wte(tokens) + pos
         return self.layout.constrain(x, RESID)
 
     def loss(self, x: jax.Array, targets: jax.Array) -> jax.Array:
@@ -120,7 +123,7 @@ class BERTOuter(nn.Module):
 
     def setup(self) -> None:
         c, dt = self.cfg, self.dtype
-        self.wte = Embed(c.vocab, c.d_model, dt)
+        self.wte = Embed(c.vocab, c.d_model, dt, style=c.embed_lookup)
         self.wpe = weight(self, "wpe", (c.max_len, c.d_model), ("pos", "embed"), normal(0.02))
         self.wtt = weight(self, "wtt", (2, c.d_model), (None, "embed"), normal(0.02))
         self.ln_emb = Norm(False, 1e-12, dt)
@@ -241,7 +244,7 @@ class T5Outer(nn.Module):
 
     def setup(self) -> None:
         c, dt = self.cfg, self.dtype
-        self.shared = Embed(c.vocab, c.d_model, dt, std=1.0)
+        self.shared = Embed(c.vocab, c.d_model, dt, std=1.0, style=c.embed_lookup)
         self.enc_bias = RelativePositionBias(c.heads, bidirectional=True)
         self.dec_bias = RelativePositionBias(c.heads, bidirectional=False)
         self.enc_ln = Norm(True, 1e-6, dt)

@@ -28,6 +28,7 @@ from .sharding import HEADS, HIDDEN, RESID, Layout
 
 
 QUANTIZATIONS = ("", "fp8")  # "fp8": models/fp8.py
+EMBED_LOOKUPS = ("gather", "matmul")  # ModelConfig.embed_lookup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,13 @@ class ModelConfig:
     window: int = 0
     global_every: int = 0
     global_kv_heads: int = 0
+    # How the token embedding (and GPT's learned positions) is looked up: "gather" (a row per
+    # token) or "matmul" (a one-hot of the ids times the table: MaxText's ``use_iota_embed``,
+    # Praxis' ``lookup_style="matmul"``), which runs 2 x tokens x vocab x d_model FLOPs each way.
+    embed_lookup: str = "gather"
+    # Gradients clipped to this global norm before the update (MaxText's
+    # ``gradient_clipping_threshold``, Pax's ``CLIP_GRADIENT_NORM_TO_VALUE``); 0: not clipped.
+    grad_clip: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("vocab", "d_model", "heads", "head_dim", "d_ff", "layers", "max_len"):
@@ -85,6 +93,11 @@ class ModelConfig:
         if self.global_kv_heads and (not self.global_every or self.heads % self.global_kv_heads):
             raise ValueError(f"model config: global_kv_heads {self.global_kv_heads} needs global layers "
                              f"(global_every) and must divide heads {self.heads}")
+        if self.embed_lookup not in EMBED_LOOKUPS:
+            raise ValueError(f"model config: embed_lookup must be one of {', '.join(EMBED_LOOKUPS)}, "
+                             f"got {self.embed_lookup!r}")
+        if not self.grad_clip >= 0:
+            raise ValueError(f"model config: grad_clip must be >= 0 (0: no clipping), got {self.grad_clip}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"model config: quantization must be fp8 or empty, got {self.quantization!r}")
         if self.experts and not self.capacity_factor > 0:
@@ -266,6 +279,15 @@ class Block(nn.Module):
         return lay.constrain(x, RESID)
 
 
+def lookup(table: jax.Array, ids: jax.Array, dtype: Any, style: str = "gather") -> jax.Array:
+    """Rows ``ids`` of ``table`` in ``dtype``: gathered, or (``"matmul"``) as the product of the
+    ids' one-hot and the table, as MaxText's ``use_iota_embed`` and Praxis' matmul lookup run it."""
+    if style == "matmul":
+        one_hot = (ids[..., None] == jnp.arange(table.shape[0], dtype=ids.dtype)).astype(dtype)
+        return jnp.einsum("...v,vd->...d", one_hot, table.astype(dtype))
+    return jnp.take(table, ids, axis=0).astype(dtype)
+
+
 class Embed(nn.Module):
     """Token embedding, vocab-parallel under `tp`; `attend` is the tied output projection."""
 
@@ -273,13 +295,14 @@ class Embed(nn.Module):
     d_model: int
     dtype: Any
     std: float = 0.02
+    style: str = "gather"  # ModelConfig.embed_lookup
 
     def setup(self) -> None:
         self.embedding = weight(self, "embedding", (self.vocab, self.d_model), ("vocab", "embed"),
                                 normal(self.std))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+        return lookup(self.embedding, tokens, self.dtype, self.style)
 
     def attend(self, x: jax.Array) -> jax.Array:
         return jnp.einsum("btd,vd->btv", x, self.embedding.astype(self.dtype))

@@ -44,8 +44,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from . import attention, fp8, grouped_gemm
-from .layers import (ModelConfig, Norm, block_layout, cross_entropy, next_token_batch, next_token_batch_shapes,
-                     normal, stack_init, weight)
+from .layers import (ModelConfig, Norm, block_layout, cross_entropy, lookup, next_token_batch,
+                     next_token_batch_shapes, normal, stack_init, weight)
 from .pipeline import Stack
 from .sharding import HEADS, HIDDEN, LOGITS, RESID, Layout
 
@@ -530,7 +530,7 @@ class LlamaOuter(nn.Module):
         self.head = weight(self, "head", (c.d_model, c.vocab), ("embed", "vocab"), normal(0.02))
 
     def embed(self, tokens: jax.Array) -> jax.Array:
-        x = jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+        x = lookup(self.embedding, tokens, self.dtype, self.cfg.embed_lookup)
         return self.layout.constrain(x, RESID)
 
     def loss(self, x: jax.Array, targets: jax.Array) -> jax.Array:

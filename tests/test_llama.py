@@ -15,9 +15,9 @@ from lagom_jax.models import llama, pipeline
 
 
 @functools.cache
-def _losses(model, recipe, mesh, steps=3, **kw):
+def _losses(model, recipe, mesh, steps=3, config="tiny", **kw):
     devices = jax.devices()[: math.prod(models.parse_mesh(mesh).values())]
-    built = models.build(model, "tiny", recipe, mesh, batch_size=8, devices=devices, **kw)
+    built = models.build(model, config, recipe, mesh, batch_size=8, devices=devices, **kw)
     state, batch = built.init(jax.random.key(0))
     out = []
     for _ in range(steps):
@@ -226,3 +226,24 @@ def test_an_attention_layout_that_cannot_be_built_is_one_line(config, message):
     base = "vocab=128,d_model=64,heads=4,kv_heads=2,head_dim=16,d_ff=128,layers=4,max_len=128,"
     with pytest.raises(ValueError, match=message):
         models.build("llama", base + config, "dp", "data=1", batch_size=1, seq_len=64, devices=jax.devices()[:1])
+
+
+TINY_DIMS = "vocab=128,d_model=32,heads=4,kv_heads=2,head_dim=8,d_ff=64,layers=2,max_len=16"
+
+
+def test_a_matmul_embedding_lookup_trains_as_the_gather_does():
+    # MaxText's use_iota_embed / Praxis' matmul lookup: the same rows, by a one-hot dot.
+    gather = _losses("llama", "fsdp", "fsdp=8", config=TINY_DIMS)
+    matmul = _losses("llama", "fsdp", "fsdp=8", config=TINY_DIMS + ",embed_lookup=matmul")
+    np.testing.assert_allclose(matmul, gather, rtol=1e-5)
+    gpt = lambda style: _losses("gpt2", "dp", "data=8", config=f"vocab=128,d_model=32,heads=4,head_dim=8,"  # noqa: E731
+                                f"d_ff=64,layers=2,max_len=16,embed_lookup={style}")
+    np.testing.assert_allclose(gpt("matmul"), gpt("gather"), rtol=1e-5)
+
+
+def test_gradients_are_clipped_to_their_global_norm_before_the_update():
+    plain = _losses("llama", "fsdp", "fsdp=8", config=TINY_DIMS)
+    assert _losses("llama", "fsdp", "fsdp=8", config=TINY_DIMS + ",grad_clip=1e9") == pytest.approx(plain, rel=1e-5)
+    clipped = _losses("llama", "fsdp", "fsdp=8", config=TINY_DIMS + ",grad_clip=1e-3")
+    assert clipped[0] == pytest.approx(plain[0], rel=1e-6)  # the same first step's loss
+    assert abs(clipped[2] - clipped[0]) < abs(plain[2] - plain[0])  # smaller updates move it less

@@ -188,3 +188,37 @@ def test_windowed_einsum_is_compiled_in_where_this_xla_can_or_refused_with_why(m
     monkeypatch.setattr(windowed_einsum, "why_not", lambda: windowed_einsum.NO_WINDOW)
     with pytest.raises(ValueError, match=f"{windowed_einsum.FLAG}=0 cannot be priced: .*slice size"):
         _ms(xla_flags=flag)
+
+
+def test_a_matmul_lookup_and_a_gradient_clip_are_work_the_step_is_priced_for():
+    def job(**kw):
+        return predict.train_step_job("llama", **SMALL, mesh={"fsdp": 16}, strategy="xla-default", **kw)
+
+    def matmul_flops(j):
+        return sum(t.flops * max(t.trip_count, 1) for t in j.compiled.graph().tasks if t.gemm)
+
+    base = job()
+    # The one-hot lookup is a dot each way (the table's gradient too): 2 x tokens x vocab x d_model,
+    # tokens = 16 x 256 over 16 GPUs.
+    tokens = SMALL["global_batch"] * SMALL["seq_len"] // 16
+    extra = matmul_flops(job(embed_lookup="matmul")) - matmul_flops(base)
+    assert extra == pytest.approx(2 * 2 * tokens * SMALL["vocab"] * SMALL["d_model"])
+    # Clipping needs the global norm of every gradient (one more reduction over the FSDP shards)
+    # before any update starts.
+    assert job(grad_clip=1.0).predicted_ms("xla-default") > base.predicted_ms("xla-default")
+    with pytest.raises(ValueError, match="embed_lookup must be one of gather, matmul"):
+        job(embed_lookup="onehot")
+    with pytest.raises(ValueError, match="grad_clip must be >= 0"):
+        job(grad_clip=-1.0)
+
+
+def test_cli_takes_the_lookup_and_the_clip_and_refuses_bad_values(capsys):
+    argv = ["predict", "--model", "llama", "--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2",
+            "--ffn", "512", "--vocab", "1024", "--seq-len", "256", "--global-batch", "16", "--mesh", "fsdp=16"]
+    assert cli.main(argv + ["--grad-clip", "-1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "lagom-jax predict: error: model config: grad_clip must be >= 0 (0: no clipping), got -1.0"]
+    assert cli.main(argv + ["--embed-lookup", "matmul", "--grad-clip", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["embed_lookup"] == "matmul" and out["grad_clip"] == 1.0
+    assert out["predicted_ms"] == pytest.approx(_ms(embed_lookup="matmul", grad_clip=1.0))

@@ -149,7 +149,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                       capacity_factor: float | None = None, expert_imbalance: float = 1.0,
                       quantization: str = "", window: int = 0, global_every: int = 0, global_kv_heads: int = 0,
                       compiler_options: Mapping[str, Any] | None = None, microbatches: int | None = None,
-                      context_parallel: str = "all-gather", moe_dispatch: str = "ragged-all-to-all"):
+                      context_parallel: str = "all-gather", moe_dispatch: str = "ragged-all-to-all",
+                      embed_lookup: str = "gather", grad_clip: float = 0.0):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
@@ -209,9 +210,12 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
             dims["moe_dispatch"] = moe_dispatch
     if quantization:
         dims["quantization"] = quantization
-    # The config and ``models.build`` check the layout (a window that divides the sequence).
-    dims.update({k: v for k, v in dict(window=window, global_every=global_every,
-                                       global_kv_heads=global_kv_heads).items() if v})
+    # The config and ``models.build`` check the layout (a window that divides the sequence), the
+    # lookup and the clip.
+    dims.update({k: v for k, v in dict(window=window, global_every=global_every, global_kv_heads=global_kv_heads,
+                                       grad_clip=grad_clip).items() if v})
+    if embed_lookup != "gather":
+        dims["embed_lookup"] = embed_lookup
     config = ",".join(f"{k}={v}" for k, v in dims.items())
     source = job_lib.ModelSource(FAMILY_MODELS[family], config, shape, None, global_batch, seq_len, dtype,
                                  remat, scan, attention, "off", tuple(sorted((compiler_options or {}).items())),
@@ -235,9 +239,11 @@ def config_dims(family: str, config: str) -> dict[str, Any]:
         dims.update(experts=cfg.experts, top_k=cfg.top_k, moe=cfg.moe, shared_experts=cfg.shared_experts,
                     expert_ffn=cfg.expert_ffn, dense_layers=cfg.dense_layers, capacity_factor=cfg.capacity_factor,
                     expert_imbalance=cfg.expert_imbalance, moe_dispatch=cfg.moe_dispatch)
-    for name in ("quantization", "window", "global_every", "global_kv_heads"):
+    for name in ("quantization", "window", "global_every", "global_kv_heads", "grad_clip"):
         if getattr(cfg, name):
             dims[name] = getattr(cfg, name)
+    if cfg.embed_lookup != "gather":
+        dims["embed_lookup"] = cfg.embed_lookup
     return dims
 
 
@@ -292,6 +298,7 @@ def predict_train_step_ms(
     shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0, capacity_factor: float | None = None,
     expert_imbalance: float = 1.0, quantization: str = "", window: int = 0, global_every: int = 0,
     global_kv_heads: int = 0, context_parallel: str = "all-gather", moe_dispatch: str = "ragged-all-to-all",
+    embed_lookup: str = "gather", grad_clip: float = 0.0,
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -327,7 +334,11 @@ def predict_train_step_ms(
     around a ring of point-to-point steps); the sequence is held load-balanced either way and
     attention must be "xla". moe_dispatch (mixtral's "dropless" and "grouped" layers with an
     ``expert`` mesh axis): "ragged-all-to-all" (XLA's ragged collective, MaxText's) or "ring"
-    (the rows all-gathered over the axis, the outputs reduce-scattered back).
+    (the rows all-gathered over the axis, the outputs reduce-scattered back). embed_lookup:
+    "gather" or "matmul" (the token ids' one-hot times the table, as MaxText's
+    ``use_iota_embed`` and Praxis' matmul lookup run it). grad_clip: the global norm the
+    gradients are clipped to before the update (MaxText's ``gradient_clipping_threshold``);
+    0, the default, clips nothing.
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
@@ -341,7 +352,8 @@ def predict_train_step_ms(
                          dense_layers=dense_layers, capacity_factor=capacity_factor,
                          expert_imbalance=expert_imbalance, quantization=quantization, window=window,
                          global_every=global_every, global_kv_heads=global_kv_heads,
-                         context_parallel=context_parallel, moe_dispatch=moe_dispatch)
+                         context_parallel=context_parallel, moe_dispatch=moe_dispatch,
+                         embed_lookup=embed_lookup, grad_clip=grad_clip)
     warn_unpriced(job, family)
     return job.predicted_ms(strategy)
 
