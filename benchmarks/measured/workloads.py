@@ -162,12 +162,12 @@ class Row:
                     attention=self.attention, embed_lookup=self.embed_lookup, grad_clip=self.grad_clip)
 
 
-# What the runs did around the layers, by framework. MaxText: ``use_iota_embed=true`` on every
-# llama2-7b command here (a one-hot matmul lookup) and base.yml's gradient_clipping_threshold 1.0.
-# Paxml's GPT: TransformerLmSpmdAdam's EMBEDDING_LOOKUP_STYLE "matmul" (tokens and learned
-# positions; paxml/tasks/lm/params/c4.py) and CLIP_GRADIENT_NORM_TO_VALUE 1.0 (configs.py).
-MAXTEXT_AROUND = dict(embed_lookup="matmul", grad_clip=1.0)
-PAX_GPT_AROUND = dict(embed_lookup="matmul", grad_clip=1.0)
+# What the runs did around the layers, the same in both frameworks: a one-hot matmul lookup and
+# gradients clipped to a global norm of 1.0. MaxText: ``use_iota_embed=true`` on every llama2-7b
+# command here and base.yml's gradient_clipping_threshold. Paxml's GPT: TransformerLmSpmdAdam's
+# EMBEDDING_LOOKUP_STYLE "matmul" (tokens and learned positions; paxml/tasks/lm/params/c4.py) and
+# CLIP_GRADIENT_NORM_TO_VALUE (configs.py).
+MATMUL_LOOKUP_CLIPPED = dict(embed_lookup="matmul", grad_clip=1.0)
 
 _JT = "NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md"
 _A3 = "AI-Hypercomputer/maxtext src/maxtext/configs/gpu/a3/llama_2_7b/README.md"
@@ -183,31 +183,34 @@ _PAX_175B_REMAT = "remat full: GPT175B keeps Pax's default CHECKPOINT_POLICY, SA
 
 ROWS: tuple[Row, ...] = (
     Row("maxtext-llama2-7b/8xH100", LLAMA2_7B, 4096, 16, {"fsdp": 8}, "h100-sxm-8", "minimal_flash",
-        MAXTEXT_JT, 0.721, _JT, scan=False, stack="2024-05", **MAXTEXT_AROUND),
+        MAXTEXT_JT, 0.721, _JT, scan=False, stack="2024-05", **MATMUL_LOOKUP_CLIPPED),
     *(Row(f"maxtext-llama2-7b/a3x{vms}", LLAMA2_7B, 4096, 4 * 8 * vms,
           {"data": vms, "fsdp": 8} if vms > 1 else {"fsdp": 8}, "a3", "minimal_flash",
-          maxtext_a3(*thr), maxtext_llama2_7b_tflop() / tflops, _A3, scan=False, stack="2024-04", **MAXTEXT_AROUND,
+          maxtext_a3(*thr), maxtext_llama2_7b_tflop() / tflops, _A3, scan=False, stack="2024-04",
+          **MATMUL_LOOKUP_CLIPPED,
           note=f"step = {maxtext_llama2_7b_tflop():.1f} TFLOP a GPU (MaxText's count when the numbers were "
                f"published) / the published {tflops} TFLOP/s")
       for vms, thr, tflops in ((1, (128, 128, 64), 492), (2, (64, 128, 64), 422), (4, (512, 128, 64), 407),
                                (8, (1024, 128, 64), 409), (16, (1024, 128, 128), 375))),
     *(Row(f"paxml-gpt5b/{n}xH100", PAX_5B, 2048, 4 * n, {"data": n // 8, "fsdp": 8}, "dgx-h100", "minimal",
-          PAX_DGXC, s, _DGXC, note="remat SAVE_DOT_ONLY = MaxText's minimal", stack="2024-03", **PAX_GPT_AROUND)
+          PAX_DGXC, s, _DGXC, note="remat SAVE_DOT_ONLY = MaxText's minimal", stack="2024-03",
+          **MATMUL_LOOKUP_CLIPPED)
       for n, s in ((16, 0.634), (32, 0.639), (64, 0.643), (128, 0.651))),
     Row("paxml-gpt126m/64xA100", PAX_126M, 2048, 256, {"data": 64}, "a100-sxm-8", "none", pax_run(32 * MiB), 0.122, _PAX,
         note=_PAX_NOTE + "; " + _PAX_126M_REMAT + "; no flash attention (scores materialised, as measured)",
-        attention="xla", scan=False, stack="2024-06", **PAX_GPT_AROUND),
+        attention="xla", scan=False, stack="2024-06", **MATMUL_LOOKUP_CLIPPED),
     Row("paxml-gpt5b/256xA100", PAX_5B, 2048, 2048, {"fsdp": 256}, "a100-sxm-8", "minimal", pax_run(), 3.447, _PAX,
-        note=_PAX_NOTE, stack="2024-06", **PAX_GPT_AROUND),
+        note=_PAX_NOTE, stack="2024-06", **MATMUL_LOOKUP_CLIPPED),
     Row("paxml-gpt175b/256xA100-te", PAX_175B, 2048, 1536, {"fsdp": 256}, "a100-sxm-8", "full", pax_run(), 75.15,
-        _PAX, note=_PAX_NOTE + "; " + _PAX_175B_REMAT + "; measured with Transformer Engine", stack="2024-06", **PAX_GPT_AROUND),
+        _PAX, note=_PAX_NOTE + "; " + _PAX_175B_REMAT + "; measured with Transformer Engine", stack="2024-06",
+        **MATMUL_LOOKUP_CLIPPED),
     Row("paxml-gpt126m/64xH100-te", PAX_126M, 2048, 256, {"data": 64}, "h100-sxm-8", "none", pax_run(32 * MiB),
         256 / 4709, _PAX, note=_PAX_NOTE + "; " + _PAX_126M_REMAT + "; measured with Transformer Engine; "
         "no flash attention (the source: flash attention except 126M)", attention="xla", scan=False,
-        stack="2024-06", **PAX_GPT_AROUND),
+        stack="2024-06", **MATMUL_LOOKUP_CLIPPED),
     Row("paxml-gpt5b/256xH100-te", PAX_5B, 2048, 2048, {"fsdp": 256}, "h100-sxm-8", "minimal", pax_run(),
         2048 / 1657, _PAX, note=_PAX_NOTE + "; measured with Transformer Engine", stack="2024-06",
-        **PAX_GPT_AROUND),
+        **MATMUL_LOOKUP_CLIPPED),
     Row("paxml-llama2-7b/16xH100", LLAMA2_7B, 4096, 32, {"fsdp": 16}, "h100-sxm-8", "minimal", pax_run(), 0.740,
         _PAX, note=_PAX_NOTE, stack="2024-06"),
     Row("maxtext-mixtral-8x7b/a3-ultra x32", MIXTRAL_8X7B, 4096, 1280, {"data": 16, "fsdp": 2, "expert": 8},
