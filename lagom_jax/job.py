@@ -130,6 +130,10 @@ class Compiled:
     exchange_load: float = 1.0
     # The busiest expert's rows over the mean in every grouped GEMM (``moe="grouped"``).
     group_load: float = 1.0
+    # The step's flags asked for windowed einsum, which this compile could not apply
+    # (``windowed_einsum.why_not``): planned with the decomposition pass instead
+    # (``search.Space.windowed_by_flag``).
+    windowed_by_flag: bool = False
 
     def graph(self) -> graph_lib.StepGraph:
         step = graph_lib.from_module(self.module) if self.module is not None else graph_lib.from_hlo_text(self.text)
@@ -408,6 +412,8 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
     """Steps 2-5 of the pipeline on a module already compiled (``compile_source``)."""
     step = compiled.graph()
     hw = compiled.hardware
+    if compiled.windowed_by_flag:
+        space = dataclasses.replace(space, windowed_by_flag=True)
     log(f"hardware: {hw.name}; {len(step.collectives)} collectives, {len(step.tasks)} tasks; searching ...")
     space, kept = planning.module_space(step, space)
     # What lagom's floor held back is said once, of the plan kept (after the NCCL settings

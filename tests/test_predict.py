@@ -167,7 +167,7 @@ def test_a_prediction_across_nodes_says_when_the_presets_network_is_an_assumptio
     assert len(err) == 1 and err[0].startswith("lagom-jax predict: note: llama: a3-mega's network numbers")
 
 
-def test_windowed_einsum_is_compiled_in_where_this_xla_can_or_refused_with_why(monkeypatch, tmp_path):
+def test_windowed_einsum_is_priced_by_the_decomposition_pass_where_this_xla_cannot_compile_it(monkeypatch, tmp_path):
     from lagom_jax.program import gpu_compile, windowed_einsum
 
     flag = {windowed_einsum.FLAG: 0}
@@ -183,11 +183,23 @@ def test_windowed_einsum_is_compiled_in_where_this_xla_can_or_refused_with_why(m
     monkeypatch.setattr(gpu_compile, "run_isolated", lambda *a, **k: pytest.fail("asked twice"))
     assert windowed_einsum.why_not() == answer
     windowed_einsum.why_not.cache_clear()
-    # Where the deviceless compile cannot window, the flag would compile to the step without
-    # it (or not at all): refused by name, with why, before the step compiles.
+    # Where the deviceless compile cannot window, the step compiles without the flag and every
+    # all-gather + matmul pair inside one node runs as a ring beside partial matmuls: a
+    # different step, said in a PricingWarning with why.
     monkeypatch.setattr(windowed_einsum, "why_not", lambda: windowed_einsum.NO_WINDOW)
-    with pytest.raises(ValueError, match=f"{windowed_einsum.FLAG}=0 cannot be priced: .*slice size"):
-        _ms(xla_flags=flag)
+
+    def job(mesh, **kw):
+        return predict.train_step_job("llama", **SMALL, mesh=mesh, strategy="xla-default", **kw)
+
+    plain = job({"fsdp": 8})
+    with pytest.warns(predict.PricingWarning, match=f"{windowed_einsum.FLAG}=0 is not compiled in: .*slice size"):
+        windowed = job({"fsdp": 8}, xla_flags=flag)
+    assert windowed.compiled.windowed_by_flag and not plain.compiled.windowed_by_flag
+    assert windowed.predicted_ms("xla-default") != plain.predicted_ms("xla-default")
+    # XLA keeps a windowed loop inside its NVLink domain: FSDP rings over two nodes stay collectives.
+    with pytest.warns(predict.PricingWarning):
+        across = job({"fsdp": 16}, xla_flags=flag)
+    assert across.predicted_ms("xla-default") == pytest.approx(job({"fsdp": 16}).predicted_ms("xla-default"))
 
 
 def test_a_matmul_lookup_and_a_gradient_clip_are_work_the_step_is_priced_for():

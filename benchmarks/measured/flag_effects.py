@@ -112,6 +112,8 @@ class Effect:
     note: str = ""
     # Runtime XLA flags of the base the measurement started from (e.g. command buffers off).
     base_xla_flags: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # NCCL variables of that base (e.g. a container's NCCL_NVLS_ENABLE=0).
+    base_nccl_env: dict[str, str] = dataclasses.field(default_factory=dict)
     # A "graph" row: the microbenchmark's command buffers (XLA's flag syntax), where the
     # setting is one of them.
     command_buffer: str | None = None
@@ -154,9 +156,11 @@ EFFECTS: tuple[Effect, ...] = (
     Effect("llama3-70b/16xH100 fsdp8 tp2", "windowed einsum (--xla_gpu_threshold_for_windowed_einsum_mib=0)",
            3.0, "openxla/xla PR #26948 (comment)", "xla", xla_flags={"xla_gpu_threshold_for_windowed_einsum_mib": 0},
            note="partial windowed einsum of a 2-D sharded operand; GPU, batch and sequence not published. "
-                "On a real GPU XLA windows a dot only where its partitions fit in the NVLink domain (16 here, "
-                "where 2 nodes of 8 H100 have 8); jaxlib 0.12's deviceless compile windows this step's dots "
-                "and then fails XLA's HLO verifier (an async custom call's shape)"),
+                "No deviceless compile here windows (jaxlib 0.10.2 leaves XLA's slice size at 0; 0.12 windows "
+                "and fails its HLO verifier), so the model's decomposition pass prices the flag, keeping XLA's "
+                "limit of a loop to one NVLink domain: this step's eligible pairs are FSDP all-gathers and "
+                "reduce-scatters over 8 GPUs spanning both nodes, and its tensor-parallel sums are all-reduces "
+                "(no windowed form), so nothing is windowed on 2 nodes of 8 H100"),
     Effect("gemm+all-gather/8xH100", "NCCL_CTA_POLICY=2 (copy-engine all-gather, symmetric buffers)",
            100 * (2.02 - 1.77) / 2.02, "pytorch/pytorch PR #172714 (#176613)", "graph",
            {"NCCL_CTA_POLICY": "2"},
@@ -168,7 +172,11 @@ EFFECTS: tuple[Effect, ...] = (
     Effect(CP_ROW, "NCCL_NVLS_ENABLE=1 with --xla_gpu_enable_nccl_user_buffers=true", 100 * (1 - 0.58 / 0.70),
            "openxla/xla PR #31108", "nccl", {"NCCL_NVLS_ENABLE": "1"},
            xla_flags={"xla_gpu_enable_nccl_user_buffers": True},
-           note="base 0.70 s/step on plain NCCL; the family's ring blocks (einsums) priced as the cuDNN fused "
+           # JAX-Toolbox's JAX image set NCCL_NVLS_ENABLE=0 from 2023-11 until 2025-10-06
+           # (NVIDIA/JAX-Toolbox #383, #1708), after this 2025-09 measurement: why the setting names it.
+           base_nccl_env={"NCCL_NVLS_ENABLE": "0"},
+           note="base 0.70 s/step on plain NCCL, taken as NVLS off: JAX-Toolbox's image disabled it until "
+                "2025-10-06 (NVIDIA/JAX-Toolbox #1708), which is why the setting turns it on; the family's ring blocks (einsums) priced as the cuDNN fused "
                 "kernel MaxText runs; the setting as priced is registered sends 10% faster (one measured "
                 "all-to-all, NVIDIA/nccl #1722): under NCCL's default CTA policy registered buffers leave its "
                 "all-gathers and reduce-scatters on rings (NVLS needs NCCL_CTA_POLICY=1), and what else "
@@ -210,8 +218,8 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
             if e.workload not in jobs:
                 jobs[e.workload] = predict.train_step_job(**kw, strategy="xla-default", xla_flags=base_flags)
             job = jobs[e.workload]
-            base = (predict.repredict_ms(job, xla_flags=e.base_xla_flags) if e.base_xla_flags
-                    else job.predicted_ms("xla-default"))
+            base = (predict.repredict_ms(job, xla_flags=e.base_xla_flags, nccl_env=e.base_nccl_env)
+                    if e.base_xla_flags or e.base_nccl_env else job.predicted_ms("xla-default"))
             row.update(base_s=base / 1e3)
             if e.how == "nccl":
                 new = predict.repredict_ms(job, nccl_env=e.nccl_env, xla_flags=e.xla_flags)
@@ -227,7 +235,9 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
                     out.append(row)
                     continue
                 new = flagged.predicted_ms("xla-default")
-                if _collectives(flagged) == _collectives(job):
+                if flagged.compiled.windowed_by_flag:  # not compiled in: priced by the decomposition pass
+                    row["how"] = "xla: windowed-einsum pass"
+                elif _collectives(flagged) == _collectives(job):
                     row["how"] = "xla: same collectives"
         else:
             out.append(row)

@@ -91,8 +91,11 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
                 f"the NCCL channel cap ({', '.join(sorted(MODEL_PRICED_FLAGS))}) or through NCCL's "
                 f"settings ({', '.join(sorted(RUNTIME_PRICED_FLAGS))})")
     why = windowed_einsum.why_not() if windowed_einsum.asks_for_windowing(options) else ""
-    if why:
-        raise ValueError(f"xla flag {windowed_einsum.FLAG}={options[windowed_einsum.FLAG]} cannot be priced: {why}")
+    if why:  # compiled without it, planned with the pass that decomposes what XLA would window
+        warnings.warn(f"xla flag {windowed_einsum.FLAG}={options.pop(windowed_einsum.FLAG)} is not compiled in: "
+                      f"{why}. Priced instead by the model's windowed-einsum pass ({windowed_einsum.WHAT_IF})",
+                      PricingWarning, stacklevel=3)
+        runtime[windowed_einsum.FLAG] = True
     # Spelled for the installed XLA: a user's xla_gpu_enable_pipelined_* compiles as jaxlib
     # 0.11's xla_gpu_pipeline_* there, and a flag it has neither way is refused by name.
     return (flags_lib.installed_options(options) if options else options), cap, runtime
@@ -367,7 +370,8 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
     options, cap, runtime = _split_flags(xla_flags)
     source = train_step_source(family, **dims, compiler_options=options)
     hw = _with_nccl_settings(_cluster(hardware, math.prod(source.shape().values())), cap, nccl_env, runtime)
-    compiled = job_lib.compile_source(source, hw)
+    compiled = dataclasses.replace(job_lib.compile_source(source, hw),
+                                   windowed_by_flag=bool(runtime.get(windowed_einsum.FLAG)))
     if compiled.warnings:
         raise gpu_compile.DevicelessUnavailable(
             f"{source.describe()} was not compiled for GPUs ({'; '.join(compiled.warnings)}); "
@@ -438,7 +442,9 @@ def hlo_step_job(path: str | os.PathLike[str], *, hardware: str | hardware_lib.H
     # A module before optimization grows a one-node cluster to its device count (job.HloSource).
     hw = _with_nccl_settings(hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware, cap, nccl_env, runtime)
     source = job_lib.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))
-    return job_lib.run(source, hw, strategy=strategy, baselines=("xla-default",), verify=False)
+    compiled = dataclasses.replace(job_lib.compile_source(source, hw),
+                                   windowed_by_flag=bool(runtime.get(windowed_einsum.FLAG)))
+    return job_lib.plan_compiled(compiled, strategy=strategy, baselines=("xla-default",), verify=False)
 
 
 def warn_unpriced(done: Any, where: str) -> None:

@@ -37,6 +37,10 @@ NO_WINDOW = ("this jaxlib's deviceless compile windows no einsum: XLA caps windo
              "fast-interconnect slice size (dot_handler.cc, GetWindowedEinsumConfiguration), which its "
              "ahead-of-time path leaves at 0 (GpuCompiler::CompileAheadOfTime; openxla/xla 75d31665 takes it "
              "from the topology), so the step would compile as without the flag")
+# How a prediction prices the flag where the compile cannot apply it (``passes.decompose``).
+WHAT_IF = ("passes.decompose, XLA's loop order: every all-gather + matmul and matmul + reduce-scatter "
+           "pair of the step compiled without the flag runs as a ring of collective-permutes beside "
+           "partial matmuls; on a GPU XLA windows only dots whose partitions fit its NVLink domain")
 
 
 def asks_for_windowing(options: dict[str, Any]) -> bool:

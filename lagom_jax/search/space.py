@@ -49,6 +49,10 @@ class Space:
     # openxla/xla 75d31665) and a real client sets to its local GPUs, so no compile here
     # can confirm that the flag applies and a step over more GPUs than one host refuses it.
     windowed_einsum: bool = False
+    # The step's own flags ask for windowed einsum (threshold 0) where the compile could not
+    # window (above): every structure then runs the decomposition (``passes.decompose``, XLA's
+    # loop order), so the flag is priced by the same pass the search prices it with.
+    windowed_by_flag: bool = False
     # lagom changes a collective's NCCL parameters only when the predicted step (or the
     # window the collective affects) gets shorter by more than this fraction of the
     # collective's own predicted time under its previous parameters: a smaller gain is

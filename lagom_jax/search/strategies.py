@@ -178,6 +178,8 @@ def _policy_params(ev: Evaluator, structure: Structure, policy: str) -> dict[int
 
 def _base_structure(space: Space, structure: Structure) -> Structure:
     s = structure if space.tune_structure else RECIPE_STRUCTURE
+    if space.windowed_by_flag:
+        s = dataclasses.replace(s, windowed_einsum=True)
     if not space.default_combine_kinds:
         return s
     kept = {k: v for k, v in s.threshold_map.items() if k not in space.default_combine_kinds}
