@@ -178,6 +178,7 @@ def test_flag_effects_rows_are_priced_settings_and_the_microbenchmark_is_judged(
             kw.pop("hardware"), kw.pop("xla_flags", None)
             predict.train_step_source(**kw)
         NcclEnv.from_environ(e.nccl_env)  # every NCCL setting is one the model prices
+        NcclEnv.from_environ(e.base_nccl_env)
         priced = predict.COMPILE_PRICED_FLAGS | predict.RUNTIME_PRICED_FLAGS
         assert set(e.xla_flags) <= priced and set(e.base_xla_flags) <= priced, e
         assert e.how == "none" or e.workload in flag_effects.WORKLOADS or e.how == "graph", e
