@@ -176,8 +176,8 @@ EFFECTS: tuple[Effect, ...] = (
            # (NVIDIA/JAX-Toolbox #383, #1708), after this 2025-09 measurement: why the setting names it.
            base_nccl_env={"NCCL_NVLS_ENABLE": "0"},
            note="base 0.70 s/step on plain NCCL, taken as NVLS off: JAX-Toolbox's image disabled it until "
-                "2025-10-06 (NVIDIA/JAX-Toolbox #1708), which is why the setting turns it on; the family's ring blocks (einsums) priced as the cuDNN fused "
-                "kernel MaxText runs; the setting as priced is registered sends 10% faster (one measured "
+                "2025-10-06 (NVIDIA/JAX-Toolbox #1708), which is why the setting turns it on; the family's ring "
+                "blocks (einsums) priced as the cuDNN fused kernel MaxText runs; the setting as priced is registered sends 10% faster (one measured "
                 "all-to-all, NVIDIA/nccl #1722): under NCCL's default CTA policy registered buffers leave its "
                 "all-gathers and reduce-scatters on rings (NVLS needs NCCL_CTA_POLICY=1), and what else "
                 "registration does to a 32 MiB send or a ring's copies has no measurement to price it by"),

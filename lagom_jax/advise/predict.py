@@ -101,6 +101,13 @@ def _split_flags(xla_flags: Mapping[str, Any] | None) -> tuple[dict[str, Any], i
     return (flags_lib.installed_options(options) if options else options), cap, runtime
 
 
+def _compile(source: Any, hw: hardware_lib.HardwareProfile, runtime: Mapping[str, Any]) -> job_lib.Compiled:
+    """``source`` compiled for ``hw``, marked for the windowed-einsum pass where ``_split_flags``
+    took that flag out of the compile."""
+    return dataclasses.replace(job_lib.compile_source(source, hw),
+                               windowed_by_flag=bool(runtime.get(windowed_einsum.FLAG)))
+
+
 def _check_strategy(strategy: str) -> None:
     if strategy not in ("xla-default", "lagom"):
         raise ValueError(f"strategy must be 'xla-default' or 'lagom', got {strategy!r}")
@@ -370,8 +377,7 @@ def train_step_job(family: str, *, hardware: str | hardware_lib.HardwareProfile 
     options, cap, runtime = _split_flags(xla_flags)
     source = train_step_source(family, **dims, compiler_options=options)
     hw = _with_nccl_settings(_cluster(hardware, math.prod(source.shape().values())), cap, nccl_env, runtime)
-    compiled = dataclasses.replace(job_lib.compile_source(source, hw),
-                                   windowed_by_flag=bool(runtime.get(windowed_einsum.FLAG)))
+    compiled = _compile(source, hw, runtime)
     if compiled.warnings:
         raise gpu_compile.DevicelessUnavailable(
             f"{source.describe()} was not compiled for GPUs ({'; '.join(compiled.warnings)}); "
@@ -442,9 +448,8 @@ def hlo_step_job(path: str | os.PathLike[str], *, hardware: str | hardware_lib.H
     # A module before optimization grows a one-node cluster to its device count (job.HloSource).
     hw = _with_nccl_settings(hardware_lib.resolve_cluster(hardware, nodes=nodes).hardware, cap, nccl_env, runtime)
     source = job_lib.HloSource(text, os.fspath(path), compiler_options=tuple(sorted(options.items())))
-    compiled = dataclasses.replace(job_lib.compile_source(source, hw),
-                                   windowed_by_flag=bool(runtime.get(windowed_einsum.FLAG)))
-    return job_lib.plan_compiled(compiled, strategy=strategy, baselines=("xla-default",), verify=False)
+    return job_lib.plan_compiled(_compile(source, hw, runtime), strategy=strategy, baselines=("xla-default",),
+                                 verify=False)
 
 
 def warn_unpriced(done: Any, where: str) -> None:

@@ -354,8 +354,10 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
     sev = ev if len(graph.tasks) <= SEGMENT_TASKS else Evaluator(_prefix(graph, SEGMENT_TASKS), ev.hw, ev.space)
     best_ms = sev.makespan(structure, _policy_params(sev, structure, policy))
     kinds = {t.kind for t in graph.collectives}
-    # Windowed einsum is tried only where XLA would apply it: pairs with a matmul.
-    windowed = [("windowed-einsum", 0)] if ev.space.windowed_einsum and eligible_pairs(sev.graph) else []
+    # Windowed einsum is tried only where XLA would apply it (pairs with a matmul) and the step's
+    # own flags have not already turned it on (``Space.windowed_by_flag``).
+    windowed = ([("windowed-einsum", 0)] if ev.space.windowed_einsum and not structure.windowed_einsum
+                and eligible_pairs(sev.graph) else [])
     moves: list[tuple[str, int]] = [("latency-hiding", 0)] + windowed + [
         (kind, v) for kind in COMBINABLE_KINDS
         if kind in kinds and kind not in ev.space.default_combine_kinds for v in THRESHOLD_CANDIDATES
