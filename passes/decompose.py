@@ -35,7 +35,7 @@ so only explicitly named all-reduces are decomposed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Literal
 
 from lagom_jax.program.graph import StepGraph, Task
@@ -81,32 +81,47 @@ class Pair:
         return tuple(sorted((self.collective, self.compute)))
 
 
+def _layout_only(t: Task) -> bool:
+    """A compute task that only moves data (a transpose or copy fusion: no FLOPs). XLA lays
+    out a gathered operand for its dot after SPMD partitioning, where windowed einsum has
+    already decided on the pair, so the pass looks through one such task."""
+    return not t.is_collective and t.flops <= 0
+
+
 def _partner(graph: StepGraph, t: Task) -> int | None:
-    """The matmul an all-gather feeds, or that feeds a reduce-scatter / all-reduce."""
+    """The matmul an all-gather feeds, or that feeds a reduce-scatter / all-reduce, directly
+    or through one layout-only task between them (``_layout_only``)."""
     if t.kind == "all-gather":
         users = [u for u in graph.consumers[t.id] if not graph.tasks[u].is_collective]
-        return next((u for u in users if is_matmul(graph.tasks[u])), None)
+        direct = next((u for u in users if is_matmul(graph.tasks[u])), None)
+        if direct is not None or len(users) != 1 or not _layout_only(graph.tasks[users[0]]):
+            return direct
+        return next((u for u in graph.consumers[users[0]] if is_matmul(graph.tasks[u])), None)
     if t.kind in ("reduce-scatter", "all-reduce"):
         producers = [d for d in t.deps if not graph.tasks[d].is_collective]
         last = max(producers, default=None)
+        if last is not None and _layout_only(graph.tasks[last]):
+            inner = [d for d in graph.tasks[last].deps if not graph.tasks[d].is_collective]
+            last = max(inner, default=None)
         return last if last is not None and is_matmul(graph.tasks[last]) else None
     return None
 
 
 def eligible_pairs(
-    graph: StepGraph, ids_or_min_bytes: Iterable[int] | int = 0
+    graph: StepGraph, ids_or_min_bytes: Iterable[int] | int = 0, *, keep: Callable[[Task], bool] | None = None
 ) -> tuple[Pair, ...]:
     """The pairs :func:`decompose` rewrites, in schedule order.
 
     With an ``int`` every all-gather and reduce-scatter of at least that many bytes whose
-    consumer / producer is a matmul (XLA's windowed einsum threshold); with ids, exactly
-    those collectives (all-reduces allowed), each of which must be eligible. A matmul is
-    split for one pair only: later pairs that would split it again are left alone.
+    consumer / producer is a matmul (XLA's windowed einsum threshold), of those ``keep``
+    accepts (e.g. rings inside one node); with ids, exactly those collectives (all-reduces
+    allowed), each of which must be eligible. A matmul is split for one pair only: later
+    pairs that would split it again are left alone.
     """
     if isinstance(ids_or_min_bytes, int):
         wanted = [
             t for t in graph.collectives
-            if t.kind in WINDOWED_EINSUM_KINDS and t.bytes >= ids_or_min_bytes
+            if t.kind in WINDOWED_EINSUM_KINDS and t.bytes >= ids_or_min_bytes and (keep is None or keep(t))
         ]
         strict = False
     else:
@@ -158,7 +173,7 @@ def _block(t: Task, i: int, n: int, local: bool) -> Task:
 
 def decompose_rewrite(
     graph: StepGraph, ids_or_min_bytes: Iterable[int] | int = 0,
-    *, order: Order | Mapping[str, Order] = "commfuse"
+    *, order: Order | Mapping[str, Order] = "commfuse", keep: Callable[[Task], bool] | None = None
 ) -> Rewrite:
     """:func:`decompose`, also returning where every new task came from.
 
@@ -174,7 +189,7 @@ def decompose_rewrite(
             f"decompose: unknown order {', '.join(bad) or '-'}, kinds without an order {missing or '-'} "
             f"(orders: {', '.join(ORDERS)}; a mapping needs {', '.join(DECOMPOSABLE_KINDS)})"
         )
-    pairs = eligible_pairs(graph, ids_or_min_bytes)
+    pairs = eligible_pairs(graph, ids_or_min_bytes, keep=keep)
     if not pairs:
         return Rewrite(graph, tuple((t.id,) for t in graph.tasks))
     # refs[old id]: what a user of that task depends on now; wait[old id]: the node a

@@ -200,3 +200,41 @@ def test_a_partial_matmul_is_timed_as_its_own_piece_not_the_whole_matmul():
     whole = cost.compute_time_us(dot.flops, dot.bytes, hw, gemm=dot.gemm)
     parts = sum(cost.compute_time_us(t.flops, t.bytes, hw, gemm=t.gemm) for t in blocks)
     assert whole <= parts < 1.25 * whole
+
+
+def test_a_gather_reaches_its_matmul_through_one_layout_only_fusion():
+    """XLA lays out a gathered operand for its dot after SPMD partitioning (a transpose fusion
+    with no FLOPs between them); windowed einsum decided on the pair before that."""
+    g = StepGraph("ag-transpose-gemm", (
+        c(0, "x"),
+        coll(1, "ag", "all-gather", 64 * MiB, [0]),
+        c(2, "transpose", [1], flops=0.0, nbytes=128 * MiB),
+        c(3, "dot", [0, 2], flops=4e12, nbytes=64 * MiB),
+        c(4, "y", [3]),
+    ), num_devices=8)
+    assert [(p.collective, p.compute) for p in eligible_pairs(g, 0)] == [(1, 3)]
+    # Two data-moving steps apart is no longer the operand the dot was partitioned with.
+    g2 = StepGraph("ag-two-copies-gemm", (
+        c(0, "x"),
+        coll(1, "ag", "all-gather", 64 * MiB, [0]),
+        c(2, "transpose", [1], flops=0.0),
+        c(3, "copy", [2], flops=0.0),
+        c(4, "dot", [0, 3], flops=4e12, nbytes=64 * MiB),
+    ), num_devices=8)
+    assert eligible_pairs(g2, 0) == ()
+
+
+def test_a_pair_left_out_does_not_claim_the_matmul_another_pair_needs():
+    """A dot fed by a gather over two nodes (which XLA does not window) and one inside a node:
+    with the first left out (``keep``), the second is the dot's pair."""
+    g = StepGraph("two-gathers-one-dot", (
+        c(0, "x"),
+        coll(1, "ag-wide", "all-gather", 64 * MiB, [0], groups=G8),
+        coll(2, "ag-local", "all-gather", 64 * MiB, [0], groups=G4),
+        c(3, "dot", [1, 2], flops=4e12, nbytes=64 * MiB),
+    ), num_devices=8)
+    assert [(p.collective, p.compute) for p in eligible_pairs(g, 0)] == [(1, 3)]
+    local = eligible_pairs(g, 0, keep=lambda t: t.name == "ag-local")
+    assert [(p.collective, p.compute) for p in local] == [(2, 3)]
+    assert len([t for t in decompose_rewrite(g, 0, keep=lambda t: t.name == "ag-local").graph.tasks
+                if t.kind == "collective-permute"]) == 3

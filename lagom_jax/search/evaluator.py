@@ -26,7 +26,7 @@ from lagom_jax.costs import cost
 from lagom_jax.costs import simulate as simulate_lib
 from lagom_jax.costs.simulate import Timeline, makespan_us, simulate
 from lagom_jax.passes import (Rewrite, Schedule, XLA_ORDER, chunk_rewrite, combine_rewrite,
-                              decompose_rewrite, eligible_pairs, schedule)
+                              Pair, decompose_rewrite, eligible_pairs, schedule)
 from lagom_jax.program.graph import CollectiveShape, StepGraph, Task, collective_shape
 
 from .space import Space, Structure
@@ -142,15 +142,21 @@ class Evaluator:
     def resources(self, t: Task, p: CollectiveParams) -> tuple[float, float]:
         return cost.collective_resource_use(*self.shape(t), p, self.hw)
 
+    def _inside_node(self, t: Task) -> bool:
+        return self.shape(t).nodes <= 1
+
+    def windowed_pairs(self) -> tuple[Pair, ...]:
+        """The pairs XLA's windowed einsum rewrites at threshold 0: those whose ring stays
+        inside one node, since XLA caps a windowed-einsum loop at the fast-interconnect slice
+        size (openxla/xla ``dot_handler.cc``, ``GetWindowedEinsumConfiguration``; the GPU
+        client sets it to its NVLink domain). A matmul a cross-node gather also feeds stays
+        free for the pair inside the node."""
+        return eligible_pairs(self.graph, 0, keep=self._inside_node)
+
     def decomposed(self) -> Rewrite:
-        """The step with every windowed-einsum pair decomposed, as XLA does at threshold 0:
-        the pairs whose ring stays inside one node, since XLA caps a windowed-einsum loop at
-        the fast-interconnect slice size (openxla/xla ``dot_handler.cc``,
-        ``GetWindowedEinsumConfiguration``; the GPU client sets it to its NVLink domain)."""
+        """The step with every windowed-einsum pair (``windowed_pairs``) decomposed."""
         if self._decomposed is None:
-            inside = [p.collective for p in eligible_pairs(self.graph, 0)
-                      if self.shape(self.graph.tasks[p.collective]).nodes <= 1]
-            self._decomposed = decompose_rewrite(self.graph, inside, order=XLA_ORDER)
+            self._decomposed = decompose_rewrite(self.graph, 0, order=XLA_ORDER, keep=self._inside_node)
         return self._decomposed
 
     def combined(self, structure: Structure) -> Rewrite:

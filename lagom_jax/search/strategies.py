@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.params import TUNER_KINDS, CollectiveParams
 from lagom_jax.costs.simulate import Timeline
-from lagom_jax.passes import COMBINABLE_KINDS, eligible_pairs
+from lagom_jax.passes import COMBINABLE_KINDS
 from lagom_jax.program.graph import StepGraph, Task
 
 from . import evaluator as evaluator_lib
@@ -357,7 +357,7 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
     # Windowed einsum is tried only where XLA would apply it (pairs with a matmul) and the step's
     # own flags have not already turned it on (``Space.windowed_by_flag``).
     windowed = ([("windowed-einsum", 0)] if ev.space.windowed_einsum and not structure.windowed_einsum
-                and eligible_pairs(sev.graph) else [])
+                and sev.windowed_pairs() else [])
     moves: list[tuple[str, int]] = [("latency-hiding", 0)] + windowed + [
         (kind, v) for kind in COMBINABLE_KINDS
         if kind in kinds and kind not in ev.space.default_combine_kinds for v in THRESHOLD_CANDIDATES
@@ -368,7 +368,7 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
         elif what == "windowed-einsum":
             trial = dataclasses.replace(structure, windowed_einsum=True)
             ms = sev.makespan(trial, _policy_params(sev, trial, policy))
-            found = eligible_pairs(sev.graph)
+            found = sev.windowed_pairs()
             pairs = len(found)
             # A rewrite of whole collectives must gain more than the model's error on them
             # (the floor every per-collective change meets), not a rounding of the step.
@@ -524,7 +524,7 @@ def _exhaustive(graph: StepGraph, hw: HardwareProfile, space: Space, limit: int 
     started = time.perf_counter()
     ev = Evaluator(graph, hw, space)
     if space.tune_structure:
-        windowed = (False, True) if space.windowed_einsum and eligible_pairs(graph) else (False,)
+        windowed = (False, True) if space.windowed_einsum and ev.windowed_pairs() else (False,)
         structures = [
             dataclasses.replace(s, overlap_limit=o, windowed_einsum=w)
             for w in windowed
