@@ -623,7 +623,10 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
     p.add_argument("--recompute", default="auto", choices=("auto", "none", "selective", "full"),
                    help="activation recomputation; auto: the cheapest that fits in memory")
-    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron's sequence parallelism; with --model, the residual sharded over the model axis "
+                   "(all-gather before and reduce-scatter after each tensor-parallel sublayer, as MaxText's "
+                   "tensor parallelism runs)")
     p.add_argument("--mesh", help="--model: e.g. fsdp=16 or data=2,fsdp=8 (axes data, fsdp, context, model, expert)")
     p.add_argument("--context-parallel", default="all-gather", choices=("all-gather", "ring"),
                    help="--model llama with a context axis: keys/values all-gathered (MaxText's default) or "
@@ -791,7 +794,8 @@ def _run_predict_model(args: argparse.Namespace) -> int:
         done = predict.train_step_job(args.model, **kw, mesh=mesh, hardware=args.hardware or "h100-sxm-8",
                                       dtype=args.dtype, remat=args.remat, xla_flags=flags,
                                       strategy=args.strategy, nccl_env=env, attention=args.attention,
-                                      context_parallel=args.context_parallel)
+                                      context_parallel=args.context_parallel,
+                                      sequence_parallel=args.sequence_parallel)
         ms = done.predicted_ms(args.strategy)
     except (ValueError, OSError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None

@@ -234,3 +234,26 @@ def test_cli_takes_the_lookup_and_the_clip_and_refuses_bad_values(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["embed_lookup"] == "matmul" and out["grad_clip"] == 1.0
     assert out["predicted_ms"] == pytest.approx(_ms(embed_lookup="matmul", grad_clip=1.0))
+
+
+def test_sequence_parallelism_gathers_and_scatters_where_tensor_parallelism_all_reduces():
+    """MaxText's tensor parallelism shards the residual over its tensor axis, so its sublayers
+    all-gather before and reduce-scatter after, where Megatron's plain tensor parallelism
+    all-reduces after each."""
+    from lagom_jax.program.graph import collective_shape
+
+    def tp_bytes(**kw):  # bytes moved over the model axis, by kind
+        job = predict.train_step_job("llama", **SMALL, mesh={"fsdp": 4, "model": 2}, strategy="xla-default", **kw)
+        g = job.compiled.graph()
+        out: dict[str, float] = {}
+        for t in g.collectives:
+            if collective_shape(t, g.num_devices, 8)[2] == 2:
+                out[t.kind] = out.get(t.kind, 0.0) + t.bytes * max(t.trip_count, 1)
+        return out
+
+    plain, sp = tp_bytes(), tp_bytes(sequence_parallel=True)
+    # The same activations cross the axis: all-reduced in one, gathered and scattered in the other.
+    assert plain["all-reduce"] > 10 * (plain.get("all-gather", 0) + plain.get("reduce-scatter", 0))
+    assert sp["all-gather"] > 10 * sp.get("all-reduce", 0) and sp["reduce-scatter"] > 10 * sp.get("all-reduce", 0)
+    with pytest.raises(ValueError, match="sequence_parallel.*no 'model' axis"):
+        predict.train_step_source("llama", **SMALL, mesh={"fsdp": 8}, sequence_parallel=True)

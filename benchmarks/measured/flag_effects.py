@@ -65,9 +65,12 @@ MARIN_NOTE = ("the family's marin-moe config; its stand-ins: GShard's one-hot di
               "and network are the B200's")
 # MaxText llama3-70b with FSDP 8 x TP 2 (openxla/xla PR #26948): GPU, batch and sequence were
 # not published; H100, sequence 8192 and one sequence per GPU (MaxText's default) stand in.
+# MaxText shards its activations' embed dimension over its tensor axis (base.yml
+# logical_axis_rules, ``activation_embed``), so its tensor-parallel sublayers all-gather before
+# and reduce-scatter after: the family's sequence parallelism runs the same collectives.
 LLAMA3_70B = dict(family="llama", layers=80, d_model=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256,
                   seq_len=8192, global_batch=16, mesh={"fsdp": 8, "model": 2}, hardware="h100-sxm-8",
-                  remat="full")
+                  remat="full", sequence_parallel=True)
 # MaxText llama3-8b with context parallelism 8 over one node of 8 B200 (openxla/xla PR #31108's
 # command): ici_context_parallelism 8 (ring, load-balanced), fsdp 1, sequence 8192, one sequence
 # per device (global batch 8), bf16, remat minimal_flash. The layers run scanned where MaxText
@@ -158,9 +161,10 @@ EFFECTS: tuple[Effect, ...] = (
            note="partial windowed einsum of a 2-D sharded operand; GPU, batch and sequence not published. "
                 "No deviceless compile here windows (jaxlib 0.10.2 leaves XLA's slice size at 0; 0.12 windows "
                 "and fails its HLO verifier), so the model's decomposition pass prices the flag, keeping XLA's "
-                "limit of a loop to one NVLink domain: this step's eligible pairs are FSDP all-gathers and "
-                "reduce-scatters over 8 GPUs spanning both nodes, and its tensor-parallel sums are all-reduces "
-                "(no windowed form), so nothing is windowed on 2 nodes of 8 H100"),
+                "limit of a loop to one NVLink domain: the FSDP gathers over 8 GPUs span both nodes and stay "
+                "collectives; the tensor-parallel gathers and reduce-scatters over 2 GPUs of a node become "
+                "loops of one send each, which NCCL runs on 2 CTAs (its point-to-point share of XLA's "
+                "16-partition communicator), the reduce-scatter's loop ending on its send"),
     Effect("gemm+all-gather/8xH100", "NCCL_CTA_POLICY=2 (copy-engine all-gather, symmetric buffers)",
            100 * (2.02 - 1.77) / 2.02, "pytorch/pytorch PR #172714 (#176613)", "graph",
            {"NCCL_CTA_POLICY": "2"},

@@ -160,10 +160,13 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                       quantization: str = "", window: int = 0, global_every: int = 0, global_kv_heads: int = 0,
                       compiler_options: Mapping[str, Any] | None = None, microbatches: int | None = None,
                       context_parallel: str = "all-gather", moe_dispatch: str = "ragged-all-to-all",
-                      embed_lookup: str = "gather", grad_clip: float = 0.0):
+                      embed_lookup: str = "gather", grad_clip: float = 0.0, sequence_parallel: bool = False):
     """The contract's step as a ``job.ModelSource``; ValueError names what does not fit."""
     if family not in FAMILY_MODELS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILY_MODELS)}")
+    if sequence_parallel and "model" not in mesh:
+        raise ValueError(f"sequence_parallel shards the residual over the tensor-parallel axis: mesh {dict(mesh)} "
+                         "has no 'model' axis")
 
     if attention not in attention_lib.IMPLS:
         raise ValueError(f"unknown attention {attention!r}; known: {', '.join(attention_lib.IMPLS)}")
@@ -232,6 +235,8 @@ def train_step_source(family: str, *, layers: int, d_model: int, heads: int, kv_
                                  microbatches)
     if "context" in shape and context_parallel == "ring":
         source = dataclasses.replace(source, recipe=source.resolved_recipe() + "+ring")
+    if sequence_parallel:
+        source = dataclasses.replace(source, recipe=source.resolved_recipe() + "+sp")
     return source
 
 
@@ -308,7 +313,7 @@ def predict_train_step_ms(
     shared_experts: int = 0, expert_ffn: int = 0, dense_layers: int = 0, capacity_factor: float | None = None,
     expert_imbalance: float = 1.0, quantization: str = "", window: int = 0, global_every: int = 0,
     global_kv_heads: int = 0, context_parallel: str = "all-gather", moe_dispatch: str = "ragged-all-to-all",
-    embed_lookup: str = "gather", grad_clip: float = 0.0,
+    embed_lookup: str = "gather", grad_clip: float = 0.0, sequence_parallel: bool = False,
 ) -> float:
     """Predicted milliseconds per training step of ``family`` on ``mesh`` (see the module).
 
@@ -348,7 +353,11 @@ def predict_train_step_ms(
     "gather" or "matmul" (the token ids' one-hot times the table, as MaxText's
     ``use_iota_embed`` and Praxis' matmul lookup run it). grad_clip: the global norm the
     gradients are clipped to before the update (MaxText's ``gradient_clipping_threshold``);
-    0, the default, clips nothing.
+    0, the default, clips nothing. sequence_parallel (a ``model`` mesh axis): the residual stream
+    sharded over that axis between the tensor-parallel sublayers, all-gathered before them and
+    reduce-scattered after (Megatron's sequence parallelism; MaxText's tensor parallelism runs
+    the same collectives, its ``activation_embed`` being sharded over its ``tensor`` axis);
+    default False, Megatron's all-reduce after each sublayer.
 
     Raises ValueError for a configuration that does not fit (naming the numbers) and
     ``gpu_compile.DevicelessUnavailable`` where this machine cannot compile for GPUs.
@@ -363,7 +372,7 @@ def predict_train_step_ms(
                          expert_imbalance=expert_imbalance, quantization=quantization, window=window,
                          global_every=global_every, global_kv_heads=global_kv_heads,
                          context_parallel=context_parallel, moe_dispatch=moe_dispatch,
-                         embed_lookup=embed_lookup, grad_clip=grad_clip)
+                         embed_lookup=embed_lookup, grad_clip=grad_clip, sequence_parallel=sequence_parallel)
     warn_unpriced(job, family)
     return job.predicted_ms(strategy)
 
