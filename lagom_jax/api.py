@@ -1,17 +1,24 @@
 """``lagom_jax.tune``: capture a jitted step, plan, apply the Plan, and never break the step.
 
-The whole flow of tuning one input signature::
+The step may be jitted by any wrapper that has JAX's AOT stages (``jax.jit``/pjit,
+``eqx.filter_jit``, ``nnx.jit``, haliax's ``named_jit``: ``program.step``). The whole flow of
+tuning one input signature::
 
-    lowered  = jitted.lower(*args)                      # JAX's own lowering
-    baseline = lowered.compile()                        # the untuned executable
-    graph    = graph.from_hlo_text(baseline.as_text())  # StepGraph of the compiled HLO
-                                 # (off a GPU host: of XLA:GPU's deviceless compile of it)
-    plan     = planning.plan(graph, hw, strategy).plan  # search + baselines -> Plan
-    flags.validate(options=plan.compiler_options())     # the installed XLA accepts them
-    tuned    = lowered.compile(compiler_options=...)    # the tuned executable, kept
+    lowered  = step.lower(*args)                         # the wrapper's own lowering, for this host
+    job      = job.run(StepSource(step, args), hw, structures=...)  # the pipeline every face runs:
+               # the step's CUDA lowering compiled deviceless for hw, read, planned (NCCL settings
+               # and, with search="full", the structure search), validated, verified
+    tuned    = lowered.compile(compiler_options=job.plan.compiler_options())  # kept and called
 
-Any exception on that path leaves the user's step running untuned (the baseline
-executable, or plain ``jitted`` if even that failed) with a warning that says why.
+Any exception on that path leaves the user's step running untuned (the step itself, as
+its wrapper runs it) with a warning that says why. A wrapper whose compiled stage cannot
+be called with the step's arguments (haliax's ``named_jit``) runs untuned here, and the
+warning gives the plan's launch file, whose XLA_FLAGS apply the plan from the next start.
+
+A new input signature is tuned again only where ``jax.jit`` would compile again: arrays are
+keyed by shape, dtype and the layout of their shards (equivalent shardings, such as one
+naming a mesh axis of size 1, are one signature), and a signature whose lowering is one
+already tuned shares its executable. A re-tune says why in one line (``RetuneWarning``).
 
 With ``retune=`` the decorator then watches the step (`Retune`): when the measured step
 time drifts from the Plan's prediction, the hardware is recalibrated from the measurement
@@ -24,6 +31,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+import pathlib
 import shlex
 import statistics
 import time
@@ -33,7 +41,7 @@ from typing import Any
 
 import jax
 
-from lagom_jax import job, search as search_lib
+from lagom_jax import files, job, search as search_lib
 from lagom_jax.cluster import hardware as hardware_lib, nccl_env as nccl_env_lib
 from lagom_jax.costs import calibrate as calibrate_lib
 from lagom_jax.files import atomic_write_text
@@ -41,14 +49,27 @@ from lagom_jax.plan import nccl_settings, planning, sharing
 from lagom_jax.plan.cache import PlanCache
 from lagom_jax.plan.planning import BASELINES, VERSION, make_plan
 from lagom_jax.plan.schema import Plan
-from lagom_jax.program import environment, flags as flags_lib, graph as graph_lib, jax_internals
+from lagom_jax.program import environment, flags as flags_lib, jax_internals
+from lagom_jax.program import step as step_lib
 
-__all__ = ["BASELINES", "Retune", "Tuned", "TuningWarning", "apply_nccl_env", "auto_hardware",
-           "launch_line", "make_plan", "nccl_env", "tune"]
+__all__ = ["BASELINES", "Retune", "RetuneWarning", "SEARCHES", "Tuned", "TuningWarning", "apply_nccl_env",
+           "auto_hardware", "launch_line", "make_plan", "nccl_env", "tune"]
+
+# What the decorator searches on a step's first call (``tune(search=...)``).
+SEARCHES = {
+    "full": "the pipeline `lagom-jax tune` runs: NCCL settings, per-collective choices and the "
+            "structure search, which compiles the step once per restructuring that could hide exposed "
+            "communication",
+    "fast": "NCCL settings and per-collective choices on the module as XLA compiles it; no structure search",
+}
 
 
 class TuningWarning(UserWarning):
     """Tuning did not (fully) happen; the step still runs."""
+
+
+class RetuneWarning(UserWarning):
+    """A new input signature of a tuned step is tuned again; the message says what changed."""
 
 
 def auto_hardware(devices: list[Any] | None = None) -> tuple[hardware_lib.HardwareProfile, str]:
@@ -57,18 +78,49 @@ def auto_hardware(devices: list[Any] | None = None) -> tuple[hardware_lib.Hardwa
     return resolved.hardware, resolved.note
 
 
-def _leaf_key(x: Any) -> Any:
-    """What of one traced argument leaf decides the compiled executable (hashable, cheap).
+_LAYOUTS: dict[tuple[Any, tuple[int, ...]], Any] = {}
 
-    Python scalars are traced as weakly typed arrays, so their type matters, not their
-    value (keying on the value would tune again for every new learning rate).
+
+def _layout(sharding: Any, shape: tuple[int, ...]) -> Any:
+    """Which shard of an array of ``shape`` each device holds under ``sharding``: equal for
+    shardings ``jax.jit`` runs with one executable (a mesh axis of size 1 named or not)."""
+    key = (sharding, shape)
+    try:
+        return _LAYOUTS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable sharding: itself
+        return sharding
+    try:
+        shards = sharding.devices_indices_map(shape)
+        layout = (getattr(sharding, "memory_kind", None),
+                  tuple(sorted((d.id, tuple((s.start, s.stop, s.step) for s in index))
+                               for d, index in shards.items())))
+    except Exception:  # noqa: BLE001 - a sharding that cannot say: compare it as it is
+        layout = sharding
+    if len(_LAYOUTS) > 4096:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = layout
+    return layout
+
+
+def _leaf_key(x: Any, traced_scalars: bool) -> Any:
+    """What of one argument leaf decides the compiled executable (hashable, cheap).
+
+    ``jax.jit`` traces Python scalars as weakly typed arrays, so there their type matters,
+    not their value (keying on the value would tune again for every new learning rate);
+    other wrappers may hold them static (equinox does), so there the value is the key.
     """
     if isinstance(x, jax.Array):
-        return (x.shape, x.dtype, x.sharding, x.weak_type)
+        return (x.shape, x.dtype, _layout(x.sharding, x.shape), x.weak_type)
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return (tuple(x.shape), str(x.dtype), getattr(x, "sharding", None),
+        shape = tuple(x.shape)
+        sharding = getattr(x, "sharding", None)
+        return (shape, str(x.dtype), None if sharding is None else _layout(sharding, shape),
                 getattr(x, "weak_type", False))
-    return type(x)
+    if traced_scalars and isinstance(x, (bool, int, float, complex)):
+        return type(x)
+    return _static_key(x)
 
 
 def _static_key(x: Any) -> Any:
@@ -105,9 +157,34 @@ class _Statics:
         return dyn_args, dyn_kwargs, static
 
 
-def _signature(args: tuple, kwargs: Mapping[str, Any], static: Any = ()) -> tuple:
+def _signature(args: tuple, kwargs: Mapping[str, Any], static: Any = (), traced_scalars: bool = True) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten((args, dict(kwargs)))
-    return (treedef, tuple(_leaf_key(x) for x in leaves), static)
+    return (treedef, tuple(_leaf_key(x, traced_scalars) for x in leaves), static)
+
+
+def _describe_leaf(key: Any) -> str:
+    if isinstance(key, tuple) and len(key) == 4 and isinstance(key[0], tuple):
+        return f"{key[1]}{list(key[0])}"
+    if isinstance(key, tuple) and key and key[0] == "static":
+        return f"static {key[2]!r}"
+    return getattr(key, "__name__", str(key))
+
+
+def _what_changed(new: tuple, old: tuple, args: tuple, kwargs: Mapping[str, Any]) -> str:
+    """The first difference between two signatures, named by the argument's path."""
+    if new[0] != old[0]:
+        return f"the arguments' structure changed ({new[0].num_leaves} leaves, were {old[0].num_leaves})"
+    if new[2] != old[2]:
+        return "a static argument changed"
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path((args, dict(kwargs)))[0]]
+    for path, a, b in zip(paths, new[1], old[1]):
+        if a == b:
+            continue
+        if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 4 and a[:2] == b[:2]:
+            what = "the layout of its shards (its sharding)" if a[2] != b[2] else "its weak type"
+            return f"argument {path}: {what} changed"
+        return f"argument {path}: {_describe_leaf(b)} -> {_describe_leaf(a)}"
+    return "the signature changed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,30 +218,48 @@ class Retune:
 class _Watch:
     """What re-planning one signature needs, and the times measured so far."""
 
-    lowered: Any
-    text: str
-    hw: hardware_lib.HardwareProfile
+    lowered: Any  # the wrapper's lowered stage, compiled again with a new plan's options
+    run: step_lib.Executable
+    compiled: job.Compiled
     plan: Plan
     calls: int = 0
     last: float | None = None
     intervals: list[float] = dataclasses.field(default_factory=list)
     replans: int = 0
 
+    @property
+    def hw(self) -> hardware_lib.HardwareProfile:
+        return self.compiled.hardware
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One signature: the executable that runs it (None: the step as its wrapper runs it)."""
+
+    run: step_lib.Executable | None
+    plan: Plan | None
+
+
+_UNTUNED = _Entry(None, None)
+
 
 class Tuned:
     """A jitted function that compiles each input signature once, with its tuned Plan.
 
     It mirrors the function it wraps: same call, ``lower``, ``trace``, ``__wrapped__``,
-    and ``plan(*args)`` for the Plan of a signature.
+    and ``plan(*args)`` for the Plan of a signature. ``tunes`` counts the pipeline's runs.
     """
 
-    def __init__(self, fn: Callable, *, hardware="auto", strategy: str = "lagom",
+    def __init__(self, fn: Callable, *, hardware="auto", strategy: str = "lagom", search: str = "full",
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool = True,
+                 plan_dir: str | os.PathLike[str] | None = None,
                  with_profile: bool = False, verbose: bool = False,
                  retune: Retune | bool | None = None, min_gain: float | None = None,
                  nccl_env: Mapping[str, str] | None = None) -> None:
         if strategy not in search_lib.STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(search_lib.STRATEGIES)})")
+        if search not in SEARCHES:
+            raise ValueError(f"unknown search {search!r} (known: {', '.join(SEARCHES)})")
         self._space = search_lib.Space(min_gain=min_gain)  # ValueError for a bad min_gain
         # The NCCL variables the job runs with (``lagom-jax tune --nccl-env``): checked now,
         # planned inside, and set with the plan's environment. ValueError for a bad one.
@@ -172,50 +267,72 @@ class Tuned:
         nccl_env_lib.NcclEnv.from_environ(self._nccl_env)
         for line in nccl_env_lib.unpriced(self._nccl_env):
             warnings.warn(f"lagom-jax: {line}", TuningWarning, stacklevel=2)
-        self._jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        self._step = fn
+        self._staged = step_lib.has_stages(fn)
+        if not self._staged:
+            warnings.warn(f"lagom-jax: got {step_lib.describe(fn)}, which has no AOT stages (lower, compile) to "
+                          "tune; put @lagom_jax.tune above a jitted step (jax.jit, eqx.filter_jit, nnx.jit, "
+                          "haliax's named_jit). It runs as given, untuned", TuningWarning, stacklevel=3)
         self.__wrapped__ = fn
         functools.update_wrapper(self, fn, updated=())
+        self._what = step_lib.describe(fn)
         self._hardware = hardware
         self._strategy = strategy
+        self._search = search
         self._cache = PlanCache(cache_dir) if use_cache else None
+        self._plan_dir = None if plan_dir is None else pathlib.Path(plan_dir)
         self._with_profile = with_profile
         self._verbose = verbose
-        self._statics = _Statics.of(self._jitted)
-        self._entries: dict[tuple, tuple[Callable, Plan | None]] = {}
+        self._statics = _Statics.of(fn)
+        self._traced_scalars = jax_internals.is_jax_jit(fn)
+        self._entries: dict[tuple, _Entry] = {}
+        self._lowerings: dict[str, _Entry] = {}  # by the fingerprint of the step's lowering here
         self._retune = Retune() if retune is True else (retune or None)
         self._watch: dict[tuple, _Watch] = {}
+        self.tunes = 0  # runs of the pipeline, over all signatures
         self.replans = 0  # re-plans made on measured drift, over all signatures
         self.recalibrated: list[hardware_lib.HardwareProfile] = []  # the profiles they used
 
     # -- the jit surface ------------------------------------------------------------------
     def lower(self, *args, **kwargs):
-        return self._jitted.lower(*args, **kwargs)
+        return self._step.lower(*args, **kwargs)
 
     def trace(self, *args, **kwargs):
-        return self._jitted.trace(*args, **kwargs)
+        trace = getattr(self._step, "trace", None)
+        if trace is None:
+            raise AttributeError(f"{self._what} has no trace stage")
+        return trace(*args, **kwargs)
 
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
         return functools.partial(self, obj)
 
-    def __call__(self, *args, **kwargs):
+    def _key(self, args: tuple, kwargs: Mapping[str, Any]):
         dyn_args, dyn_kwargs, static = self._statics.split(args, kwargs)
-        key = _signature(dyn_args, dyn_kwargs, static)
+        return _signature(dyn_args, dyn_kwargs, static, self._traced_scalars), dyn_args, dyn_kwargs
+
+    def _entry(self, args: tuple, kwargs: Mapping[str, Any]):
+        key, dyn_args, dyn_kwargs = self._key(args, kwargs)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._tune(args, kwargs, key)
-        executable = entry[0]
-        if executable is self._jitted:
-            return executable(*args, **kwargs)
+            entry = self._entries[key] = self._tune(args, kwargs, key, dyn_args, dyn_kwargs)
+        return key, entry, dyn_args, dyn_kwargs
+
+    def __call__(self, *args, **kwargs):
+        if not self._staged:
+            return self._step(*args, **kwargs)
+        key, entry, dyn_args, dyn_kwargs = self._entry(args, kwargs)
+        if entry.run is None:
+            return self._step(*args, **kwargs)
         try:
-            out = executable(*dyn_args, **dyn_kwargs)
-        except TypeError as err:  # the executable refuses these arguments: jit decides
+            out = entry.run(args, kwargs, dyn_args, dyn_kwargs)
+        except TypeError as err:  # the executable refuses these arguments: the wrapper decides
             warnings.warn(f"lagom-jax: the tuned executable refused this call ({err}); "
                           "running the step untuned", TuningWarning, stacklevel=2)
-            self._entries[key] = (self._jitted, None)
+            self._entries[key] = _UNTUNED
             self._watch.pop(key, None)
-            return self._jitted(*args, **kwargs)
+            return self._step(*args, **kwargs)
         watch = self._watch.get(key)
         if watch is not None:
             self._observe(key, watch)
@@ -223,25 +340,39 @@ class Tuned:
 
     def plan(self, *args, **kwargs) -> Plan | None:
         """The Plan of this input signature (tuning first if needed); None if tuning failed."""
-        dyn_args, dyn_kwargs, static = self._statics.split(args, kwargs)
-        key = _signature(dyn_args, dyn_kwargs, static)
-        if key not in self._entries:
-            self._entries[key] = self._tune(args, kwargs, key)
-        return self._entries[key][1]
+        if not self._staged:
+            return None
+        return self._entry(args, kwargs)[1].plan
 
     # -- tuning -------------------------------------------------------------------------
-    def _tune(self, args, kwargs, key: tuple = ()) -> tuple[Callable, Plan | None]:
+    def _tune(self, args, kwargs, key: tuple, dyn_args: tuple, dyn_kwargs: Mapping[str, Any]) -> _Entry:
         try:
-            lowered = self._jitted.lower(*args, **kwargs)
-            baseline = lowered.compile()
-        except Exception as err:  # the user's own program fails to lower: let jit say so
-            warnings.warn(f"lagom-jax: could not compile the step for tuning ({err}); running it untuned",
-                          TuningWarning, stacklevel=3)
-            return self._jitted, None
+            lowered = step_lib.lower(self._step, args, kwargs)
+            lowering = hashlib.sha256(step_lib.jax_lowered(lowered).as_text().encode()).hexdigest()
+        except Exception as err:  # the user's own program fails to lower: let the wrapper say so
+            warnings.warn(f"lagom-jax: could not lower the step for tuning ({type(err).__name__}: {err}); "
+                          "running it untuned", TuningWarning, stacklevel=4)
+            return _UNTUNED
+        same = self._lowerings.get(lowering)
+        if same is not None:  # jax.jit would run this signature with the executable it has
+            return same
+        if self._entries:
+            old = next(reversed(self._entries))
+            warnings.warn(f"lagom-jax: tuning {self._name()} again for a new input signature, which jax.jit "
+                          f"compiles again too: {_what_changed(key, old, dyn_args, dyn_kwargs)}",
+                          RetuneWarning, stacklevel=4)
+        entry = self._lowerings[lowering] = self._tune_lowered(lowered, args, kwargs, key, dyn_args, dyn_kwargs)
+        return entry
+
+    def _name(self) -> str:
+        return getattr(self._step, "__name__", self._what)
+
+    def _tune_lowered(self, lowered, args, kwargs, key, dyn_args, dyn_kwargs) -> _Entry:
         bad = environment.bad_environment()  # before anything loads a mismatched plugin
         if bad is not None:
-            warnings.warn(f"lagom-jax: {bad}; running the step untuned", TuningWarning, stacklevel=3)
-            return baseline, None
+            warnings.warn(f"lagom-jax: {bad}; running the step untuned", TuningWarning, stacklevel=5)
+            return _UNTUNED
+        self.tunes += 1
         try:
             resolved = hardware_lib.resolve_cluster(self._hardware)
             hw, note = resolved.hardware, resolved.note
@@ -249,25 +380,97 @@ class Tuned:
                 hw = dataclasses.replace(hw, nccl_env=nccl_env_lib.pinned(hw.nccl_env, self._nccl_env))
             if self._verbose:
                 print(f"lagom-jax: {note}")
-            text = self._module_text(baseline, args, kwargs, hw)
-            plan = self._plan_for(text, hw)
-            tuned = self._compile(lowered, plan)
+            compiled = job.compile_source(job.StepSource(self._step, args, kwargs), hw, log=self._log)
+            for warning in compiled.warnings:
+                warnings.warn(f"lagom-jax: {warning}", TuningWarning, stacklevel=5)
+            plan, made = self._plan_for(compiled)
+            options = plan.compiler_options(with_profile=self._with_profile)
+            flags_lib.validate("", options)
+            run, why = step_lib.executable(lowered, options, dyn_args, dyn_kwargs, self._what)
+            folder = self._write(plan, compiled, made, force=run is None)
         except Exception as err:
             warnings.warn(f"lagom-jax: tuning failed, running the step untuned: "
-                          f"{type(err).__name__}: {err}", TuningWarning, stacklevel=3)
-            return baseline, None
+                          f"{type(err).__name__}: {err}", TuningWarning, stacklevel=5)
+            return _UNTUNED
+        if run is None:
+            warnings.warn(f"lagom-jax: {why}, so the plan cannot run in this process and the step runs untuned "
+                          f"here; it applies from the next start: {folder / 'launch.sh'} python train.py "
+                          "(XLA_FLAGS, the NCCL environment and the tuner plugin)", TuningWarning, stacklevel=5)
+            return _Entry(None, plan)
         apply_nccl_env(plan)
         unmet = nccl_settings.unmet_needs(plan, nccl_settings.installed_nccl_version())
         if unmet:
-            warnings.warn(f"lagom-jax: {unmet}", TuningWarning, stacklevel=3)
+            warnings.warn(f"lagom-jax: {unmet}", TuningWarning, stacklevel=5)
         if self._retune is not None:
-            self._watch[key] = _Watch(lowered, text, hw, plan)
-        return tuned, plan
+            self._watch[key] = _Watch(lowered, run, compiled, plan)
+        return _Entry(run, plan)
 
-    def _compile(self, lowered, plan: Plan):
-        options = plan.compiler_options(with_profile=self._with_profile)
-        flags_lib.validate("", options)
-        return lowered.compile(compiler_options=options)
+    def _log(self, message: str) -> None:
+        if self._verbose:
+            print(f"lagom-jax: {message}")
+
+    def _write(self, plan: Plan, compiled: job.Compiled, made: job.Job | None, *, force: bool) -> pathlib.Path:
+        """The plan's folder (``plan_dir``, else under the cache) when asked for or needed."""
+        root = self._plan_dir or files.cache_root() / "launch"
+        folder = root / f"{plan.module}-{plan.fingerprint[:12]}"
+        if self._plan_dir is None and not force:
+            return folder
+        if made is None:  # a cached plan: the job behind it is not here, so no trace
+            made = job.Job(plan, None, compiled)  # type: ignore[arg-type]
+        made.write(folder, self._log)
+        return folder
+
+    def _plan_for(self, compiled: job.Compiled) -> tuple[Plan, job.Job | None]:
+        """The pipeline's plan of the compiled step (steps 2-5 of ``job``), from the cache where
+        it holds one for this module, cluster, strategy, search and version."""
+        fingerprint = hashlib.sha256(compiled.text.encode()).hexdigest()
+        hw = compiled.hardware
+        key = PlanCache.key(fingerprint, hw.to_json(),
+                            f"{self._strategy} min_gain={self._space.min_gain} search={self._search}", VERSION)
+        if self._cache is not None:
+            try:
+                cached = self._cache.get(key)
+            except ValueError as err:  # a corrupt file: tune again and overwrite it
+                warnings.warn(f"lagom-jax: {err}; tuning again", TuningWarning, stacklevel=6)
+                cached = None
+            except OSError as err:
+                warnings.warn(f"lagom-jax: cannot read the plan cache ({err}); tuning again",
+                              TuningWarning, stacklevel=6)
+                cached = None
+            if cached is not None:
+                return cached, None
+        start = time.perf_counter()
+        made: list[job.Job] = []
+
+        def tune() -> Plan:
+            made.append(self._job(compiled))
+            return made[0].plan
+
+        plan = sharing.one_plan_for_all_processes(key, tune)
+        self._log(f"tuned {plan.module} in {time.perf_counter() - start:.2f}s")
+        if self._cache is not None:
+            try:
+                self._cache.put(key, plan)
+            except OSError as err:
+                warnings.warn(f"lagom-jax: could not write the plan cache ({err}); "
+                              "the plan is used but not cached", TuningWarning, stacklevel=6)
+        return plan, (made[0] if made else None)
+
+    def _job(self, compiled: job.Compiled) -> job.Job:
+        full = self._search == "full"
+        made = job.plan_compiled(compiled, strategy=self._strategy, structures=full, log=self._log,
+                                 space=self._space)
+        if full or compiled.recompile is None:
+            return made
+        plan = made.plan
+        not_searched = ("structure search", (
+            f"not run (search='fast'): the collective pipeliner, while-loop double buffering and combine-by-dim "
+            f"were not compiled and priced; the most any restructuring could gain is the step's distance to its "
+            f"overlap bound, {(plan.makespan_us - plan.bound_us) / 1e3:.3f} ms of {plan.makespan_us / 1e3:.3f} ms "
+            "predicted; search='full' (the default) searches them"))
+        decisions = tuple(d for d in plan.decisions if d[0] != "structure search") + (not_searched,)
+        plan = dataclasses.replace(plan, decisions=decisions)
+        return dataclasses.replace(made, plan=plan, planned=dataclasses.replace(made.planned, plan=plan))
 
     def _observe(self, key: tuple, w: _Watch) -> None:
         """Count one finished call of ``key``; at the end of a window, compare and decide."""
@@ -288,8 +491,11 @@ class Tuned:
             return
         try:
             hw = _recalibrated(w, measured)
-            plan = self._plan_for(w.text, hw)
-            tuned = self._compile(w.lowered, plan)
+            compiled = dataclasses.replace(w.compiled, hardware=hw)
+            plan = self._job(compiled).plan
+            options = plan.compiler_options(with_profile=self._with_profile)
+            flags_lib.validate("", options)
+            run = dataclasses.replace(w.run, compiled=w.lowered.compile(compiler_options=options))
         except Exception as err:  # keep the running executable; never break the step
             warnings.warn(f"lagom-jax: re-planning on drift failed, keeping the current plan: "
                           f"{type(err).__name__}: {err}", TuningWarning, stacklevel=4)
@@ -299,55 +505,10 @@ class Tuned:
                       f"predicted (x{ratio:.2f}, beyond the {self._retune.threshold:.0%} threshold): "
                       f"hardware recalibrated by that factor and the step re-planned "
                       f"({w.replans + 1} of at most {self._retune.max_replans})", TuningWarning, stacklevel=4)
-        self._entries[key] = (tuned, plan)
-        w.hw, w.plan, w.replans = hw, plan, w.replans + 1
+        self._entries[key] = _Entry(run, plan)
+        w.compiled, w.run, w.plan, w.replans = compiled, run, plan, w.replans + 1
         self.replans += 1
         self.recalibrated.append(hw)
-
-    def _module_text(self, baseline, args, kwargs, hw: hardware_lib.HardwareProfile) -> str:
-        """The module to tune: the pipeline's compile step (``job.compile_source``) for the
-        step's own executable on a GPU host, else XLA's GPU pipeline deviceless for ``hw``;
-        if that cannot be done, XLA:CPU's module stands in, with a warning of what it costs."""
-        compiled = job.compile_source(job.StepSource(self._jitted, args, kwargs, baseline), hw,
-                                      log=print if self._verbose else job.silent)
-        for warning in compiled.warnings:
-            warnings.warn(f"lagom-jax: {warning}", TuningWarning, stacklevel=4)
-        return compiled.text
-
-    def _plan_for(self, text: str, hw: hardware_lib.HardwareProfile) -> Plan:
-        fingerprint = hashlib.sha256(text.encode()).hexdigest()
-        key = PlanCache.key(fingerprint, hw.to_json(), f"{self._strategy} min_gain={self._space.min_gain}", VERSION)
-        if self._cache is not None:
-            try:
-                cached = self._cache.get(key)
-            except ValueError as err:  # a corrupt file: tune again and overwrite it
-                warnings.warn(f"lagom-jax: {err}; tuning again", TuningWarning, stacklevel=4)
-                cached = None
-            except OSError as err:
-                warnings.warn(f"lagom-jax: cannot read the plan cache ({err}); tuning again",
-                              TuningWarning, stacklevel=4)
-                cached = None
-            if cached is not None:
-                return cached
-        start = time.perf_counter()
-
-        def tune() -> Plan:
-            graph = graph_lib.from_hlo_text(text)
-            space, kept = planning.module_space(graph, self._space)
-            made = planning.plan(graph, hw, strategy=self._strategy, fingerprint=fingerprint, space=space).plan
-            return nccl_settings.carrying_cluster_settings(
-                dataclasses.replace(made, decisions=made.decisions + kept), hw)
-
-        plan = sharing.one_plan_for_all_processes(key, tune)
-        if self._verbose:
-            print(f"lagom-jax: tuned {plan.module} in {time.perf_counter() - start:.2f}s")
-        if self._cache is not None:
-            try:
-                self._cache.put(key, plan)
-            except OSError as err:
-                warnings.warn(f"lagom-jax: could not write the plan cache ({err}); "
-                              "the plan is used but not cached", TuningWarning, stacklevel=4)
-        return plan
 
 
 def _recalibrated(w: _Watch, measured_us: float) -> hardware_lib.HardwareProfile:
@@ -359,7 +520,7 @@ def _recalibrated(w: _Watch, measured_us: float) -> hardware_lib.HardwareProfile
     predicted = dict(w.plan.predicted_us)
     chosen = predicted.get(w.plan.strategy, 0.0)
     target = measured_us * predicted.get("xla-default", chosen) / chosen if chosen > 0 else measured_us
-    graph = graph_lib.from_hlo_text(w.text)
+    graph = w.compiled.graph()
     space, _ = planning.module_space(graph)  # as the Plan was made
     name = f"{w.hw.name.removesuffix('-measured')}-measured"
     factor = measured_us / chosen if chosen > 0 else 1.0

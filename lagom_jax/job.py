@@ -39,9 +39,9 @@ from lagom_jax.plan import artifacts, nccl_settings, planning, verify as verify_
 from lagom_jax.plan import structures as structures_lib
 from lagom_jax.plan.schema import Plan
 from lagom_jax.program import (custom_calls, flags as flags_lib, gpu_compile, graph as graph_lib, hlo,
-                               hlo_compile)
+                               hlo_compile, step as step_lib)
 
-__all__ = ["Compiled", "HloSource", "Job", "ModelSource", "StepSource", "compile_source", "mesh_cluster",
+__all__ = ["Compiled", "HloSource", "Job", "ModelSource", "STEP_HLO", "StepSource", "compile_source", "mesh_cluster",
            "plan_compiled", "run", "silent"]
 
 Log = Callable[[str], None]
@@ -103,14 +103,11 @@ class HloSource:
 
 @dataclasses.dataclass(frozen=True)
 class StepSource:
-    """A jitted step with its arguments, and the executable jit made of it here (``baseline``)."""
+    """A jitted step of any wrapper (``jax.jit``, ``eqx.filter_jit``, ``nnx.jit``, haliax's
+    ``named_jit``: ``program.step``) with its arguments."""
     jitted: Any
     args: tuple
     kwargs: Mapping[str, Any]
-    baseline: Any
-
-    def lowered(self) -> Any:
-        return self.jitted.lower(*self.args, **self.kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +131,9 @@ class Compiled:
     # (``windowed_einsum.why_not``): planned with the decomposition pass instead
     # (``search.Space.windowed_by_flag``).
     windowed_by_flag: bool = False
+    # The step before XLA's optimizations, as HLO text (a jitted step's lowering for the
+    # cluster's GPUs): what ``lagom-jax tune`` compiles to make the same plan (``Job.write``).
+    before_optimization: Callable[[], str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def graph(self) -> graph_lib.StepGraph:
         step = graph_lib.from_module(self.module) if self.module is not None else graph_lib.from_hlo_text(self.text)
@@ -142,9 +142,10 @@ class Compiled:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """A tuned step: the Plan (validated, verified where possible) and what it came from."""
+    """A tuned step: the Plan (validated, verified where possible) and what it came from
+    (``planned`` is None for a Plan read back from a cache: no search ran)."""
     plan: Plan
-    planned: planning.Planned
+    planned: planning.Planned | None
     compiled: Compiled
 
     @property
@@ -155,8 +156,17 @@ class Job:
         return dict(self.plan.predicted_us)[strategy] / 1e3
 
     def write(self, out: str | pathlib.Path, log: Log = silent) -> pathlib.Path:
-        """Every artifact of the Plan in ``out``; returns the path of ``launch.sh``."""
-        return artifacts.write(pathlib.Path(out), self.plan, self.planned.chosen, log)
+        """Every artifact of the Plan in ``out``, and the step before optimization as
+        ``step.hlo`` where the source has one; returns the path of ``launch.sh``."""
+        if self.compiled.before_optimization is not None:
+            pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(out) / STEP_HLO).write_text(self.compiled.before_optimization())
+        chosen = self.planned.chosen if self.planned is not None else None
+        return artifacts.write(pathlib.Path(out), self.plan, chosen, log)
+
+
+# The step before XLA's optimizations in a plan's folder: ``lagom-jax tune DIR/step.hlo``.
+STEP_HLO = "step.hlo"
 
 
 def mesh_cluster(hw: hardware_lib.HardwareProfile, n: int, *, grow: bool) -> hardware_lib.HardwareProfile:
@@ -260,36 +270,33 @@ def _with_commfuse(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log
     return (recipe + "+cf" if ring else recipe), (("commfuse", why.removeprefix("CommFuse: ")),)
 
 
-def executable_platform(compiled: Any) -> str:
-    """The platform a compiled step runs on (JAX's default when it has no array inputs)."""
-    import jax
-
-    for sharding in jax.tree_util.tree_leaves(compiled.input_shardings):
-        return next(iter(sharding.device_set)).platform
-    return jax.devices()[0].platform
-
-
 def _compile_step(src: StepSource, hw: hardware_lib.HardwareProfile, log: Log) -> Compiled:
     """The module a GPU cluster runs for a jitted step: the executable itself on a GPU host;
-    elsewhere XLA's GPU pipeline compiles the step for abstract GPUs of ``hw``
-    (``gpu_compile.compile_for_cluster``); where that fails, XLA:CPU's module stands in
+    elsewhere XLA's GPU pipeline compiles the step's CUDA lowering for abstract GPUs of ``hw``
+    (``gpu_compile.lower_for_cluster``); where that fails, XLA:CPU's module stands in
     and a warning says what that costs."""
-    platform = executable_platform(src.baseline)
+    platform = step_lib.platform_of(src.args, src.kwargs)
     if platform in ("gpu", "cuda", "rocm"):
-        lowered = src.lowered()
-        return Compiled(src.baseline.as_text(), f"XLA:GPU executable ({platform})", hw,
-                        recompile=lambda options: lowered.compile(compiler_options=dict(options)).as_text())
+        lowered = step_lib.lower(src.jitted, src.args, src.kwargs)
+
+        def recompile_here(options: Mapping[str, Any]) -> str:
+            return step_lib.jax_compiled(lowered.compile(compiler_options=dict(options))).as_text()
+
+        return Compiled(recompile_here({}), f"XLA:GPU executable ({platform})", hw, recompile=recompile_here,
+                        before_optimization=lambda: step_lib.jax_lowered(lowered).as_text(dialect="hlo"))
     try:
-        text = gpu_compile.compile_for_cluster(src.jitted, src.args, src.kwargs, hw)
+        lowered = gpu_compile.lower_for_cluster(src.jitted, src.args, src.kwargs, hw)
+        text = gpu_compile.compile_lowered(lowered, hw)
     except Exception as err:  # noqa: BLE001 - any failure: the CPU module stands in
-        return Compiled(src.baseline.as_text(), "XLA:CPU module", hw,
+        cpu = step_lib.jax_compiled(step_lib.lower(src.jitted, src.args, src.kwargs).compile()).as_text()
+        return Compiled(cpu, "XLA:CPU module", hw,
                         (f"could not compile the step for {hw.gpu} GPUs without a GPU "
                          f"({type(err).__name__}: {err}); tuning XLA:CPU's module instead: "
                          f"{gpu_compile.CPU_FALLBACK_LOSS}",))
     log(f"tuning XLA:GPU's module, compiled deviceless for {hw.gpu} by {gpu_compile.compiler()}")
     return Compiled(text, f"XLA:GPU deviceless compile for {hw.gpu}", hw,
-                    recompile=lambda options: gpu_compile.compile_for_cluster(
-                        src.jitted, src.args, src.kwargs, hw, options))
+                    recompile=lambda options: gpu_compile.compile_lowered(lowered, hw, options),
+                    before_optimization=lambda: lowered.as_text(dialect="hlo"))
 
 
 def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> Compiled:

@@ -108,7 +108,7 @@ def test_auto_hardware_on_cpu_says_what_it_predicts():
 @pytest.mark.parametrize(
     "fault, match",
     [
-        (lambda: mock.patch.object(api.graph_lib, "from_hlo_text",
+        (lambda: mock.patch.object(api.job.graph_lib, "from_hlo_text",
                                    side_effect=HloParseError("line 3, col 7: expected shape", 3, 7)),
          "HloParseError"),
         (lambda: mock.patch.object(api.search_lib, "run_strategy",
@@ -206,7 +206,7 @@ def test_without_the_gpu_compile_the_cpu_module_is_tuned_with_a_warning(tmp_path
     def refuse(*_args, **_kwargs):
         raise gpu_compile.DevicelessUnavailable("no plugin in this test")
 
-    monkeypatch.setattr(gpu_compile, "compile_for_cluster", refuse)
+    monkeypatch.setattr(gpu_compile, "lower_for_cluster", refuse)
     with pytest.warns(api.TuningWarning, match="no plugin in this test.*XLA:CPU's module"):
         plan = _tuned(tmp_path).plan(*inputs)
     assert plan is not None and not any("-start" in name for name, _ in plan.costs)
@@ -238,8 +238,9 @@ def test_static_arguments_and_python_scalars(tmp_path):
     # A new learning rate (a traced Python scalar) reuses the executable ...
     np.testing.assert_allclose(tuned(x, 2, 0.25, power=2), scale(x, 2, 0.25, power=2))
     assert len(_COMPILES) == first > before
-    # ... a new static value is a new signature.
-    np.testing.assert_allclose(tuned(x, 3, 0.25, power=1), scale(x, 3, 0.25, power=1))
+    # ... a new static value is a new signature, and the re-tune says why.
+    with pytest.warns(api.RetuneWarning, match="a static argument changed"):
+        np.testing.assert_allclose(tuned(x, 3, 0.25, power=1), scale(x, 3, 0.25, power=1))
     assert len(_COMPILES) > first
 
 

@@ -17,8 +17,9 @@ from lagom_jax.search import SearchResult
 __all__ = ["write"]
 
 
-def write(out: pathlib.Path, plan: Plan, result: SearchResult, log: Callable[[str], None]) -> pathlib.Path:
-    """Every artifact of a plan in ``out``, and ``launch.sh``, which applies all of them.
+def write(out: pathlib.Path, plan: Plan, result: SearchResult | None, log: Callable[[str], None]) -> pathlib.Path:
+    """Every artifact of a plan in ``out``, and ``launch.sh``, which applies all of them
+    (the predicted trace and timeline only with the search ``result`` behind the plan).
 
     The tuner plugin is built into ``out`` too (when a C compiler is there), so the folder
     can be copied to the cluster as it is: ``launch.sh`` finds the plugin and its config
@@ -62,11 +63,12 @@ def write(out: pathlib.Path, plan: Plan, result: SearchResult, log: Callable[[st
     lines.append('exec "$@"')
     launch.write_text("\n".join(lines) + "\n")
     launch.chmod(0o755)
-    trace.write_perfetto(result.timeline, result.graph, out / "trace.json")
-    try:
-        trace.to_png(result.timeline, result.graph, out / "timeline.png",
-                     title=f"predicted by the cost model: {plan.strategy} plan")
-    except ImportError as err:
-        log(f"no timeline.png ({err})")
+    if result is not None:
+        trace.write_perfetto(result.timeline, result.graph, out / "trace.json")
+        try:
+            trace.to_png(result.timeline, result.graph, out / "timeline.png",
+                         title=f"predicted by the cost model: {plan.strategy} plan")
+        except ImportError as err:
+            log(f"no timeline.png ({err})")
     log(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
     return launch

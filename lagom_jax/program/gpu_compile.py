@@ -48,8 +48,8 @@ from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.program import environment, fork_server, jax_internals
 
 __all__ = ["CPU_FALLBACK_LOSS", "ChildAborted", "DevicelessUnavailable",
-           "StepDevices", "answer_in_child", "compile_for_cluster",
-           "compiler", "devices",
+           "StepDevices", "answer_in_child", "compile_for_cluster", "compile_lowered",
+           "compiler", "devices", "lower_for_cluster",
            "prepare", "run_isolated", "step_devices", "target_config", "topology_string", "unavailable_reason"]
 
 # The CUDA 12 plugin (what lagom-jax installs) or CUDA 13's (newer jax on GPU hosts).
@@ -310,23 +310,38 @@ def devices(hw: hardware_lib.HardwareProfile, num_devices: int | None = None) ->
         raise DevicelessUnavailable(f"cannot create {topo} {hw.gpu} GPUs: {e}") from e
 
 
-def compile_for_cluster(jitted: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-                        hw: hardware_lib.HardwareProfile,
-                        options: Mapping[str, Any] | None = None) -> str:
-    """HLO text of ``jitted(*args, **kwargs)`` compiled by XLA's GPU pipeline for ``hw``.
+def lower_for_cluster(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                      hw: hardware_lib.HardwareProfile) -> Any:
+    """JAX's ``Lowered`` of ``fn(*args, **kwargs)`` with JAX's CUDA lowering rules.
 
-    For a step whose arguments live on other devices (CPU devices of a test host): it is
-    traced as usual, lowered for the ``cuda`` platform with its own shardings, and the
-    module is compiled for as many abstract GPUs of ``hw`` as the step has devices,
-    GPU i standing for device i. Nothing runs. This reaches into JAX's internals
-    (``jax_internals.compile_for_devices``): callers treat any exception as "not
-    available" and go on without it.
+    ``fn`` is a jitted step of any wrapper (``jax.jit``, ``eqx.filter_jit``, ``nnx.jit``,
+    haliax's ``named_jit``; ``lagom_jax.program.step``); its arguments may live on other
+    devices (CPU devices of a test host): it is traced as usual and lowered for the
+    ``cuda`` platform with its own shardings. Nothing runs.
     """
+    from lagom_jax.program import step as step_lib
+
     # From jax 0.11 Pallas' Triton lowering (flash attention) asks which GPU it lowers for;
     # a step on CPU devices would answer "cpu".
     with jax_internals.triton_kernels_for(devices(hw, 1)[0].device_kind):
-        lowered = jitted.trace(*args, **kwargs).lower(lowering_platforms=("cuda",))
+        return step_lib.jax_lowered(step_lib.lower(fn, tuple(args), kwargs, platform="cuda"))
+
+
+def compile_lowered(lowered: Any, hw: hardware_lib.HardwareProfile,
+                    options: Mapping[str, Any] | None = None) -> str:
+    """HLO text of a step lowered for CUDA (:func:`lower_for_cluster`), compiled by XLA's GPU
+    pipeline for as many abstract GPUs of ``hw`` as the step has devices, GPU i standing
+    for device i. This reaches into JAX's internals (``jax_internals.compile_for_devices``):
+    callers treat any exception as "not available" and go on without it."""
     return jax_internals.compile_for_devices(lowered, lambda n: devices(hw, n), options)
+
+
+def compile_for_cluster(jitted: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                        hw: hardware_lib.HardwareProfile,
+                        options: Mapping[str, Any] | None = None) -> str:
+    """HLO text of ``jitted(*args, **kwargs)`` compiled by XLA's GPU pipeline for ``hw``
+    (:func:`lower_for_cluster`, then :func:`compile_lowered`)."""
+    return compile_lowered(lower_for_cluster(jitted, args, kwargs, hw), hw, options)
 
 
 # What a plan loses when XLA:CPU's module stands in for the GPU one.

@@ -3,7 +3,8 @@
 lagom-jax reaches below JAX's public API for these things: whether backends (a GPU one)
 have started and which plugins registered, letting the CUDA plugin register on a machine
 without a driver, a jitted function's static arguments, the ``jax.distributed`` client
-that shares one Plan between processes, parsing ``XLA_FLAGS``, compiling a lowered step
+that shares one Plan between processes, parsing ``XLA_FLAGS``, lowering a step for another
+platform whatever wraps its ``jax.jit`` (:func:`lowering_for`), compiling a lowered step
 for devices of another platform (abstract GPUs), compiling an HLO module given as text for
 such devices, and telling Pallas' Triton lowering which GPU it lowers for (0.11 on). Each
 is checked on every release in ``CHECKED_JAX``
@@ -111,6 +112,11 @@ def parse_xla_flags() -> None:
         xla_client.CompileOptions()
 
 
+def is_jax_jit(fn: Any) -> bool:
+    """Whether ``fn`` is a ``jax.jit`` (or pjit) function itself, not another wrapper."""
+    return getattr(fn, "_jit_info", None) is not None  # jax's PjitInfo
+
+
 def jit_statics(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(static_argnums, static_argnames) of a ``jax.jit`` function; empty for other wrappers."""
     info = getattr(jitted, "_jit_info", None)  # jax's PjitInfo
@@ -140,6 +146,33 @@ def _call_by_name(fn: Any, values: Mapping[str, Any]) -> Any:
     import inspect
 
     return fn(**{name: values[name] for name in inspect.signature(fn).parameters})
+
+
+@contextlib.contextmanager
+def lowering_for(platforms: tuple[str, ...]) -> Iterator[None]:
+    """Every ``jax.jit`` lowering made inside is for ``platforms`` unless it names its own.
+
+    ``jit(f).lower(*args)`` is ``jit(f).trace(*args).lower()`` (``pjit.jit_lower``), and
+    ``Traced.lower`` takes the platforms from the arguments' devices when given none. The
+    wrappers users jit through (``eqx.filter_jit``, ``nnx.jit``, haliax's ``named_jit``) each
+    call ``jax.jit(...).lower`` inside their own ``lower`` on the arrays they keep dynamic, so
+    under this context a step whose arrays live on CPU devices is lowered with JAX's CUDA
+    lowering rules, whatever wraps it. The default is swapped on JAX's ``Traced`` class for
+    the duration, so a lowering another thread makes meanwhile is affected too.
+    """
+    with _internal("jax._src.stages.Traced.lower"):
+        from jax._src import stages
+
+        original = stages.Traced.lower
+
+    def lower(self: Any, *, lowering_platforms: tuple[str, ...] | None = None, **kwargs: Any) -> Any:
+        return original(self, lowering_platforms=lowering_platforms or tuple(platforms), **kwargs)
+
+    stages.Traced.lower = lower
+    try:
+        yield
+    finally:
+        stages.Traced.lower = original
 
 
 def compile_for_devices(lowered: Any, devices_for: Any, options: Mapping[str, Any] | None = None) -> str:
