@@ -37,8 +37,8 @@ from lagom_jax.advise.configtuner import advise_train_step as advise_train_step
 from lagom_jax.advise.predict import (AssumedNetworkWarning as AssumedNetworkWarning,
                                       predict_hlo_step_ms as predict_hlo_step_ms,
                                       predict_train_step_ms as predict_train_step_ms)
-from lagom_jax.api import (Tuned as Tuned, TuningWarning as TuningWarning, auto_hardware as auto_hardware,
-                           tune as tune)
+from lagom_jax.api import (RetuneWarning as RetuneWarning, Tuned as Tuned, TuningWarning as TuningWarning,
+                           auto_hardware as auto_hardware, tune as tune)
 from lagom_jax.cluster.hardware import HardwareProfile as HardwareProfile
 from lagom_jax.cluster.params import CollectiveParams as CollectiveParams
 from lagom_jax.costs.simulate import Timeline as Timeline
@@ -56,7 +56,7 @@ from lagom_jax.search import (SearchResult as SearchResult, STRATEGIES as STRATE
 
 __all__ = [
     "AssumedNetworkWarning", "BASELINES", "CollectiveChoice", "CollectiveParams", "FlagError", "HardwareProfile",
-    "HloParseError", "Plan", "PlanCache", "Planned", "STRATEGIES", "SearchResult", "StepGraph", "Task",
+    "HloParseError", "Plan", "PlanCache", "Planned", "RetuneWarning", "STRATEGIES", "SearchResult", "StepGraph", "Task",
     "Timeline", "Tuned", "TuningWarning", "UnpricedWarning", "XlaFlag", "__version__", "auto_hardware",
     "from_hlo_text", "from_module", "make_plan", "parse_hlo", "predict_hlo_step_ms", "predict_train_step_ms", "run_strategy", "tune",
 ]

@@ -310,10 +310,14 @@ def _compile_hlo(src: HloSource, hw: hardware_lib.HardwareProfile, log: Log) -> 
         if on_cpu:
             raise ValueError(
                 f"{src.where} is a module XLA:CPU compiled ({on_cpu}): its fusions, layouts and collectives "
-                "are the CPU backend's, not what a GPU runs. On a host without a GPU give the step before "
-                "optimization, jax.jit(step).lower(*args).as_text(dialect='hlo'), which is compiled here for "
-                "the cluster's GPUs (docs/hlo.md), or tune the step in Python (lagom_jax.tune)")
+                "are the CPU backend's, not what a GPU runs. On a host without a GPU give the step's CUDA "
+                f"lowering, which is compiled here for the cluster's GPUs: {hlo_compile.CUDA_LOWERING_HOWTO}")
         return Compiled(src.text, src.where, hw, module=module)
+    lowered_on_cpu = hlo_compile.cpu_lowered(module)
+    if lowered_on_cpu:
+        raise ValueError(
+            f"{src.where} was lowered by JAX for the CPU ({lowered_on_cpu}), where its rules differ from "
+            f"CUDA's, so it is not the program a GPU runs. Dump the CUDA lowering: {hlo_compile.CUDA_LOWERING_HOWTO}")
     n = hlo_compile.partitions(module, src.partitions)
     hw = mesh_cluster(hw, n, grow=True)
     base = dict(src.compiler_options)

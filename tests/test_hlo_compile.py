@@ -308,7 +308,26 @@ def test_tune_and_predict_refuse_xla_cpus_module_in_one_line(capsys):
     for argv in (["tune", str(CPU_DP8)], ["predict", "--hlo", str(CPU_DP8)]):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "XLA:CPU compiled" in err[0] and "as_text(dialect='hlo')" in err[0]
+        assert len(err) == 1 and "XLA:CPU compiled" in err[0] and "lowering_platforms=('cuda',)" in err[0]
+
+
+def test_tune_refuses_a_step_lowered_for_the_cpu_and_says_how_to_dump_the_cuda_one(tmp_path, capsys):
+    from lagom_jax import cli
+
+    def step(key, w):  # dropout: JAX's threefry lowers differently for the CPU and CUDA
+        return w * jax.random.bernoulli(key, 0.9, w.shape)
+
+    args = (jax.random.key(0), jnp.ones((64, 64)))
+    on_cpu = jax.jit(step).lower(*args).as_text(dialect="hlo")
+    for_cuda = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")
+    assert "rolled loop" in hlo_compile.cpu_lowered(on_cpu)
+    assert hlo_compile.cpu_lowered(for_cuda) == ""
+    assert hlo_compile.cpu_lowered(LOWERED_DP8.read_text()) == "", "a CPU lowering equal to CUDA's passes"
+    path = tmp_path / "step.hlo"
+    path.write_text(on_cpu)
+    assert cli.main(["tune", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lowered by JAX for the CPU" in err[0] and "lowering_platforms=('cuda',)" in err[0]
 
 
 def test_a_lowered_step_counts_the_devices_its_shardings_name():

@@ -46,6 +46,29 @@ def test_jit_statics():
     assert jax_internals.jit_statics(f) == ((), ())
 
 
+def test_is_jax_jit():
+    assert jax_internals.is_jax_jit(jax.jit(jnp.tanh))
+    assert not jax_internals.is_jax_jit(lambda x: x)
+
+
+def test_lowering_for_makes_every_jit_lowering_inside_the_platforms():
+    from lagom_jax.program import hlo_compile
+
+    def bits(key, x):  # JAX's threefry lowers differently for the CPU (rolled) and CUDA
+        return x * jax.random.bernoulli(key, 0.5, x.shape)
+
+    class Wrapper:  # a wrapper's own lower, which calls jax.jit's inside
+        def lower(self, *args):
+            return jax.jit(bits).lower(*args)
+
+    args = (jax.random.key(0), jnp.ones((64,)))
+    assert hlo_compile.cpu_lowered(Wrapper().lower(*args).as_text(dialect="hlo"))
+    with jax_internals.lowering_for(("cuda",)):
+        text = Wrapper().lower(*args).as_text(dialect="hlo")
+    assert hlo_compile.cpu_lowered(text) == ""
+    assert hlo_compile.cpu_lowered(Wrapper().lower(*args).as_text(dialect="hlo")), "restored on exit"
+
+
 def test_distributed_state_without_jax_distributed():
     assert jax_internals.distributed_state() == (None, 0, 1)
 

@@ -47,8 +47,8 @@ from typing import Any
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.program import custom_calls, gpu_compile, hlo as hlo_lib, jax_internals
 
-__all__ = ["COLLECTIVE_OPCODES", "HloCompileError", "Layout", "classify", "compile_options",
-           "compile_unoptimized", "cpu_compiled", "layout", "partitions", "portable_text"]
+__all__ = ["COLLECTIVE_OPCODES", "CUDA_LOWERING_HOWTO", "HloCompileError", "Layout", "classify", "compile_options",
+           "compile_unoptimized", "cpu_compiled", "cpu_lowered", "layout", "partitions", "portable_text"]
 
 
 class HloCompileError(ValueError):
@@ -201,6 +201,40 @@ def cpu_compiled(text: str | hlo_lib.Module) -> str:
             if _CPU_CUSTOM_CALL.match(target):
                 return f"{inst.name} calls {target}, an XLA:CPU library (line {inst.line})"
     return ""
+
+
+# Custom calls JAX's CPU lowering rules emit (LAPACK, host callbacks, DUCC's FFT); the CUDA
+# rules call cuSOLVER, GPU callbacks and cuFFT instead.
+_CPU_LOWERED_CALL = re.compile(r"^(lapack_|xla_ffi_python_cpu_callback|xla_python_cpu_callback|ducc_fft)")
+
+
+def cpu_lowered(text: str | hlo_lib.Module) -> str:
+    """Why a module before optimization was lowered by JAX for the CPU ("" when nothing says so).
+
+    ``jit(f).lower(...)`` lowers for the platform of the arguments' devices. Most rules are
+    the same for every platform, so most CPU lowerings are the CUDA one; where they differ,
+    the module shows it: a custom call of the CPU's libraries, or JAX's threefry random bits
+    as a rolled loop (``random/threefry2x32.py``: the CPU rule rolls its rounds, the default
+    one used for CUDA unrolls them).
+    """
+    module = _module(text)
+    for comp in module.computations:
+        rolled = comp.name.lstrip("%").startswith("threefry2x32") and any(
+            i.opcode == "while" for i in comp.instructions)
+        if rolled:
+            return f"its threefry random bits are the CPU's rolled loop (computation {comp.name})"
+        for inst in comp.instructions:
+            if inst.opcode == "custom-call":
+                target = inst.attributes.get("custom_call_target", "").strip('"')
+                if _CPU_LOWERED_CALL.match(target):
+                    return f"{inst.name} calls {target}, a CPU library (line {inst.line})"
+    return ""
+
+
+# How to dump what ``tune`` needs from a host without a GPU.
+CUDA_LOWERING_HOWTO = ("jax.jit(step).trace(*args).lower(lowering_platforms=('cuda',)).as_text(dialect='hlo'), "
+                       "or tune the step in Python with lagom_jax.tune(..., plan_dir=DIR), which writes the same "
+                       "as DIR/<module>/step.hlo (docs/hlo.md)")
 
 
 @dataclasses.dataclass(frozen=True)
