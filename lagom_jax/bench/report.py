@@ -1,0 +1,124 @@
+"""What a bench measured, beside what the cost model predicted: Markdown, JSON and a PNG.
+
+Per arm: its flags, the median step over every timed step of every round with its 95%
+interval (``stats``), the model's prediction for the cluster the plan is for, what of the arm
+applied (``worker.applied``), and the last lines of any run that failed. An arm none of whose
+runs finished is reported as failed, never compared. The verdict compares lagom's arm with
+XLA's defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+from lagom_jax.bench import stats
+
+__all__ = ["ArmResult", "Report", "build"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmResult:
+    name: str
+    flags: str
+    predicted_ms: float
+    measured: stats.Summary | None
+    runs: int
+    platform: str
+    applied: tuple[tuple[str, str], ...]
+    errors: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    arms: tuple[ArmResult, ...]
+    verdict: str
+    cluster: str
+    setup: str
+
+    def markdown(self) -> str:
+        lines = ["# lagom-jax bench", "", f"Setup: {self.setup}.", "",
+                 f"Predicted: by the cost model, for {self.cluster}. Measured: on this job's "
+                 f"{self.arms[0].platform if self.arms else '?'} devices, warm-up steps left out; the interval is "
+                 "the 95% interval of the median step.", "",
+                 "| arm | measured median ms | 95% interval ms | steps | predicted ms | flags |",
+                 "|---|---|---|---|---|---|"]
+        for a in self.arms:
+            if a.measured is None:
+                lines.append(f"| {a.name} | failed | - | 0 | {a.predicted_ms:.3f} | `{a.flags or '-'}` |")
+                continue
+            m = a.measured
+            lines.append(f"| {a.name} | {m.median_ms:.2f} | {m.low_ms:.2f}-{m.high_ms:.2f} | {m.n} | "
+                         f"{a.predicted_ms:.3f} | `{a.flags or '-'}` |")
+        lines += ["", f"Verdict: {self.verdict}.", "", "## Did each arm apply", ""]
+        for a in self.arms:
+            said = "; ".join(f"{k}: {v}" for k, v in a.applied) or "no settings (XLA's and NCCL's defaults)"
+            lines.append(f"- {a.name}: {said}")
+        failed = [(a.name, e) for a in self.arms for e in a.errors]
+        if failed:
+            lines += ["", "## Runs that failed", ""]
+            for name, err in failed:
+                lines += [f"- {name}:", "", "```text", err, "```"]
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "setup": self.setup, "verdict": self.verdict,
+                "arms": [{**dataclasses.asdict(a), "applied": dict(a.applied)} for a in self.arms]}
+
+    def write(self, out: pathlib.Path) -> None:
+        (out / "report.md").write_text(self.markdown())
+        (out / "report.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        try:
+            self._png(out / "report.png")
+        except ImportError:
+            pass  # matplotlib is the plot extra
+
+    def _png(self, path: pathlib.Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        shown = [a for a in self.arms if a.measured is not None]
+        if not shown:
+            return
+        fig, ax = plt.subplots(figsize=(6, 3))
+        xs = range(len(shown))
+        med = [a.measured.median_ms for a in shown]
+        err = [[a.measured.median_ms - a.measured.low_ms for a in shown],
+               [a.measured.high_ms - a.measured.median_ms for a in shown]]
+        ax.bar(xs, med, yerr=err, capsize=4, color="#6a9fd4", label="measured median, 95% interval")
+        ax.set_xticks(list(xs), [a.name for a in shown])
+        ax.set_ylabel("step ms (measured)")
+        ax2 = ax.twinx()
+        ax2.plot(list(xs), [a.predicted_ms for a in shown], "o", color="#d46a6a", label=f"predicted ({self.cluster})")
+        ax2.set_ylabel("step ms (predicted)")
+        fig.legend(loc="upper right", fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def build(arms: list, rows: list[dict[str, Any]], hw: Any, setup: Any) -> Report:
+    results = []
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm.name]
+        ok = [r for r in mine if "times_ms" in r]
+        times = [t for r in ok for t in r["times_ms"]]
+        results.append(ArmResult(
+            arm.name, arm.plan.xla_flags(), dict(arm.plan.predicted_us).get(arm.plan.strategy, arm.plan.makespan_us)
+            / 1e3, stats.summarize(times) if times else None, len(ok), ok[-1]["platform"] if ok else "?",
+            tuple(sorted(ok[-1]["applied"].items())) if ok else (), tuple(r["error"] for r in mine if "error" in r)))
+    by = {a.name: a for a in results}
+    lagom, base = by.get("lagom"), by.get("xla-default")
+    if lagom is None or base is None or lagom.measured is None or base.measured is None:
+        verdict = "no comparison: lagom's arm or XLA's defaults has no finished run"
+    else:
+        verdict = stats.verdict(lagom.measured, base.measured, "lagom", "xla-default")
+    src = setup.source
+    described = (f"{src.describe()}, batch {src.batch_size} x {src.seq_len}, {setup.processes} process(es) x "
+                 f"{setup.devices_per_process} devices, {setup.warmup} warm-up + {setup.steps} timed steps, "
+                 f"{setup.rounds} rounds, launcher {setup.launcher}")
+    return Report(tuple(results), verdict, f"{hw.name} ({hw.nodes} node(s) x {hw.gpus_per_node} GPUs)", described)

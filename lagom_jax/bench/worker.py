@@ -1,0 +1,97 @@
+"""One process of one bench arm: ``python -m lagom_jax.bench.worker SPEC OUT``.
+
+Started under an arm's ``launch.sh`` (its XLA_FLAGS and NCCL environment), once per process
+of the job. It joins ``jax.distributed`` when the job has several processes: with the
+coordinator the local launcher gives it (``LAGOM_BENCH_COORDINATOR``, ``LAGOM_BENCH_PROCESS``),
+else by JAX's own cluster detection (SLURM's ``srun``, Open MPI's ``mpirun``). On CPU devices
+(this machine, CI) each process has ``devices_per_process`` of them and the collectives run
+on gloo. It builds the built-in model's step on every device of the job, runs ``warmup``
+steps, then times ``steps`` steps one by one (each waited for), and process 0 writes
+``OUT``: the step times, the platform, and what of the arm applied (``applied``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+COORDINATOR_ENV = "LAGOM_BENCH_COORDINATOR"
+PROCESS_ENV = "LAGOM_BENCH_PROCESS"
+
+
+def _join(spec: dict[str, Any]) -> None:
+    import jax
+
+    processes = int(spec["processes"])
+    if spec.get("platform", "cpu") == "cpu":
+        jax.config.update("jax_num_cpu_devices", int(spec["devices_per_process"]))
+        if processes > 1:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if processes <= 1:
+        return
+    timeout = int(spec.get("join_timeout_s", 120))
+    address = os.environ.get(COORDINATOR_ENV)
+    if address:
+        jax.distributed.initialize(coordinator_address=address, num_processes=processes,
+                                   process_id=int(os.environ[PROCESS_ENV]), initialization_timeout=timeout)
+    else:  # srun / mpirun: JAX detects the cluster
+        jax.distributed.initialize(initialization_timeout=timeout)
+
+
+def applied(platform: str) -> dict[str, str]:
+    """What of this process's arm settings the platform uses: the XLA flags it started with
+    (XLA parsed them at the first compile, or the process would have aborted), and the NCCL
+    variables, which only a GPU job reads."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    out = {}
+    for flag in flags:
+        name = flag.lstrip("-").split("=", 1)[0]
+        if platform == "cpu" and name.startswith("xla_gpu_"):
+            out[name] = "parsed by XLA at start; XLA:CPU does not use it"
+        else:
+            out[name] = "parsed by XLA at start"
+    nccl = sorted(k for k in os.environ if k.startswith("NCCL_"))
+    if nccl:
+        out["NCCL"] = ("not used on this platform" if platform == "cpu" else
+                       f"set before the first communicator: {', '.join(nccl)}")
+    return out
+
+
+def main(spec_path: str, out_path: str) -> int:
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    import lagom_jax  # noqa: F401 - before JAX starts (no CUDA plugin traceback on a CPU host)
+
+    _join(spec)
+    import jax
+
+    from lagom_jax import models
+
+    src = spec["model"]
+    built = models.build(src["model"], src["config"], src["recipe"], src["mesh"], batch_size=src["batch_size"],
+                         seq_len=src["seq_len"], dtype=src["dtype"], remat=src["remat"], scan=src["scan"],
+                         attention=src["attention"], devices=jax.devices())
+    state, batch = built.init(jax.random.key(0))  # placed on the job's global mesh
+    times, loss = [], float("nan")
+    for i in range(int(spec["warmup"]) + int(spec["steps"])):
+        start = time.perf_counter()
+        state, metrics = built.train_step(state, batch)
+        jax.block_until_ready((state, metrics))
+        if i >= int(spec["warmup"]):
+            times.append((time.perf_counter() - start) * 1e3)
+    loss = float(metrics["loss"].addressable_data(0))  # replicated: this process's copy
+    platform = jax.devices()[0].platform
+    if jax.process_index() == 0:
+        with open(out_path, "w", encoding="utf-8") as fh:
+            json.dump({"times_ms": times, "loss": loss, "platform": platform, "devices": jax.device_count(),
+                       "processes": jax.process_count(), "applied": applied(platform)}, fh)
+    if jax.process_count() > 1:
+        jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1], sys.argv[2]))
