@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lagom_jax import api, job, models, quiet, search
+from lagom_jax.bench import launch as launch_lib, run as bench_run
 from lagom_jax.advise import configtuner as advise, predict
 from lagom_jax.cluster import hardware, nccl_env as nccl_env_lib
 from lagom_jax.costs import calibrate, profile
@@ -458,6 +459,64 @@ def _run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- bench
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="measure the plan against XLA's defaults where the job runs",
+        description="Plan a built-in model's step (the same flags as tune --model) for the cluster, then run "
+        "each arm (XLA's defaults, the strategies asked for, any --plan folder) as a fresh job under its "
+        "launch.sh, interleaved in rounds, and report each arm's median step with a 95%% interval beside "
+        "the model's prediction (DIR/report.md, report.json, report.png). Rerun with the same --out to resume.")
+    _add_model_args(p)
+    p.add_argument("--recipe", default=None, help="sharding recipe (default: from the mesh axes)")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch in sequences")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length")
+    _add_hardware_args(p, default="h100-sxm-8")
+    p.add_argument("--arms", default=",".join(bench_run.STRATEGY_ARMS),
+                   help="strategies to measure beside XLA's defaults, comma-separated (default: all of "
+                   + ", ".join(bench_run.STRATEGY_ARMS) + ")")
+    p.add_argument("--plan", action="append", default=[], metavar="DIR",
+                   help="a plan folder (tune --out DIR) to measure as one more arm (repeatable)")
+    p.add_argument("--processes", type=int, default=1, help="processes of the job (default 1)")
+    p.add_argument("--devices-per-process", type=int, default=None,
+                   help="on a host without GPUs: fake CPU devices per process (default: mesh / processes)")
+    p.add_argument("--launcher", default="local", choices=launch_lib.LAUNCHERS,
+                   help="local: this host starts the processes; srun or mpirun: the cluster's launcher")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per run (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out before timing (default 2)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of every arm, interleaved (default 3)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take (default 1800)")
+    p.add_argument("--join-timeout", type=int, default=120,
+                   help="seconds every process has to reach jax.distributed's coordinator (default 120)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the arms, measurements and report go")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import math
+
+    args.commfuse = "off"
+    source, hw = _model_source(args)
+    n = math.prod(source.shape().values())
+    platform = "gpu" if gpu_compile.has_cuda_driver() else "cpu"
+    per_process = args.devices_per_process or max(1, n // args.processes)
+    try:
+        setup = bench_run.BenchSetup(source, processes=args.processes, devices_per_process=per_process,
+                                     steps=args.steps, warmup=args.warmup, rounds=args.rounds, launcher=args.launcher,
+                                     timeout_s=args.timeout, join_timeout_s=args.join_timeout)
+        if platform == "cpu" and args.processes * per_process != n:
+            raise ValueError(f"{args.processes} process(es) x {per_process} devices is not the mesh's {n} devices")
+        strategies = tuple(a for a in args.arms.split(",") if a and a != "xla-default")
+        made = bench_run.bench(setup, hw, args.out, plans=tuple(pathlib.Path(p) for p in args.plan),
+                               strategies=strategies, platform=platform, log=_log)
+    except (ValueError, gpu_compile.DevicelessUnavailable) as err:
+        raise _UsageError(str(err)) from None
+    print(made.markdown())
+    print(f"report: {pathlib.Path(args.out) / 'report.md'} (and report.json, report.png)")
+    return 0
+
+
 # ----------------------------------------------------------------------------- build-tuner
 
 
@@ -851,6 +910,7 @@ _SUBCOMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = 
     "advise": (_add_advise, _run_advise),
     "predict": (_add_predict, _run_predict),
     "calibrate": (_add_calibrate, _run_calibrate),
+    "bench": (_add_bench, _run_bench),
 }
 
 

@@ -61,7 +61,7 @@ print(json.dumps({
 
 
 def test_a_third_party_trainer_on_a_gpu_less_host_tunes_the_gpu_module_without_a_traceback(tmp_path):
-    if gpu_compile._has_cuda_driver():
+    if gpu_compile.has_cuda_driver():
         pytest.skip("this host has a CUDA driver: the GPU-less path does not apply")
     if not gpu_compile._plugin_installed():
         pytest.skip("the CUDA plugin is not installed: nothing to compile for GPUs with")

@@ -30,6 +30,10 @@ class ArmResult:
     applied: tuple[tuple[str, str], ...]
     errors: tuple[str, ...]
 
+    @property
+    def not_applied(self) -> tuple[str, ...]:
+        return tuple(k for k, v in self.applied if v.startswith("not applied"))
+
 
 @dataclasses.dataclass(frozen=True)
 class Report:
@@ -46,8 +50,9 @@ class Report:
                  "| arm | measured median ms | 95% interval ms | steps | predicted ms | flags |",
                  "|---|---|---|---|---|---|"]
         for a in self.arms:
-            if a.measured is None:
-                lines.append(f"| {a.name} | failed | - | 0 | {a.predicted_ms:.3f} | `{a.flags or '-'}` |")
+            if a.measured is None or a.not_applied:
+                what = "failed" if a.measured is None else "not applied"
+                lines.append(f"| {a.name} | {what} | - | 0 | {a.predicted_ms:.3f} | `{a.flags or '-'}` |")
                 continue
             m = a.measured
             lines.append(f"| {a.name} | {m.median_ms:.2f} | {m.low_ms:.2f}-{m.high_ms:.2f} | {m.n} | "
@@ -107,14 +112,17 @@ def build(arms: list, rows: list[dict[str, Any]], hw: Any, setup: Any) -> Report
         mine = [r for r in rows if r["arm"] == arm.name]
         ok = [r for r in mine if "times_ms" in r]
         times = [t for r in ok for t in r["times_ms"]]
+        flags = " ".join(f"--{k}={v}" for k, v in arm.settings if not k.startswith("NCCL_"))
         results.append(ArmResult(
-            arm.name, arm.plan.xla_flags(), dict(arm.plan.predicted_us).get(arm.plan.strategy, arm.plan.makespan_us)
+            arm.name, flags, dict(arm.plan.predicted_us).get(arm.plan.strategy, arm.plan.makespan_us)
             / 1e3, stats.summarize(times) if times else None, len(ok), ok[-1]["platform"] if ok else "?",
             tuple(sorted(ok[-1]["applied"].items())) if ok else (), tuple(r["error"] for r in mine if "error" in r)))
     by = {a.name: a for a in results}
     lagom, base = by.get("lagom"), by.get("xla-default")
     if lagom is None or base is None or lagom.measured is None or base.measured is None:
         verdict = "no comparison: lagom's arm or XLA's defaults has no finished run"
+    elif lagom.not_applied:
+        verdict = f"no comparison: lagom's plan did not apply ({', '.join(lagom.not_applied)})"
     else:
         verdict = stats.verdict(lagom.measured, base.measured, "lagom", "xla-default")
     src = setup.source

@@ -38,10 +38,30 @@ class Arm:
     name: str
     folder: pathlib.Path
     plan: Plan
+    settings: tuple[tuple[str, str], ...] = ()  # what launch.sh sets: XLA flags and NCCL variables
 
     @property
     def launch_sh(self) -> pathlib.Path:
         return self.folder / "launch.sh"
+
+    @classmethod
+    def of_folder(cls, name: str, folder: pathlib.Path, plan: Plan) -> Arm:
+        """The arm of a plan folder; what its ``launch.sh`` sets, read from the folder's plan."""
+        settings = [tuple(f.render().lstrip("-").split("=", 1)) for f in plan.flags]
+        env = plan.nccl_env(config_path=folder / "nccl_tuner.conf")
+        settings += [(k, v) for k, v in env.items() if k.startswith("NCCL_") and k != "NCCL_TUNER_PLUGIN"
+                     and not k.startswith("NCCL_TUNER")]
+        return cls(name, folder, plan, tuple(sorted(settings)))
+
+
+def _defaults_arm(plan: Plan, folder: pathlib.Path) -> Arm:
+    """XLA's and NCCL's defaults: a launch.sh that sets nothing, and no tuner plugin."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plan.save(folder / "plan.json")
+    launch_sh = folder / "launch.sh"
+    launch_sh.write_text("#!/usr/bin/env bash\n# XLA's and NCCL's defaults: nothing set.\nexec \"$@\"\n")
+    launch_sh.chmod(0o755)
+    return Arm("xla-default", folder, plan)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,36 +101,47 @@ class BenchSetup:
     def key(self, arms: list[Arm]) -> str:
         """What makes two benches the same (a rerun resumes only such a one)."""
         spec = {**self.worker_spec("any"), "launcher": self.launcher,
-                "arms": [(a.name, a.plan.fingerprint, a.plan.xla_flags()) for a in arms]}
+                "arms": [(a.name, a.settings) for a in arms]}
         return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def plan_arms(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: pathlib.Path,
-              plans: tuple[pathlib.Path, ...] = (), log: Callable[[str], None] = job.silent) -> list[Arm]:
-    """Each strategy's plan of the step (one compile for all of them), and the plan folders
-    given, written as ``out/arms/<name>/``. A given folder whose plan is of another step is
-    refused (ValueError naming it)."""
+              plans: tuple[pathlib.Path, ...] = (), log: Callable[[str], None] = job.silent,
+              strategies: tuple[str, ...] = STRATEGY_ARMS) -> list[Arm]:
+    """XLA's defaults, each other strategy's plan of the step asked for (one compile for all of
+    them), written as ``out/arms/<name>/``, and the plan folders given. A given folder whose
+    plan is of another step is refused (ValueError naming it)."""
+    unknown = set(strategies) - set(STRATEGY_ARMS)
+    if unknown:
+        raise ValueError(f"unknown arm(s) {', '.join(sorted(unknown))} (known: {', '.join(STRATEGY_ARMS)}; "
+                         "a plan folder is an arm with --plan DIR)")
     compiled = job.compile_source(setup.source, hw, log)
     arms = []
     for strategy in STRATEGY_ARMS:
+        if strategy not in strategies and strategy != "xla-default":
+            continue
         log(f"bench: planning the {strategy} arm ...")
         made = job.plan_compiled(compiled, strategy=strategy, structures=strategy == "lagom", log=log,
                                  verify=False)
         folder = out / "arms" / strategy
+        if strategy == "xla-default":
+            arms.append(_defaults_arm(made.plan, folder))
+            continue
         made.write(folder, log)
-        arms.append(Arm(strategy, folder, made.plan))
-    fingerprint = arms[0].plan.fingerprint
+        arms.append(Arm.of_folder(strategy, folder, made.plan))
+    # The modules this step compiles to: as XLA makes it, and as each arm's structure flags make it.
+    known = {a.plan.fingerprint for a in arms}
     for given in plans:
         path = pathlib.Path(given)
         if not (path / "plan.json").exists() or not (path / "launch.sh").exists():
             raise ValueError(f"--plan {given}: not a plan folder (no plan.json and launch.sh; "
                              "`lagom-jax tune ... --out DIR` writes one)")
         plan = Plan.load(path / "plan.json")
-        if plan.fingerprint != fingerprint:
+        if plan.fingerprint not in known:
             raise ValueError(f"--plan {given}: its plan is of another step ({plan.module}, module "
-                             f"{plan.fingerprint[:12]}; this bench's is {fingerprint[:12]}): tune this "
-                             "model with the same flags to get one")
-        arms.append(Arm(path.name, path, plan))
+                             f"{plan.fingerprint[:12]}, none of the {len(known)} this bench compiled): tune this "
+                             "model with the same options (lagom-jax tune --model ... --out DIR) to get one")
+        arms.append(Arm.of_folder(path.name, path, plan))
     return arms
 
 
@@ -125,12 +156,13 @@ def _load(path: pathlib.Path, key: str) -> list[dict[str, Any]]:
 
 
 def bench(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: str | pathlib.Path, *,
-          plans: tuple[pathlib.Path, ...] = (), platform: str = "cpu",
-          log: Callable[[str], None] = job.silent) -> report_lib.Report:
-    """Plan the arms, measure them in interleaved rounds (resuming ``out``), write the report."""
+          plans: tuple[pathlib.Path, ...] = (), strategies: tuple[str, ...] = STRATEGY_ARMS,
+          platform: str = "cpu", log: Callable[[str], None] = job.silent) -> report_lib.Report:
+    """Plan the arms, measure them in interleaved rounds (resuming ``out``), write the report.
+    ``platform``: of the devices the job runs on (``cpu``: ``devices_per_process`` fake ones)."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    arms = plan_arms(setup, hw, out, plans, log)
+    arms = plan_arms(setup, hw, out, plans, log, strategies)
     key = setup.key(arms)
     path = out / MEASUREMENTS
     rows = _load(path, key)
@@ -144,7 +176,8 @@ def bench(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: str | pathli
             if (arm.name, r) in done:
                 log(f"round {r}/{setup.rounds} {arm.name}: measured before, kept")
                 continue
-            got = launch.run_arm(setup.launcher, arm.launch_sh, spec, timeout_s=setup.timeout_s)
+            got = launch.run_arm(setup.launcher, arm.launch_sh, {**spec, "expected": dict(arm.settings)},
+                                 timeout_s=setup.timeout_s)
             row: dict[str, Any] = {"arm": arm.name, "round": r, "seconds": got.seconds}
             if got.result is not None:
                 row.update(got.result)

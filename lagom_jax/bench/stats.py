@@ -13,7 +13,10 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["Summary", "summarize", "verdict"]
+__all__ = ["MIN_SAMPLES", "Summary", "summarize", "verdict"]
+
+# The fewest samples whose extreme order statistics bracket the median with 95%: 1 - 2 / 2**6.
+MIN_SAMPLES = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +27,11 @@ class Summary:
     median_ms: float
     low_ms: float
     high_ms: float
+
+    @property
+    def bracketed(self) -> bool:
+        """Whether the interval holds the median with 95% (6 samples or more)."""
+        return self.n >= MIN_SAMPLES
 
 
 def _binom_cdf(k: int, n: int) -> float:
@@ -50,6 +58,9 @@ def summarize(times_ms: Sequence[float], confidence: float = 0.95) -> Summary:
 def verdict(arm: Summary, base: Summary, arm_name: str, base_name: str) -> str:
     """One sentence: whether ``arm`` differs from ``base`` beyond the noise of either."""
     ratio = base.median_ms / arm.median_ms if arm.median_ms > 0 else float("inf")
+    if not (arm.bracketed and base.bracketed):
+        return (f"{arm_name} against {base_name}: {ratio:.3f}x, but with fewer than {MIN_SAMPLES} timed steps an arm "
+                "has no 95% interval, so noise cannot be told apart (more --steps or --rounds)")
     if arm.high_ms < base.low_ms:
         return (f"{arm_name} is faster than {base_name}: {ratio:.3f}x, beyond the noise (their 95% intervals "
                 "do not overlap)")

@@ -41,22 +41,24 @@ def _join(spec: dict[str, Any]) -> None:
         jax.distributed.initialize(initialization_timeout=timeout)
 
 
-def applied(platform: str) -> dict[str, str]:
-    """What of this process's arm settings the platform uses: the XLA flags it started with
-    (XLA parsed them at the first compile, or the process would have aborted), and the NCCL
-    variables, which only a GPU job reads."""
-    flags = os.environ.get("XLA_FLAGS", "").split()
+def applied(platform: str, expected: dict[str, str]) -> dict[str, str]:
+    """What of the arm's settings (``expected``: XLA flag or NCCL variable -> value) this process
+    started with and the platform uses. XLA parses ``XLA_FLAGS`` at its first compile and aborts
+    the process on one it rejects, so a flag present here was accepted; NCCL reads its variables
+    only on a GPU job. A setting absent or with another value did not apply."""
+    given = dict(flag.lstrip("-").split("=", 1) for flag in os.environ.get("XLA_FLAGS", "").split() if "=" in flag)
     out = {}
-    for flag in flags:
-        name = flag.lstrip("-").split("=", 1)[0]
-        if platform == "cpu" and name.startswith("xla_gpu_"):
-            out[name] = "parsed by XLA at start; XLA:CPU does not use it"
+    for name, value in expected.items():
+        if name.startswith("NCCL_"):
+            here = os.environ.get(name)
+            out[name] = (f"not applied: {name}={here} in the environment, not {value}" if here != value else
+                         "NCCL: not used on this platform" if platform == "cpu" else
+                         "set before the first communicator")
+        elif given.get(name) != value:
+            out[name] = f"not applied: XLA_FLAGS has {given.get(name)!r}, not {value!r}"
         else:
-            out[name] = "parsed by XLA at start"
-    nccl = sorted(k for k in os.environ if k.startswith("NCCL_"))
-    if nccl:
-        out["NCCL"] = ("not used on this platform" if platform == "cpu" else
-                       f"set before the first communicator: {', '.join(nccl)}")
+            out[name] = ("parsed by XLA at start; XLA:CPU does not use it"
+                         if platform == "cpu" and name.startswith("xla_gpu_") else "parsed by XLA at start")
     return out
 
 
@@ -87,7 +89,8 @@ def main(spec_path: str, out_path: str) -> int:
     if jax.process_index() == 0:
         with open(out_path, "w", encoding="utf-8") as fh:
             json.dump({"times_ms": times, "loss": loss, "platform": platform, "devices": jax.device_count(),
-                       "processes": jax.process_count(), "applied": applied(platform)}, fh)
+                       "processes": jax.process_count(),
+                       "applied": applied(platform, spec.get("expected", {}))}, fh)
     if jax.process_count() > 1:
         jax.distributed.shutdown()
     return 0

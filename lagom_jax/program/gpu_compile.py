@@ -49,7 +49,7 @@ from lagom_jax.program import environment, fork_server, jax_internals
 
 __all__ = ["CPU_FALLBACK_LOSS", "ChildAborted", "DevicelessUnavailable",
            "StepDevices", "answer_in_child", "compile_for_cluster", "compile_lowered",
-           "compiler", "devices", "lower_for_cluster",
+           "compiler", "devices", "has_cuda_driver", "lower_for_cluster",
            "prepare", "run_isolated", "step_devices", "target_config", "topology_string", "unavailable_reason"]
 
 # The CUDA 12 plugin (what lagom-jax installs) or CUDA 13's (newer jax on GPU hosts).
@@ -64,7 +64,8 @@ class DevicelessUnavailable(RuntimeError):
     """This process cannot compile for abstract GPUs; the message says why and the fix."""
 
 
-def _has_cuda_driver() -> bool:
+def has_cuda_driver() -> bool:
+    """Whether a CUDA driver loads in this process (a GPU host)."""
     import ctypes
 
     try:
@@ -107,7 +108,7 @@ def prepare() -> None:
     """
     import jax
 
-    if jax_internals.backends_started() or not _plugin_installed() or _has_cuda_driver():
+    if jax_internals.backends_started() or not _plugin_installed() or has_cuda_driver():
         return
     _deviceless_xla_flags()
     jax_internals.allow_cuda_plugin_without_driver()
