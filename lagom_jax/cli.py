@@ -491,21 +491,32 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--join-timeout", type=int, default=120,
                    help="seconds every process has to reach jax.distributed's coordinator (default 120)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the arms, measurements and report go")
+    p.add_argument("program", nargs=argparse.REMAINDER,
+                   help="after --: your own program (e.g. -- python train.py ...), whose @lagom_jax.tune step reports "
+                   "its step times; the arms are XLA's defaults and each --plan folder")
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     import math
 
-    args.commfuse = "off"
-    source, hw = _model_source(args)
-    n = math.prod(source.shape().values())
+    program = tuple(args.program[1:] if args.program[:1] == ["--"] else args.program)
     platform = "gpu" if gpu_compile.has_cuda_driver() else "cpu"
+    if program:
+        if args.model is not None:
+            raise _UsageError("give --model or a program after --, not both")
+        source, hw, n = None, _hardware(args), args.processes
+    else:
+        if args.model is None:
+            raise _UsageError("give a built-in model (--model ...) or your program after -- (-- python train.py ...)")
+        args.commfuse = "off"
+        source, hw = _model_source(args)
+        n = math.prod(source.shape().values())
     per_process = args.devices_per_process or max(1, n // args.processes)
     try:
         setup = bench_run.BenchSetup(source, processes=args.processes, devices_per_process=per_process,
                                      steps=args.steps, warmup=args.warmup, rounds=args.rounds, launcher=args.launcher,
-                                     timeout_s=args.timeout, join_timeout_s=args.join_timeout)
-        if platform == "cpu" and args.processes * per_process != n:
+                                     timeout_s=args.timeout, join_timeout_s=args.join_timeout, program=program)
+        if source is not None and platform == "cpu" and args.processes * per_process != n:
             raise ValueError(f"{args.processes} process(es) x {per_process} devices is not the mesh's {n} devices")
         strategies = tuple(a for a in args.arms.split(",") if a and a != "xla-default")
         made = bench_run.bench(setup, hw, args.out, plans=tuple(pathlib.Path(p) for p in args.plan),

@@ -114,3 +114,42 @@ def test_a_failed_or_unapplied_arm_is_never_compared():
     made = report.Report((base, arm), "v", "h100-sxm-8", "s")
     text = made.markdown()
     assert "| xla-default | failed |" in text and "| lagom | not applied |" in text and "boom" in text
+
+
+PROGRAM = """
+import sys
+import jax
+import jax.numpy as jnp
+import lagom_jax
+
+@lagom_jax.tune(hardware="h100-sxm-8", plan_dir=sys.argv[1] if len(sys.argv) > 1 else None)
+@jax.jit
+def step(w, x):
+    return w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+w, x = jnp.ones((64, 64)) * 0.01, jnp.ones((16, 64))
+for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 10):
+    w = step(w, x)
+"""
+
+
+def test_a_users_program_reports_its_step_times_through_the_decorator(tmp_path, capsys):
+    import sys
+
+    program = tmp_path / "train.py"
+    program.write_text(PROGRAM)
+    assert __import__("subprocess").run([sys.executable, str(program), str(tmp_path / "plans"), "1"]).returncode == 0
+    (folder,) = (tmp_path / "plans").iterdir()
+    args = ["bench", "--plan", str(folder), "--warmup", "2", "--rounds", "1", "--out", str(tmp_path / "out"),
+            "--", sys.executable, str(program)]
+    assert cli.main(args) == 0
+    made = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [a["name"] for a in made["arms"]] == ["xla-default", folder.name]
+    assert all(a["measured"]["n"] == 7 for a in made["arms"])  # 10 calls: 9 intervals, 2 of them warm-up
+    assert folder.name in made["verdict"]
+    # A program that reports no step after the warm-up is a failed run, and the report says why.
+    short = [*args[:-2], sys.executable, str(program), str(tmp_path / "unused"), "2"]
+    short[short.index("--out") + 1] = str(tmp_path / "short")
+    assert cli.main(short) == 0
+    text = (tmp_path / "short" / "report.md").read_text()
+    assert "| xla-default | failed |" in text and "reported no step times after the warm-up" in text

@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from lagom_jax.bench import worker
+from lagom_jax.bench import protocol, worker
 
 __all__ = ["LAUNCHERS", "Launched", "command", "run_arm"]
 
@@ -46,9 +46,10 @@ def _free_port() -> int:
 
 
 def command(launcher: str, launch_sh: pathlib.Path, spec: pathlib.Path, out: pathlib.Path,
-            processes: int) -> list[str]:
-    """The command line of one arm's job (for ``local``: of one of its processes)."""
-    worker_cmd = [str(launch_sh), sys.executable, "-m", "lagom_jax.bench.worker", str(spec), str(out)]
+            processes: int, program: tuple[str, ...] = ()) -> list[str]:
+    """The command line of one arm's job (for ``local``: of one of its processes): the built-in
+    worker, or the user's ``program`` (which starts its own processes when run locally)."""
+    worker_cmd = [str(launch_sh), *(program or (sys.executable, "-m", "lagom_jax.bench.worker", str(spec), str(out)))]
     if launcher == "local":
         return worker_cmd
     if launcher == "srun":
@@ -62,16 +63,23 @@ def _tail(text: str, lines: int = 8) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, timeout_s: float) -> Launched:
-    """Run one arm once; never raises for the job's own failure (it is reported)."""
+def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, timeout_s: float,
+            program: tuple[str, ...] = ()) -> Launched:
+    """Run one arm once; never raises for the job's own failure (it is reported). With
+    ``program`` the user's command runs instead of the built-in worker, and reports its step
+    times through ``protocol``."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lagom-bench-") as tmp:
         spec_path, out = pathlib.Path(tmp) / "spec.json", pathlib.Path(tmp) / "out.json"
+        times = pathlib.Path(tmp) / "times.jsonl"
         spec_path.write_text(json.dumps(spec))
         processes = int(spec["processes"])
-        cmd = command(launcher, launch_sh, spec_path, out, processes)
-        env = dict(os.environ)
-        if launcher == "local":
+        cmd = command(launcher, launch_sh, spec_path, out, processes, program)
+        env = {**os.environ, protocol.TIMES_ENV: str(times), protocol.EXPECT_ENV: json.dumps(spec.get("expected", {}))}
+        if program and launcher == "local":
+            procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
+            address = "the program's own"
+        elif launcher == "local":
             address = f"localhost:{_free_port()}"
             procs = [subprocess.Popen(cmd, env={**env, worker.COORDINATOR_ENV: address, worker.PROCESS_ENV: str(i)}
                                       if processes > 1 else env,
@@ -103,6 +111,13 @@ def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, tim
                                        + _tail(err)), seconds)
             return Launched(None, f"process {failed} exited with status {procs[failed].returncode}:\n"
                             + _tail(err), seconds)
+        if program:
+            got = protocol.read(str(times), int(spec.get("warmup", 0)))
+            if got is None:
+                return Launched(None, ("the program reported no step times after the warm-up: decorate its train step "
+                                       "with @lagom_jax.tune (docs/bench.md), and run more steps than --warmup\n")
+                                + _tail(errors[0] if errors else ""), seconds)
+            return Launched(got, None, seconds)
         if not out.exists():
             return Launched(None, "process 0 reported no step times:\n" + _tail(errors[0] if errors else ""), seconds)
         return Launched(json.loads(out.read_text()), None, seconds)

@@ -113,20 +113,28 @@ def build(arms: list, rows: list[dict[str, Any]], hw: Any, setup: Any) -> Report
         ok = [r for r in mine if "times_ms" in r]
         times = [t for r in ok for t in r["times_ms"]]
         flags = " ".join(f"--{k}={v}" for k, v in arm.settings if not k.startswith("NCCL_"))
+        # XLA's defaults are predicted as the plan's xla-default baseline, every other arm as its plan.
+        strategy = "xla-default" if arm.name == "xla-default" else arm.plan.strategy
         results.append(ArmResult(
-            arm.name, flags, dict(arm.plan.predicted_us).get(arm.plan.strategy, arm.plan.makespan_us)
-            / 1e3, stats.summarize(times) if times else None, len(ok), ok[-1]["platform"] if ok else "?",
+            arm.name, flags, dict(arm.plan.predicted_us).get(strategy, arm.plan.makespan_us) / 1e3, stats.summarize(times) if times else None, len(ok), ok[-1]["platform"] if ok else "?",
             tuple(sorted(ok[-1]["applied"].items())) if ok else (), tuple(r["error"] for r in mine if "error" in r)))
     by = {a.name: a for a in results}
-    lagom, base = by.get("lagom"), by.get("xla-default")
+    # lagom's arm, else the first plan folder given, against XLA's defaults.
+    lagom = by.get("lagom") or next((a for a in results if a.name != "xla-default"), None)
+    base = by.get("xla-default")
+    name = lagom.name if lagom is not None else "lagom"
     if lagom is None or base is None or lagom.measured is None or base.measured is None:
-        verdict = "no comparison: lagom's arm or XLA's defaults has no finished run"
+        verdict = f"no comparison: {name}'s arm or XLA's defaults has no finished run"
     elif lagom.not_applied:
-        verdict = f"no comparison: lagom's plan did not apply ({', '.join(lagom.not_applied)})"
+        verdict = f"no comparison: {name}'s plan did not apply ({', '.join(lagom.not_applied)})"
     else:
-        verdict = stats.verdict(lagom.measured, base.measured, "lagom", "xla-default")
+        verdict = stats.verdict(lagom.measured, base.measured, name, "xla-default")
     src = setup.source
-    described = (f"{src.describe()}, batch {src.batch_size} x {src.seq_len}, {setup.processes} process(es) x "
-                 f"{setup.devices_per_process} devices, {setup.warmup} warm-up + {setup.steps} timed steps, "
-                 f"{setup.rounds} rounds, launcher {setup.launcher}")
+    if src is None:
+        described = (f"the program `{' '.join(setup.program)}`, {setup.warmup} warm-up steps left out, "
+                     f"{setup.rounds} rounds, launcher {setup.launcher}")
+    else:
+        described = (f"{src.describe()}, batch {src.batch_size} x {src.seq_len}, {setup.processes} process(es) x "
+                     f"{setup.devices_per_process} devices, {setup.warmup} warm-up + {setup.steps} timed steps, "
+                     f"{setup.rounds} rounds, launcher {setup.launcher}")
     return Report(tuple(results), verdict, f"{hw.name} ({hw.nodes} node(s) x {hw.gpus_per_node} GPUs)", described)

@@ -68,7 +68,7 @@ def _defaults_arm(plan: Plan, folder: pathlib.Path) -> Arm:
 class BenchSetup:
     """What is measured and how: the model, the job's processes, steps and rounds."""
 
-    source: job.ModelSource
+    source: job.ModelSource | None  # None: ``program`` is the workload
     processes: int = 1
     devices_per_process: int = 8
     steps: int = 10
@@ -77,8 +77,11 @@ class BenchSetup:
     launcher: str = "local"
     timeout_s: float = 1800.0
     join_timeout_s: int = 120
+    program: tuple[str, ...] = ()  # a user's command whose decorated step reports its times
 
     def __post_init__(self) -> None:
+        if (self.source is None) == (not self.program):
+            raise ValueError("give a built-in model (--model) or a program (-- python train.py ...), not both")
         for name in ("processes", "devices_per_process", "steps", "rounds", "join_timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -90,6 +93,9 @@ class BenchSetup:
 
     def worker_spec(self, platform: str) -> dict[str, Any]:
         src = self.source
+        if src is None:
+            return {"program": list(self.program), "processes": self.processes, "warmup": self.warmup,
+                    "platform": platform}
         return {"model": {"model": src.model, "config": src.config, "recipe": src.resolved_recipe(),
                           "mesh": dict(src.shape()), "batch_size": src.batch_size,
                           "seq_len": src.seq_len, "dtype": src.dtype, "remat": src.remat, "scan": src.scan,
@@ -111,6 +117,8 @@ def plan_arms(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: pathlib.
     """XLA's defaults, each other strategy's plan of the step asked for (one compile for all of
     them), written as ``out/arms/<name>/``, and the plan folders given. A given folder whose
     plan is of another step is refused (ValueError naming it)."""
+    if setup.source is None:
+        return _program_arms(out, plans)
     unknown = set(strategies) - set(STRATEGY_ARMS)
     if unknown:
         raise ValueError(f"unknown arm(s) {', '.join(sorted(unknown))} (known: {', '.join(STRATEGY_ARMS)}; "
@@ -132,17 +140,31 @@ def plan_arms(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: pathlib.
     # The modules this step compiles to: as XLA makes it, and as each arm's structure flags make it.
     known = {a.plan.fingerprint for a in arms}
     for given in plans:
-        path = pathlib.Path(given)
-        if not (path / "plan.json").exists() or not (path / "launch.sh").exists():
-            raise ValueError(f"--plan {given}: not a plan folder (no plan.json and launch.sh; "
-                             "`lagom-jax tune ... --out DIR` writes one)")
-        plan = Plan.load(path / "plan.json")
+        path, plan = _given(given)
         if plan.fingerprint not in known:
             raise ValueError(f"--plan {given}: its plan is of another step ({plan.module}, module "
                              f"{plan.fingerprint[:12]}, none of the {len(known)} this bench compiled): tune this "
                              "model with the same options (lagom-jax tune --model ... --out DIR) to get one")
         arms.append(Arm.of_folder(path.name, path, plan))
     return arms
+
+
+def _given(given: pathlib.Path) -> tuple[pathlib.Path, Plan]:
+    path = pathlib.Path(given)
+    if not (path / "plan.json").exists() or not (path / "launch.sh").exists():
+        raise ValueError(f"--plan {given}: not a plan folder (no plan.json and launch.sh; "
+                         "`lagom-jax tune ... --out DIR` or `lagom_jax.tune(..., plan_dir=DIR)` writes one)")
+    return path, Plan.load(path / "plan.json")
+
+
+def _program_arms(out: pathlib.Path, plans: tuple[pathlib.Path, ...]) -> list[Arm]:
+    """A user's program: XLA's defaults and each plan folder given (at least one)."""
+    if not plans:
+        raise ValueError("a program needs the plan(s) to measure: --plan DIR (written by lagom-jax tune --out DIR "
+                         "or by lagom_jax.tune(..., plan_dir=DIR))")
+    given = [_given(p) for p in plans]
+    arms = [_defaults_arm(given[0][1], out / "arms" / "xla-default")]
+    return arms + [Arm.of_folder(path.name, path, plan) for path, plan in given]
 
 
 def _load(path: pathlib.Path, key: str) -> list[dict[str, Any]]:
@@ -177,7 +199,7 @@ def bench(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: str | pathli
                 log(f"round {r}/{setup.rounds} {arm.name}: measured before, kept")
                 continue
             got = launch.run_arm(setup.launcher, arm.launch_sh, {**spec, "expected": dict(arm.settings)},
-                                 timeout_s=setup.timeout_s)
+                                 timeout_s=setup.timeout_s, program=setup.program)
             row: dict[str, Any] = {"arm": arm.name, "round": r, "seconds": got.seconds}
             if got.result is not None:
                 row.update(got.result)

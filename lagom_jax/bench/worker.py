@@ -41,27 +41,6 @@ def _join(spec: dict[str, Any]) -> None:
         jax.distributed.initialize(initialization_timeout=timeout)
 
 
-def applied(platform: str, expected: dict[str, str]) -> dict[str, str]:
-    """What of the arm's settings (``expected``: XLA flag or NCCL variable -> value) this process
-    started with and the platform uses. XLA parses ``XLA_FLAGS`` at its first compile and aborts
-    the process on one it rejects, so a flag present here was accepted; NCCL reads its variables
-    only on a GPU job. A setting absent or with another value did not apply."""
-    given = dict(flag.lstrip("-").split("=", 1) for flag in os.environ.get("XLA_FLAGS", "").split() if "=" in flag)
-    out = {}
-    for name, value in expected.items():
-        if name.startswith("NCCL_"):
-            here = os.environ.get(name)
-            out[name] = (f"not applied: {name}={here} in the environment, not {value}" if here != value else
-                         "NCCL: not used on this platform" if platform == "cpu" else
-                         "set before the first communicator")
-        elif given.get(name) != value:
-            out[name] = f"not applied: XLA_FLAGS has {given.get(name)!r}, not {value!r}"
-        else:
-            out[name] = ("parsed by XLA at start; XLA:CPU does not use it"
-                         if platform == "cpu" and name.startswith("xla_gpu_") else "parsed by XLA at start")
-    return out
-
-
 def main(spec_path: str, out_path: str) -> int:
     with open(spec_path, encoding="utf-8") as fh:
         spec = json.load(fh)
@@ -71,6 +50,7 @@ def main(spec_path: str, out_path: str) -> int:
     import jax
 
     from lagom_jax import models
+    from lagom_jax.bench import protocol
 
     src = spec["model"]
     built = models.build(src["model"], src["config"], src["recipe"], src["mesh"], batch_size=src["batch_size"],
@@ -90,7 +70,7 @@ def main(spec_path: str, out_path: str) -> int:
         with open(out_path, "w", encoding="utf-8") as fh:
             json.dump({"times_ms": times, "loss": loss, "platform": platform, "devices": jax.device_count(),
                        "processes": jax.process_count(),
-                       "applied": applied(platform, spec.get("expected", {}))}, fh)
+                       "applied": protocol.applied(platform, spec.get("expected", {}))}, fh)
     if jax.process_count() > 1:
         jax.distributed.shutdown()
     return 0
