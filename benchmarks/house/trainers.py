@@ -17,6 +17,7 @@ it as the ``trainers`` section of RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import tempfile
 import time
 import warnings
@@ -86,13 +87,12 @@ def main(argv: list[str] | None = None) -> int:
 
     jax.config.update("jax_num_cpu_devices", 8)
     import haliax as hax
-    import levanter
 
     import lagom_jax
 
     mesh, params_map, init, wrappers = _setup()
     rows = []
-    with mesh, hax.axis_mapping(params_map):
+    with (hax.set_mesh(mesh) if hasattr(hax, "set_mesh") else mesh), hax.axis_mapping(params_map):
         for name, step in wrappers.items():
             expected, untuned_first, _ = _run(step, init)
             tuned = lagom_jax.tune(step, hardware="h100-sxm-8", cache_dir=tempfile.mkdtemp(prefix="lagom-trainers-"),
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: tuned {tuned.tunes}x, first call {first:.1f} s (untuned {untuned_first:.1f} s), "
                   f"same losses {losses == expected}, {len(said)} warning(s)", flush=True)
     lines = ["## trainers", "",
-             f"Machine: {machine_line()}; Levanter {levanter.__version__ if hasattr(levanter, '__version__') else '?'} "
-             f"(marin-levanter), haliax, equinox.", "",
+             f"Machine: {machine_line()}; " + ", ".join(f"{p} {importlib.metadata.version(p)}" for p in
+                                                       ("marin-levanter", "marin-haliax", "equinox")) + ".", "",
              "The decorator on Levanter's Llama (`LlamaLMHeadModel`, 2 layers, width 256, vocabulary 1024, "
              "128 tokens, batch 8) with its own loss and AdamW, FSDP over 8 fake CPU devices through haliax's "
              "axis mapping, tuned for `h100-sxm-8` under each wrapper; 3 steps each. Seconds are *measured* "
