@@ -34,9 +34,11 @@ def _join(spec: dict[str, Any]) -> None:
         return
     timeout = int(spec.get("join_timeout_s", 120))
     address = os.environ.get(COORDINATOR_ENV)
-    if address:
-        jax.distributed.initialize(coordinator_address=address, num_processes=processes,
-                                   process_id=int(os.environ[PROCESS_ENV]), initialization_timeout=timeout)
+    if address:  # started by the local launcher: process i drives its own devices_per_process GPUs
+        pid, per = int(os.environ[PROCESS_ENV]), int(spec["devices_per_process"])
+        local = None if spec.get("platform", "cpu") == "cpu" else list(range(pid * per, (pid + 1) * per))
+        jax.distributed.initialize(coordinator_address=address, num_processes=processes, process_id=pid,
+                                   local_device_ids=local, initialization_timeout=timeout)
     else:  # srun / mpirun: JAX detects the cluster
         jax.distributed.initialize(initialization_timeout=timeout)
 
