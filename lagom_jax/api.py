@@ -365,7 +365,8 @@ class Tuned:
             return same
         if self._entries:
             old = next(reversed(self._entries))
-            warnings.warn(f"lagom-jax: tuning {self._name()} again for a new input signature, which jax.jit "
+            jit = "jax.jit" if self._traced_scalars else self._what
+            warnings.warn(f"lagom-jax: tuning {self._name()} again for a new input signature, which {jit} "
                           f"compiles again too: {_what_changed(key, old, dyn_args, dyn_kwargs)}",
                           RetuneWarning, stacklevel=4)
         entry = self._lowerings[lowering] = self._tune_lowered(lowered, args, kwargs, key, dyn_args, dyn_kwargs)
