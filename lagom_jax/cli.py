@@ -15,6 +15,7 @@ import json
 import pathlib
 import signal
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -353,8 +354,22 @@ def _add_min_gain_arg(p: argparse.ArgumentParser) -> None:
                    "and span; 0 takes every predicted gain)")
 
 
+class _Clock:
+    """When the command started and when the last progress line was printed."""
+
+    start = last = time.monotonic()
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.start = cls.last = time.monotonic()
+
+
 def _log(message: str) -> None:
-    print(f"lagom-jax: {message}", file=sys.stderr)
+    """A progress line on stderr: seconds since the command started, and since the line
+    before (how long the stage that line announced took)."""
+    now = time.monotonic()
+    print(f"lagom-jax [{now - _Clock.start:.1f} s, +{now - _Clock.last:.1f} s]: {message}", file=sys.stderr)
+    _Clock.last = now
 
 
 def _model_source(args: argparse.Namespace):
@@ -952,6 +967,7 @@ def _note(command: str, message: Any, category: type[Warning], filename: str, li
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lagom-jax``; returns the exit status (2 for bad input)."""
     args = build_parser().parse_args(argv)
+    _Clock.reset()
     if argv is None:  # the console script: a process of its own, whose stderr we may filter
         quiet.filter_stderr(xla_logs=args.verbose)
     if argv is None and hasattr(signal, "SIGPIPE"):

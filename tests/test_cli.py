@@ -1,6 +1,7 @@
 """The simulate / tune / build-tuner / profile subcommands, called as functions."""
 
 import json
+import re
 
 import pytest
 
@@ -39,8 +40,13 @@ def test_main_job_on_a_tiny_model_writes_every_artifact(tmp_path, capsys):
     out_dir = tmp_path / "out"
     assert cli.main(["tune", "--no-structures", "--model", "gpt2", "--config", "tiny", "--mesh", "data=2,model=4",
                      "--hardware", "h100-sxm-8", "--out", str(out_dir)]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "lagom-jax plan for" in text and "XLA_FLAGS" in text and "predicted gain" in text
+    # Every progress line says when it came and how long the stage before it took.
+    progress = [line for line in captured.err.splitlines() if line.startswith("lagom-jax [")]
+    assert len(progress) >= 3
+    assert all(re.match(r"lagom-jax \[\d+\.\d s, \+\d+\.\d s\]: ", line) for line in progress), progress
     names = {p.name for p in out_dir.iterdir()}
     assert names >= {"plan.json", "report.txt", "xla_flags.txt", "nccl_env.sh", "nccl_tuner.conf",
                      "lhs_profile.pbtxt", "launch.sh", "trace.json", "timeline.png"}
