@@ -238,3 +238,27 @@ def test_a_pair_left_out_does_not_claim_the_matmul_another_pair_needs():
     assert [(p.collective, p.compute) for p in local] == [(2, 3)]
     assert len([t for t in decompose_rewrite(g, 0, keep=lambda t: t.name == "ag-local").graph.tasks
                 if t.kind == "collective-permute"]) == 3
+
+
+def test_windowed_einsum_keeps_its_rings_inside_one_nvlink_domain():
+    """``Evaluator.windowed_pairs`` on two nodes of 8: XLA windows a gather whose ring stays in a
+    node, never one across nodes, and the cross-node gather does not claim the dot both feed."""
+    from lagom_jax.search import Space
+    from lagom_jax.search.evaluator import Evaluator
+
+    two_nodes = hardware.get("h100-sxm-8").with_nodes(2)
+    g16, per_node = (tuple(range(16)),), (tuple(range(8)), tuple(range(8, 16)))
+
+    def step(*gathers):
+        tasks = [c(0, "x")] + [coll(1 + i, name, "all-gather", 64 * MiB, [0], groups=groups)
+                               for i, (name, groups) in enumerate(gathers)]
+        dot = c(len(tasks), "dot", list(range(1, len(tasks))), flops=4e12, nbytes=64 * MiB)
+        return StepGraph("two-nodes", (*tasks, dot), num_devices=16)
+
+    def windowed(g):
+        return [(g.tasks[p.collective].name, g.tasks[p.compute].name)
+                for p in Evaluator(g, two_nodes, Space()).windowed_pairs()]
+
+    assert windowed(step(("ag-local", per_node))) == [("ag-local", "dot")]
+    assert windowed(step(("ag-wide", g16))) == []
+    assert windowed(step(("ag-wide", g16), ("ag-local", per_node))) == [("ag-local", "dot")]
