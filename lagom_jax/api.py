@@ -37,7 +37,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -56,13 +56,10 @@ from lagom_jax.program import step as step_lib
 __all__ = ["BASELINES", "Retune", "RetuneWarning", "SEARCHES", "Tuned", "TuningWarning", "apply_nccl_env",
            "auto_hardware", "launch_line", "make_plan", "nccl_env", "tune"]
 
-# What the decorator searches on a step's first call (``tune(search=...)``).
-SEARCHES = {
-    "full": "the pipeline `lagom-jax tune` runs: NCCL settings, per-collective choices and the "
-            "structure search, which compiles the step once per restructuring that could hide exposed "
-            "communication",
-    "fast": "NCCL settings and per-collective choices on the module as XLA compiles it; no structure search",
-}
+# What the decorator may search on a step's first call (``tune(search=...)``): "full", the
+# pipeline ``lagom-jax tune`` runs, structure search included; "fast", without the structure
+# search (the plan says what that left out).
+SEARCHES = ("full", "fast")
 
 
 class TuningWarning(UserWarning):
@@ -105,6 +102,15 @@ def _layout(sharding: Any, shape: tuple[int, ...]) -> Any:
     return layout
 
 
+class _ArrayKey(NamedTuple):
+    """What of an array argument decides the executable."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    layout: Any  # ``_layout``
+    weak_type: bool
+
+
 def _leaf_key(x: Any, traced_scalars: bool) -> Any:
     """What of one argument leaf decides the compiled executable (hashable, cheap).
 
@@ -113,12 +119,12 @@ def _leaf_key(x: Any, traced_scalars: bool) -> Any:
     other wrappers may hold them static (equinox does), so there the value is the key.
     """
     if isinstance(x, jax.Array):
-        return (x.shape, x.dtype, _layout(x.sharding, x.shape), x.weak_type)
+        return _ArrayKey(x.shape, x.dtype, _layout(x.sharding, x.shape), x.weak_type)
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         shape = tuple(x.shape)
         sharding = getattr(x, "sharding", None)
-        return (shape, str(x.dtype), None if sharding is None else _layout(sharding, shape),
-                getattr(x, "weak_type", False))
+        return _ArrayKey(shape, str(x.dtype), None if sharding is None else _layout(sharding, shape),
+                         getattr(x, "weak_type", False))
     if traced_scalars and isinstance(x, (bool, int, float, complex)):
         return type(x)
     return _static_key(x)
@@ -164,8 +170,8 @@ def _signature(args: tuple, kwargs: Mapping[str, Any], static: Any = (), traced_
 
 
 def _describe_leaf(key: Any) -> str:
-    if isinstance(key, tuple) and len(key) == 4 and isinstance(key[0], tuple):
-        return f"{key[1]}{list(key[0])}"
+    if isinstance(key, _ArrayKey):
+        return f"{key.dtype}{list(key.shape)}"
     if isinstance(key, tuple) and key and key[0] == "static":
         return f"static {key[2]!r}"
     return getattr(key, "__name__", str(key))
@@ -181,8 +187,8 @@ def _what_changed(new: tuple, old: tuple, args: tuple, kwargs: Mapping[str, Any]
     for path, a, b in zip(paths, new[1], old[1]):
         if a == b:
             continue
-        if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 4 and a[:2] == b[:2]:
-            what = "the layout of its shards (its sharding)" if a[2] != b[2] else "its weak type"
+        if isinstance(a, _ArrayKey) and isinstance(b, _ArrayKey) and a[:2] == b[:2]:
+            what = "the layout of its shards (its sharding)" if a.layout != b.layout else "its weak type"
             return f"argument {path}: {what} changed"
         return f"argument {path}: {_describe_leaf(b)} -> {_describe_leaf(a)}"
     return "the signature changed"
@@ -386,9 +392,8 @@ class Tuned:
             hw, note = resolved.hardware, resolved.note
             if self._nccl_env:
                 hw = dataclasses.replace(hw, nccl_env=nccl_env_lib.pinned(hw.nccl_env, self._nccl_env))
-            if self._verbose:
-                print(f"lagom-jax: {note}")
-            compiled = job.compile_source(job.StepSource(self._step, args, kwargs), hw, log=self._log)
+            self._log(note)
+            compiled = job.compile_source(job.StepSource(self._step, args, kwargs, lowered), hw, log=self._log)
             for warning in compiled.warnings:
                 warnings.warn(f"lagom-jax: {warning}", TuningWarning, stacklevel=5)
             plan, made = self._plan_for(compiled)

@@ -108,6 +108,12 @@ class StepSource:
     jitted: Any
     args: tuple
     kwargs: Mapping[str, Any]
+    # The wrapper's own lowering of the step for this host, where the caller has one already.
+    lowered: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def lowered_here(self) -> Any:
+        """The wrapper's lowering of the step for the devices its arguments live on."""
+        return self.lowered if self.lowered is not None else step_lib.lower(self.jitted, self.args, self.kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +283,7 @@ def _compile_step(src: StepSource, hw: hardware_lib.HardwareProfile, log: Log) -
     and a warning says what that costs."""
     platform = step_lib.platform_of(src.args, src.kwargs)
     if platform in ("gpu", "cuda", "rocm"):
-        lowered = step_lib.lower(src.jitted, src.args, src.kwargs)
+        lowered = src.lowered_here()
 
         def recompile_here(options: Mapping[str, Any]) -> str:
             return step_lib.jax_compiled(lowered.compile(compiler_options=dict(options))).as_text()
@@ -288,7 +294,7 @@ def _compile_step(src: StepSource, hw: hardware_lib.HardwareProfile, log: Log) -
         lowered = gpu_compile.lower_for_cluster(src.jitted, src.args, src.kwargs, hw)
         text = gpu_compile.compile_lowered(lowered, hw)
     except Exception as err:  # noqa: BLE001 - any failure: the CPU module stands in
-        cpu = step_lib.jax_compiled(step_lib.lower(src.jitted, src.args, src.kwargs).compile()).as_text()
+        cpu = step_lib.jax_compiled(src.lowered_here().compile()).as_text()
         return Compiled(cpu, "XLA:CPU module", hw,
                         (f"could not compile the step for {hw.gpu} GPUs without a GPU "
                          f"({type(err).__name__}: {err}); tuning XLA:CPU's module instead: "

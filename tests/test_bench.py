@@ -32,12 +32,12 @@ def test_the_interval_is_the_sign_tests_and_needs_six_steps():
 
 
 def test_launchers_are_the_clusters_own(tmp_path):
-    sh, spec, out = tmp_path / "launch.sh", tmp_path / "s.json", tmp_path / "o.json"
-    assert launch.command("srun", sh, spec, out, 16)[:2] == ["srun", "--ntasks=16"]
-    assert launch.command("mpirun", sh, spec, out, 4)[:3] == ["mpirun", "-np", "4"]
-    assert launch.command("local", sh, spec, out, 2)[0] == str(sh)
+    sh, spec = tmp_path / "launch.sh", tmp_path / "s.json"
+    assert launch.command("srun", sh, spec, 16)[:2] == ["srun", "--ntasks=16"]
+    assert launch.command("mpirun", sh, spec, 4)[:3] == ["mpirun", "-np", "4"]
+    assert launch.command("local", sh, spec, 2)[0] == str(sh)
     with pytest.raises(ValueError, match="unknown launcher 'pbs'"):
-        launch.command("pbs", sh, spec, out, 2)
+        launch.command("pbs", sh, spec, 2)
 
 
 def test_an_arm_that_crashes_is_reported_with_its_last_lines(tmp_path):

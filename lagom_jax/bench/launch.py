@@ -45,11 +45,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(launcher: str, launch_sh: pathlib.Path, spec: pathlib.Path, out: pathlib.Path,
-            processes: int, program: tuple[str, ...] = ()) -> list[str]:
+def command(launcher: str, launch_sh: pathlib.Path, spec: pathlib.Path, processes: int,
+            program: tuple[str, ...] = ()) -> list[str]:
     """The command line of one arm's job (for ``local``: of one of its processes): the built-in
     worker, or the user's ``program`` (which starts its own processes when run locally)."""
-    worker_cmd = [str(launch_sh), *(program or (sys.executable, "-m", "lagom_jax.bench.worker", str(spec), str(out)))]
+    worker_cmd = [str(launch_sh), *(program or (sys.executable, "-m", "lagom_jax.bench.worker", str(spec)))]
     if launcher == "local":
         return worker_cmd
     if launcher == "srun":
@@ -66,15 +66,14 @@ def _tail(text: str, lines: int = 8) -> str:
 def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, timeout_s: float,
             program: tuple[str, ...] = ()) -> Launched:
     """Run one arm once; never raises for the job's own failure (it is reported). With
-    ``program`` the user's command runs instead of the built-in worker, and reports its step
-    times through ``protocol``."""
+    ``program`` the user's command runs instead of the built-in worker; either reports its
+    step times through ``protocol``."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lagom-bench-") as tmp:
-        spec_path, out = pathlib.Path(tmp) / "spec.json", pathlib.Path(tmp) / "out.json"
-        times = pathlib.Path(tmp) / "times.jsonl"
+        spec_path, times = pathlib.Path(tmp) / "spec.json", pathlib.Path(tmp) / "times.jsonl"
         spec_path.write_text(json.dumps(spec))
         processes = int(spec["processes"])
-        cmd = command(launcher, launch_sh, spec_path, out, processes, program)
+        cmd = command(launcher, launch_sh, spec_path, processes, program)
         env = {**os.environ, protocol.TIMES_ENV: str(times), protocol.EXPECT_ENV: json.dumps(spec.get("expected", {}))}
         if program and launcher == "local":
             procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
@@ -111,13 +110,10 @@ def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, tim
                                        + _tail(err)), seconds)
             return Launched(None, f"process {failed} exited with status {procs[failed].returncode}:\n"
                             + _tail(err), seconds)
-        if program:
-            got = protocol.read(str(times), int(spec.get("warmup", 0)))
-            if got is None:
-                return Launched(None, ("the program reported no step times after the warm-up: decorate its train step "
-                                       "with @lagom_jax.tune (docs/bench.md), and run more steps than --warmup\n")
-                                + _tail(errors[0] if errors else ""), seconds)
-            return Launched(got, None, seconds)
-        if not out.exists():
-            return Launched(None, "process 0 reported no step times:\n" + _tail(errors[0] if errors else ""), seconds)
-        return Launched(json.loads(out.read_text()), None, seconds)
+        got = protocol.read(str(times), int(spec.get("warmup", 0)))
+        if got is None:
+            fix = ("decorate its train step with @lagom_jax.tune (docs/bench.md), and run more steps than --warmup"
+                   if program else "process 0 wrote nothing")
+            return Launched(None, f"the program reported no step times after the warm-up: {fix}\n"
+                            + _tail(errors[0] if errors else ""), seconds)
+        return Launched(got, None, seconds)

@@ -1,4 +1,4 @@
-"""How a process of a bench arm says what it measured: the protocol between ``lagom-jax bench`` and
+"""How a run of a bench arm says what it measured: the protocol between ``lagom-jax bench`` and
 the step it times (the built-in ``worker``, or a user's program whose step is decorated).
 
 The bench starts every run with, in the environment:
@@ -21,7 +21,7 @@ import json
 import os
 import time
 
-__all__ = ["EXPECT_ENV", "TIMES_ENV", "StepReporter", "applied", "read"]
+__all__ = ["EXPECT_ENV", "TIMES_ENV", "StepReporter", "applied", "head", "read", "write"]
 
 TIMES_ENV = "LAGOM_BENCH_TIMES"
 EXPECT_ENV = "LAGOM_BENCH_EXPECT"
@@ -48,6 +48,20 @@ def applied(platform: str, expected: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def write(path: str, *records: dict) -> None:
+    """Append ``records`` to the run's file, from process 0 only (one writer per job)."""
+    import jax
+
+    if jax.process_index() == 0:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def head(platform: str) -> dict:
+    """The first record of a run: its platform and what of the arm applied."""
+    return {"platform": platform, "applied": applied(platform, json.loads(os.environ.get(EXPECT_ENV, "{}")))}
+
+
 class StepReporter:
     """Process 0's side of the protocol for a decorated step: a line per call."""
 
@@ -60,22 +74,14 @@ class StepReporter:
         path = os.environ.get(TIMES_ENV)
         return cls(path) if path else None
 
-    def _write(self, record: dict) -> None:
-        import jax
-
-        if jax.process_index() == 0:
-            with open(self._path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
-
     def called(self) -> None:
         now = time.perf_counter()
         if self._last is None:
             import jax
 
-            platform = jax.devices()[0].platform
-            self._write({"platform": platform, "applied": applied(platform, json.loads(os.environ.get(EXPECT_ENV, "{}")))})
+            write(self._path, head(jax.devices()[0].platform))
         else:
-            self._write({"ms": (now - self._last) * 1e3})
+            write(self._path, {"ms": (now - self._last) * 1e3})
         self._last = now
 
 

@@ -2,7 +2,7 @@
 
 Per arm: its flags, the median step over every timed step of every round with its 95%
 interval (``stats``), the model's prediction for the cluster the plan is for, what of the arm
-applied (``worker.applied``), and the last lines of any run that failed. An arm none of whose
+applied (``protocol.applied``), and the last lines of any run that failed. An arm none of whose
 runs finished is reported as failed, never compared. The verdict compares lagom's arm with
 XLA's defaults.
 """
@@ -115,9 +115,11 @@ def build(arms: list, rows: list[dict[str, Any]], hw: Any, setup: Any) -> Report
         flags = " ".join(f"--{k}={v}" for k, v in arm.settings if not k.startswith("NCCL_"))
         # XLA's defaults are predicted as the plan's xla-default baseline, every other arm as its plan.
         strategy = "xla-default" if arm.name == "xla-default" else arm.plan.strategy
-        results.append(ArmResult(
-            arm.name, flags, dict(arm.plan.predicted_us).get(strategy, arm.plan.makespan_us) / 1e3, stats.summarize(times) if times else None, len(ok), ok[-1]["platform"] if ok else "?",
-            tuple(sorted(ok[-1]["applied"].items())) if ok else (), tuple(r["error"] for r in mine if "error" in r)))
+        predicted_ms = dict(arm.plan.predicted_us).get(strategy, arm.plan.makespan_us) / 1e3
+        last = ok[-1] if ok else {"platform": "?", "applied": {}}
+        results.append(ArmResult(arm.name, flags, predicted_ms, stats.summarize(times) if times else None, len(ok),
+                                 last["platform"], tuple(sorted(last["applied"].items())),
+                                 tuple(r["error"] for r in mine if "error" in r)))
     by = {a.name: a for a in results}
     # lagom's arm, else the first plan folder given, against XLA's defaults.
     lagom = by.get("lagom") or next((a for a in results if a.name != "xla-default"), None)

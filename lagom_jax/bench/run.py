@@ -49,8 +49,7 @@ class Arm:
         """The arm of a plan folder; what its ``launch.sh`` sets, read from the folder's plan."""
         settings = [tuple(f.render().lstrip("-").split("=", 1)) for f in plan.flags]
         env = plan.nccl_env(config_path=folder / "nccl_tuner.conf")
-        settings += [(k, v) for k, v in env.items() if k.startswith("NCCL_") and k != "NCCL_TUNER_PLUGIN"
-                     and not k.startswith("NCCL_TUNER")]
+        settings += [(k, v) for k, v in env.items() if k.startswith("NCCL_") and not k.startswith("NCCL_TUNER")]
         return cls(name, folder, plan, tuple(sorted(settings)))
 
 

@@ -1,4 +1,4 @@
-"""One process of one bench arm: ``python -m lagom_jax.bench.worker SPEC OUT``.
+"""One process of one bench arm: ``python -m lagom_jax.bench.worker SPEC``.
 
 Started under an arm's ``launch.sh`` (its XLA_FLAGS and NCCL environment), once per process
 of the job. It joins ``jax.distributed`` when the job has several processes: with the
@@ -6,8 +6,8 @@ coordinator the local launcher gives it (``LAGOM_BENCH_COORDINATOR``, ``LAGOM_BE
 else by JAX's own cluster detection (SLURM's ``srun``, Open MPI's ``mpirun``). On CPU devices
 (this machine, CI) each process has ``devices_per_process`` of them and the collectives run
 on gloo. It builds the built-in model's step on every device of the job, runs ``warmup``
-steps, then times ``steps`` steps one by one (each waited for), and process 0 writes
-``OUT``: the step times, the platform, and what of the arm applied (``applied``).
+steps, then times ``steps`` steps one by one (each waited for), and process 0 reports them
+through ``protocol`` (the platform, what of the arm applied, the step times).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _join(spec: dict[str, Any]) -> None:
         jax.distributed.initialize(initialization_timeout=timeout)
 
 
-def main(spec_path: str, out_path: str) -> int:
+def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as fh:
         spec = json.load(fh)
     import lagom_jax  # noqa: F401 - before JAX starts (no CUDA plugin traceback on a CPU host)
@@ -59,24 +59,18 @@ def main(spec_path: str, out_path: str) -> int:
                          seq_len=src["seq_len"], dtype=src["dtype"], remat=src["remat"], scan=src["scan"],
                          attention=src["attention"], devices=jax.devices())
     state, batch = built.init(jax.random.key(0))  # placed on the job's global mesh
-    times, loss = [], float("nan")
-    for i in range(int(spec["warmup"]) + int(spec["steps"])):
+    times = []
+    for _ in range(int(spec["warmup"]) + int(spec["steps"])):  # the bench leaves the warm-up out
         start = time.perf_counter()
         state, metrics = built.train_step(state, batch)
         jax.block_until_ready((state, metrics))
-        if i >= int(spec["warmup"]):
-            times.append((time.perf_counter() - start) * 1e3)
-    loss = float(metrics["loss"].addressable_data(0))  # replicated: this process's copy
-    platform = jax.devices()[0].platform
-    if jax.process_index() == 0:
-        with open(out_path, "w", encoding="utf-8") as fh:
-            json.dump({"times_ms": times, "loss": loss, "platform": platform, "devices": jax.device_count(),
-                       "processes": jax.process_count(),
-                       "applied": protocol.applied(platform, spec.get("expected", {}))}, fh)
+        times.append((time.perf_counter() - start) * 1e3)
+    protocol.write(os.environ[protocol.TIMES_ENV], protocol.head(jax.devices()[0].platform),
+                   *({"ms": t} for t in times))
     if jax.process_count() > 1:
         jax.distributed.shutdown()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1], sys.argv[2]))
+    raise SystemExit(main(sys.argv[1]))

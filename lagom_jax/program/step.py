@@ -19,7 +19,7 @@ Users jit through wrappers: ``jax.jit`` and pjit, ``eqx.filter_jit``, ``nnx.jit`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from lagom_jax.program import jax_internals
@@ -113,8 +113,7 @@ def executable(lowered: Any, options: Mapping[str, Any], dyn_args: tuple, dyn_kw
     why it cannot run in this process (the step's arguments are not what it takes)."""
     import jax
 
-    compile_: Callable[..., Any] = lowered.compile
-    compiled = compile_(compiler_options=dict(options))
+    compiled = lowered.compile(compiler_options=dict(options))
     if not isinstance(compiled, jax.stages.Compiled):
         jax_compiled(compiled)  # a wrapper's stage over JAX's: TypeError if it is not one
         return Executable(compiled, whole_call=True), ""
