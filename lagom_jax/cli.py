@@ -24,7 +24,7 @@ from lagom_jax import api, job, models, quiet, search
 from lagom_jax.bench import launch as launch_lib, run as bench_run
 from lagom_jax.advise import configtuner as advise, predict
 from lagom_jax.cluster import hardware, nccl_env as nccl_env_lib
-from lagom_jax.costs import calibrate, profile
+from lagom_jax.costs import calibrate, nccl_tests, profile
 from lagom_jax.models import FAMILIES, pipeline
 from lagom_jax.plan import nccl_tuner, report, trace
 from lagom_jax.program import custom_calls, gpu_compile, graph, hlo
@@ -899,20 +899,31 @@ def _run_predict_model(args: argparse.Namespace) -> int:
 
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("calibrate", help="fit the cost model to a profiler trace of your step",
-                       description="Read a JAX profiler trace (the *.xplane.pb jax.profiler.trace "
+    p = sub.add_parser("calibrate", help="fit the cost model to a profiler trace of your step or to nccl-tests logs",
+                       description="From a trace: read a JAX profiler trace (the *.xplane.pb jax.profiler.trace "
                        "writes) of a few steps of the module --hlo, match its ops to the module's "
                        "instructions, fit the hardware's matmul rate, HBM bandwidth and link "
-                       "bandwidths to what was measured, report the error per class before and "
-                       "after, and write a HardwareProfile that --hardware accepts.")
-    p.add_argument("trace_dir", metavar="TRACE_DIR")
-    p.add_argument("--hlo", required=True, metavar="MODULE",
-                   help="the traced step's HLO text (compiled.as_text() or an XLA dump)")
+                       "bandwidths to what was measured. From nccl-tests (--nccl-tests DIR): read every "
+                       "all_reduce/all_gather/reduce_scatter/alltoall/sendrecv _perf log under DIR, at any node "
+                       "count, and fit the preset's network and NVLink terms to them. Either way: report the "
+                       "error before and after and write a HardwareProfile that --hardware accepts.")
+    p.add_argument("trace_dir", metavar="TRACE_DIR", nargs="?", help="a profiler trace folder (or --nccl-tests)")
+    p.add_argument("--hlo", metavar="MODULE",
+                   help="the traced step's HLO text (compiled.as_text() or an XLA dump); needed with TRACE_DIR")
+    p.add_argument("--nccl-tests", metavar="DIR", dest="nccl_tests",
+                   help="a folder (or file) of nccl-tests output to fit the collective terms to")
     p.add_argument("--hardware", default="h100-sxm-8", help="the preset or profile to start from")
     p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
+    if (args.trace_dir is None) == (args.nccl_tests is None):
+        raise _UsageError("give a profiler trace (TRACE_DIR --hlo MODULE) or nccl-tests logs (--nccl-tests DIR), "
+                          "one of them")
+    if args.nccl_tests is not None:
+        return _calibrate_nccl_tests(args)
+    if args.hlo is None:
+        raise _UsageError("a trace needs the traced step's HLO: --hlo MODULE")
     try:
         hw = hardware.resolve_cluster(args.hardware).hardware
         result = calibrate.calibrate(args.trace_dir, calibrate.module_text(args.hlo), hw)
@@ -924,6 +935,27 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: matmul {result.profile.achieved_tflops:.3g} TFLOP/s, HBM "
           f"{result.profile.achieved_hbm_gbps:.3g} GB/s, NVLink/PCIe bus "
           f"{result.profile.intra_busbw_gbps:.3g} GB/s; use it with --hardware {args.out}")
+    return 0
+
+
+def _calibrate_nccl_tests(args: argparse.Namespace) -> int:
+    try:
+        hw = hardware.resolve_cluster(args.hardware).hardware
+        samples, skipped = nccl_tests.read_dir(args.nccl_tests, gpus_per_node=hw.gpus_per_node)
+        runs = sorted({(s.kind, s.ranks, s.nodes) for s in samples})
+        print(f"read {len(samples)} sizes of {len(runs)} nccl-tests run(s): "
+              + ", ".join(f"{k} over {n} ranks on {nodes} node(s)" for k, n, nodes in runs))
+        for why in skipped:
+            print(f"skipped {why}")
+        result = nccl_tests.fit(samples, hw)
+    except ValueError as err:
+        raise _UsageError(str(err)) from None
+    result.profile.save(args.out)
+    print(result.table())
+    for why in result.kept:
+        print(f"kept the preset's terms: {why}")
+    changed = ", ".join(f"{f} {old:.3g} -> {new:.3g}" for f, old, new in result.changed) or "nothing"
+    print(f"wrote {args.out} ({changed}); use it with --hardware {args.out}")
     return 0
 
 
