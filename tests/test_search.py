@@ -438,3 +438,103 @@ def test_a_window_starts_where_its_collective_can_start_not_at_a_long_done_produ
     assert "c1" not in names["late.ag"] and f"c{len(chain) - 1}" in names["late.ag"]
     assert len(names["late.ag"]) < 12
     assert "early.ag" in names["waits.ag"]  # a collective producer holds the window open
+
+
+# --- plans held equal across speed-ups of the search ---------------------------------------
+
+PLANS_FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "search_plans.json"
+
+
+def _plan_hw(preset: str, nodes: int = 1, **env):
+    from lagom_jax.cluster.nccl_env import NcclEnv
+
+    hw = hardware.get(preset, nodes)
+    return dataclasses.replace(hw, nccl_env=NcclEnv(**env)) if env else hw
+
+
+def _plan_cases():
+    """(case name, strategy, graph, hardware, space): deterministic search problems whose plans
+    ``tests/fixtures/search_plans.json`` records. ``benchmarks/predicted/search_quality.py``'s
+    cells (its benchmark steps on two presets, its random steps against exhaustive, its
+    linearity steps and its 1000-collective step), random steps on every preset over one and
+    two nodes, NCCL settings that change which candidates exist, and the what-if spaces
+    (pipelined collectives, windowed einsum)."""
+    h100, a40 = hardware.get("h100-sxm-8"), hardware.get("a40-pcie-8")
+    eager = search.Space(min_gain=0.0)
+    for hw in (h100, a40):
+        for name, g in benchmark_graphs(24).items():
+            for strategy in BASELINES + ("lagom",):
+                yield f"bench/{hw.name}/{name}/{strategy}", strategy, g, hw, search.Space()
+            yield f"bench/{hw.name}/{name}/lagom-every-gain", "lagom", g, hw, eager
+    gap_space = search.Space(max_candidates=3, tune_structure=False, min_gain=0.0)
+    for seed in range(20):
+        g = random_graph(2 + seed % 5, seed=10_000 + seed, intensity=(0.3, 0.7, 1.0, 1.5, 3.0)[(seed // 5) % 5])
+        for strategy in ("lagom", "exhaustive"):
+            yield f"gap/{seed}/{strategy}", strategy, g, h100, gap_space
+    for n in (10, 30, 100, 300):
+        yield f"linear/{n}", "lagom", random_graph(n, seed=n, name=f"linear-n{n}"), h100, search.Space()
+    yield "n1000", "lagom", random_graph(1000, seed=1, name="n1000"), h100, search.Space()
+    for i, preset in enumerate(hardware.PRESETS):
+        for nodes in (1, 2):
+            hw = hardware.get(preset, nodes)
+            g = random_graph(12, seed=100 + i, intensity=(0.3, 1.0, 3.0)[i % 3], min_bytes=256,
+                             num_devices=hw.gpus_per_node * nodes)
+            for min_gain in (None, 0.0):
+                yield f"preset/{preset}/{nodes}/{min_gain}", "lagom", g, hw, search.Space(min_gain=min_gain)
+    envs = {"user-buffers": dict(user_buffers=True), "symmetric": dict(symmetric_buffers=True),
+            "zero-cta": dict(zero_cta=True, symmetric_buffers=True), "efficiency": dict(efficiency=True, user_buffers=True),
+            "max-ctas-8": dict(max_ctas=8), "simple-ring": dict(protocols=("Simple",), algorithms=("ring",))}
+    for label, env in envs.items():
+        for preset, nodes in (("h100-sxm-8", 1), ("b200-sxm-8", 2)):
+            hw = _plan_hw(preset, nodes, **env)
+            g = random_graph(40, seed=7, min_bytes=1024, num_devices=hw.gpus_per_node * nodes)
+            yield f"env/{label}/{preset}/{nodes}", "lagom", g, hw, search.Space()
+    split = search.Space(split_collectives=True)
+    for hw in (h100, a40):
+        yield f"split/{hw.name}", "lagom", random_graph(120, seed=5, intensity=0.5, name="split"), hw, split
+        yield f"windowed/{hw.name}", "lagom", tp_graph(), hw, WEX
+        yield f"windowed-exhaustive/{hw.name}", "exhaustive", tp_graph(layers=1), hw, \
+            search.Space(max_candidates=2, windowed_einsum=True)
+    yield "tp/a40/default-kinds", "lagom", tp_graph(layers=6), a40, \
+        search.Space(default_combine_kinds=("all-gather",), min_gain=0.0)
+
+
+def _plan_record(r: search.SearchResult) -> dict:
+    """A search's choices, exactly: the structure, every collective's params, the predicted
+    step (floats round-trip through JSON), the evaluations and the notes."""
+    return {
+        "makespan_us": r.makespan_us,
+        "evaluations": r.evaluations,
+        "structure": json.loads(json.dumps(dataclasses.asdict(r.structure))),
+        "params": [[i, p.algorithm, p.protocol, p.nchannels, p.chunk_bytes, p.nthreads] for i, p in r.params],
+        "notes": list(r.notes),
+    }
+
+
+def _plan_results():
+    search.clear_cache()
+    for case, strategy, g, hw, space in _plan_cases():
+        yield case, _plan_record(search.run_strategy(strategy, g, hw, space))
+
+
+@pytest.mark.slow
+def test_search_chooses_the_recorded_plans():
+    # Recorded before the search was made faster (issue 79): a speed-up must not change what
+    # any strategy chooses, what it predicts, or how many evaluations it counts. The predicted
+    # step is held to 1e-12 (its last bits differ between numpy builds: Python 3.11 and 3.12
+    # environments), every choice exactly.
+    recorded = json.loads(PLANS_FIXTURE.read_text())
+    got = dict(_plan_results())
+    assert got.keys() == recorded.keys()
+    for case, want in recorded.items():
+        assert got[case]["makespan_us"] == pytest.approx(want["makespan_us"], rel=1e-12, abs=0), case
+        assert {**got[case], "makespan_us": None} == {**want, "makespan_us": None}, case
+
+
+if __name__ == "__main__":  # python tests/test_search.py record: rewrite the fixture
+    import sys
+
+    if sys.argv[1:] != ["record"]:
+        raise SystemExit("usage: python tests/test_search.py record")
+    lines = [f"{json.dumps(case)}: {json.dumps(record, sort_keys=True)}" for case, record in _plan_results()]
+    PLANS_FIXTURE.write_text("{\n" + ",\n".join(lines) + "\n}\n")  # one case a line
