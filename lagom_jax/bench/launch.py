@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from lagom_jax.bench import protocol, worker
+from lagom_jax.bench import nccl_log, protocol, worker
 
 __all__ = ["LAUNCHERS", "Launched", "command", "run_arm"]
 
@@ -64,10 +64,12 @@ def _tail(text: str, lines: int = 8) -> str:
 
 
 def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, timeout_s: float,
-            program: tuple[str, ...] = ()) -> Launched:
+            program: tuple[str, ...] = (), log_dir: pathlib.Path | None = None, tuner: bool = False) -> Launched:
     """Run one arm once; never raises for the job's own failure (it is reported). With
     ``program`` the user's command runs instead of the built-in worker; either reports its
-    step times through ``protocol``."""
+    step times through ``protocol``. ``log_dir``: where NCCL writes its log (on a filesystem
+    every host sees), read back to check the arm's NCCL settings and, with ``tuner``, that
+    its tuner plugin loaded (``nccl_log``)."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lagom-bench-") as tmp:
         spec_path, times = pathlib.Path(tmp) / "spec.json", pathlib.Path(tmp) / "times.jsonl"
@@ -75,6 +77,11 @@ def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, tim
         processes = int(spec["processes"])
         cmd = command(launcher, launch_sh, spec_path, processes, program)
         env = {**os.environ, protocol.TIMES_ENV: str(times), protocol.EXPECT_ENV: json.dumps(spec.get("expected", {}))}
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            for old in log_dir.glob("nccl.*.log"):  # a rerun of this (arm, round) reads its own logs only
+                old.unlink()
+            env.update(nccl_log.log_env(log_dir, os.environ))
         if program and launcher == "local":
             procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
             address = "the program's own"
@@ -116,4 +123,6 @@ def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, tim
                    if program else "process 0 wrote nothing")
             return Launched(None, f"the program reported no step times after the warm-up: {fix}\n"
                             + _tail(errors[0] if errors else ""), seconds)
+        if log_dir is not None and got["platform"] != "cpu":
+            got["applied"].update(nccl_log.check(spec.get("expected", {}), nccl_log.read(log_dir), tuner=tuner))
         return Launched(got, None, seconds)

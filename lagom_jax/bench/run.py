@@ -39,6 +39,7 @@ class Arm:
     folder: pathlib.Path
     plan: Plan
     settings: tuple[tuple[str, str], ...] = ()  # what launch.sh sets: XLA flags and NCCL variables
+    tuner: bool = False  # whether launch.sh loads NCCL's tuner plugin with the plan's rules
 
     @property
     def launch_sh(self) -> pathlib.Path:
@@ -50,7 +51,7 @@ class Arm:
         settings = [tuple(f.render().lstrip("-").split("=", 1)) for f in plan.flags]
         env = plan.nccl_env(config_path=folder / "nccl_tuner.conf")
         settings += [(k, v) for k, v in env.items() if k.startswith("NCCL_") and not k.startswith("NCCL_TUNER")]
-        return cls(name, folder, plan, tuple(sorted(settings)))
+        return cls(name, folder, plan, tuple(sorted(settings)), "NCCL_TUNER_PLUGIN" in env)
 
 
 def _defaults_arm(plan: Plan, folder: pathlib.Path) -> Arm:
@@ -198,7 +199,8 @@ def bench(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: str | pathli
                 log(f"round {r}/{setup.rounds} {arm.name}: measured before, kept")
                 continue
             got = launch.run_arm(setup.launcher, arm.launch_sh, {**spec, "expected": dict(arm.settings)},
-                                 timeout_s=setup.timeout_s, program=setup.program)
+                                 timeout_s=setup.timeout_s, program=setup.program,
+                                 log_dir=out / "logs" / arm.name / f"round{r}", tuner=arm.tuner)
             row: dict[str, Any] = {"arm": arm.name, "round": r, "seconds": got.seconds}
             if got.result is not None:
                 row.update(got.result)
