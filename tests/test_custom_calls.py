@@ -23,8 +23,9 @@ needs_gpu_compile = pytest.mark.skipif(_REASON is not None, reason=f"no devicele
 H100 = hardware.get("h100-sxm-8")
 
 
-def _te_module(b, s, *, h=32, kv=8, d=128, backward=False, mask=3):
-    """One TE fused-attention call, in the form of XLA's benchmark modules."""
+def _te_module(b, s, *, h=32, kv=8, d=128, backward=False, mask=3, pinned=False):
+    """One TE fused-attention call, in the form of XLA's benchmark modules (``pinned``: with
+    its operands' layouts pinned, as JAX's lowering of TE's call writes them there)."""
     spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")
     make = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make)
@@ -36,7 +37,8 @@ def _te_module(b, s, *, h=32, kv=8, d=128, backward=False, mask=3):
         "HloModule te", "", "ENTRY %e {", f"  %q = {q} parameter(0)", f"  %k = {k} parameter(1)",
         f"  %v = {k} parameter(2)",
         f"  ROOT %a = {out} custom-call({q} %q, {k} %k, {k} %v), custom_call_target=\"{target}\", "
-        f"api_version=API_VERSION_TYPED_FFI, backend_config={cfg}", "}", ""])
+        + (f"operand_layout_constraints={{{q}, {k}, {k}}}, " if pinned else "")
+        + f"api_version=API_VERSION_TYPED_FFI, backend_config={cfg}", "}", ""])
 
 
 def _priced_us(text, hw=H100):
@@ -154,6 +156,27 @@ def test_the_mock_stays_out_of_every_plan(tmp_path):
     assert "mock" not in launch.read_text()
     # The compiled module still holds the calls, which the cost model priced.
     assert sum(t.kernel.startswith("attention-") for t in done.compiled.graph().compute_tasks) == 4
+
+
+@needs_gpu_compile
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_a_te_call_with_pinned_layouts_compiles_deviceless_and_is_priced_as_written(backward):
+    # XLA's benchmark modules pin the layouts of TE's typed-FFI calls; jax 0.12's plugin
+    # cannot take such a call ("Failed to serialize StableHLO to plugin version 1.16.3").
+    # The stand-in drops the pin before XLA sees the module, on every JAX.
+    text = _te_module(2, 1024, backward=backward, pinned=True)
+    portable, changes = hlo_compile.portable_text(text)
+    assert "operand_layout_constraints" in text and "operand_layout_constraints" not in portable
+    assert changes == ("1 stood-in custom calls' operand layouts unpinned",)
+    compiled = hlo_compile.compile_unoptimized(text, H100)
+    assert "is_scheduled=true" in compiled
+    # The compiled module keeps the call, its shapes and its config: the price is the one the
+    # module as written has, to the bit.
+    written_us, written = _priced_us(text)
+    compiled_us, priced = _priced_us(compiled)
+    assert priced.custom_call == written.custom_call
+    assert (priced.flops, priced.bytes, priced.kernel) == (written.flops, written.bytes, written.kernel)
+    assert compiled_us == written_us > 0
 
 
 @needs_gpu_compile

@@ -24,6 +24,10 @@ same PRs report are held aside (not used here) to judge the model across nodes.
 Run: ``python -m benchmarks.measured.xla_modules DIR [--modules NAME ...] [--hardware h100-sxm-8] [--record]``;
 ``--rows LOG`` re-renders an earlier run's printed rows with ``--modules`` run again.
 
+``--compare PYTHON_A PYTHON_B`` tunes each module of DIR with two interpreters (two JAX releases),
+one process after the other, and prints them side by side: the collectives each compiled, the
+predicted steps, the plans and the wall times (issue 79: jax 0.12 against 0.10.2).
+
 ``--tune PATH [--nodes N]`` times the whole ``lagom-jax tune PATH --hardware H --nodes N`` (structure
 search and verification included) in a process of its own, wall clock, and records the plan it
 printed (section ``xla_modules_tune``; the goal: XLA's Mixtral 2x8 module under 180 s here with
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import resource
 import sys
 import time
@@ -48,17 +53,26 @@ _TUNE_LINES = ("predicted step on", "speedup on", "search:", "structure search:"
                "XLA_FLAGS=", "zero-CTA collectives", "collectives:")
 
 
-def tune_wall(path: str, hardware: str, nodes: int | None) -> str:
-    """``lagom-jax tune`` of ``path`` timed end to end in its own process: a section."""
+_PREDICTED = re.compile(r"predicted step on \S+ ([\d.]+) ms")
+_DEFAULT = re.compile(r"over xla-default \(([\d.]+) ms\)")
+_VERIFIED = re.compile(r"(\d+) ([a-z-]+) \(([\d.]+) [KMG]?i?B\)")
+_COMPILED = re.compile(r"; (\d+) collectives, (\d+) tasks")
+_STAGE = re.compile(r"^lagom-jax \[([\d.]+) s, \+([\d.]+) s\]: (.*)$")
+
+
+def tune_once(path: str, hardware: str, nodes: int | None, python: str = sys.executable) -> dict:
+    """``lagom-jax tune`` of ``path`` by the interpreter ``python``, in a process of its own,
+    timed end to end: wall and CPU seconds, its JAX, the kept report lines, the predicted
+    steps, the collectives compiled (count) and verified (per kind), the plan, the stages."""
     import subprocess
 
-    from benchmarks import common
-
-    cmd = [sys.executable, "-m", "lagom_jax.cli", "tune", path, "--hardware", hardware]
+    cmd = [python, "-m", "lagom_jax.cli", "tune", path, "--hardware", hardware]
     cmd += ["--nodes", str(nodes)] if nodes else []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
         raise SystemExit(f"tune failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
     lines: list[str] = []
@@ -67,12 +81,65 @@ def tune_wall(path: str, hardware: str, nodes: int | None) -> str:
             lines[-1] += " " + ln.strip()
         else:
             lines.append(ln.strip())
-    kept = [ln for ln in lines if ln.startswith(_TUNE_LINES)]
-    shown = "lagom-jax " + " ".join(cmd[3:])
+    text = "\n".join(lines)
+    out: dict = {"module": pathlib.Path(path).stem, "wall_s": wall,
+                 "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+                 "kept": [ln for ln in lines if ln.startswith(_TUNE_LINES)],
+                 "shown": "lagom-jax " + " ".join(cmd[3:]).replace(path, pathlib.Path(path).name)}
+    version = subprocess.run([python, "-c", "import jax, jaxlib, platform; print(platform.python_version(), "
+                              "jax.__version__, jaxlib.__version__)"], capture_output=True, text=True, check=False)
+    out["python"], out["jax"], out["jaxlib"] = (version.stdout.split() + ["?"] * 3)[:3]
+    if m := _PREDICTED.search(text):
+        out["lagom_ms"] = float(m.group(1))
+    if m := _DEFAULT.search(text):
+        out["xla_default_ms"] = float(m.group(1))
+    verified = next((ln for ln in lines if ln.startswith("collectives:")), "")
+    out["verified"] = {kind: int(n) for n, kind, _ in _VERIFIED.findall(verified)}
+    out["verified_as_predicted"] = "as predicted" in verified
+    out["plan"] = " ".join(ln for ln in lines if ln.startswith(("XLA_FLAGS=", "NCCL settings for every rank")))
+    stages = []
+    for ln in done.stderr.splitlines():
+        if m := _COMPILED.search(ln):
+            out["collectives"], out["tasks"] = int(m.group(1)), int(m.group(2))
+        if m := _STAGE.match(ln.strip()):
+            stages.append((float(m.group(2)), m.group(3)[:90]))
+    out["stages"] = stages
+    return out
+
+
+def tune_wall(path: str, hardware: str, nodes: int | None) -> str:
+    """``lagom-jax tune`` of ``path`` timed end to end in its own process: a section."""
+    from benchmarks import common
+
+    r = tune_once(path, hardware, nodes)
     return (f"## {TUNE_NAME} (lagom-jax tune of an XLA benchmark module, end to end)\n\n"
-            f"Machine: {common.machine_line()}.\n\n`{shown.replace(path, pathlib.Path(path).name)}`: "
-            f"**{wall:.1f} s wall** (goal: under 180 s on this machine with nothing else running).\n\n"
-            + "\n".join(f"    {ln}" for ln in kept) + "\n")
+            f"Machine: {common.machine_line()}.\n\n`{r['shown']}`: "
+            f"**{r['wall_s']:.1f} s wall** (goal: under 180 s on this machine with nothing else running).\n\n"
+            + "\n".join(f"    {ln}" for ln in r["kept"]) + "\n")
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    return f"{b / a - 1:+.2%}" if a and b else "-"
+
+
+def compare_md(rows: list[tuple[dict, dict]]) -> str:
+    """Side by side: ``lagom-jax tune`` of each module by two JAX releases (a, b)."""
+    a0, b0 = rows[0]
+    ja, jb = a0["jax"], b0["jax"]
+    head = ["| module | collectives compiled (jax " + ja + " / " + jb + ") | verified collectives by kind, same? "
+            "| XLA defaults ms (" + ja + " / " + jb + ", diff) | lagom ms (" + ja + " / " + jb + ", diff) "
+            "| same plan? | tune wall s (" + ja + " / " + jb + ") |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for a, b in rows:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(a["verified"].items()))
+        same_kinds = "yes" if a["verified"] == b["verified"] and a["verified"] else f"no: {b['verified']}"
+        head.append(
+            f"| {a['module']} | {a.get('collectives', '?')} / {b.get('collectives', '?')} | {kinds}: {same_kinds} "
+            f"| {a.get('xla_default_ms', 0):.1f} / {b.get('xla_default_ms', 0):.1f} "
+            f"({_pct(a.get('xla_default_ms'), b.get('xla_default_ms'))}) "
+            f"| {a.get('lagom_ms', 0):.1f} / {b.get('lagom_ms', 0):.1f} ({_pct(a.get('lagom_ms'), b.get('lagom_ms'))}) "
+            f"| {'yes' if a['plan'] == b['plan'] else 'no'} | {a['wall_s']:.0f} / {b['wall_s']:.0f} |")
+    return "\n".join(head) + "\n"
 
 
 def _rss_gb() -> float:
@@ -186,7 +253,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--tune", metavar="PATH", help="time lagom-jax tune of one module end to end")
     parser.add_argument("--nodes", type=int, default=None, help="with --tune: nodes of the preset")
+    parser.add_argument("--compare", nargs=2, metavar=("PYTHON_A", "PYTHON_B"),
+                        help="tune every module of DIR (or --modules) with each interpreter's JAX, one after "
+                             "the other, and print them side by side")
     args = parser.parse_args(argv)
+    if args.compare:
+        if not args.dir:
+            parser.error("--compare needs DIR")
+        pairs = []
+        for p in sorted(pathlib.Path(args.dir).glob("*.hlo")):
+            if args.modules and p.stem not in args.modules:
+                continue
+            pair = tuple(tune_once(str(p), args.hardware, None, python) for python in args.compare)
+            for r in pair:
+                print(json.dumps(r), flush=True)
+            pairs.append(pair)
+        print(compare_md(pairs))
+        return 0
     if args.tune:
         from benchmarks import common
 

@@ -12,7 +12,10 @@ it cannot find (``ThunkEmitter::EmitCustomCallThunk`` in
 passes, the latency-hiding scheduler) runs as on the GPUs, and the call stays in the
 compiled module with its operands, results and backend config. The option is for the
 compile *here* only (:data:`MOCK_OPTION`): on a GPU it would turn the user's attention
-into a no-op, so it never reaches a Plan's flags, ``launch.sh`` or the decorator.
+into a no-op, so it never reaches a Plan's flags, ``launch.sh`` or the decorator. Before
+XLA sees them, such calls lose their pinned operand layouts
+(``hlo_compile.portable_text``): jax 0.12's plugin cannot take a custom call with layouts,
+and a mocked call's layouts decide nothing.
 
 What the mocked call costs is then priced from the call itself (:func:`price`):
 

@@ -21,7 +21,8 @@ Two kinds of unoptimized module are compiled:
 Custom calls the installed jaxlib has no handler for (Transformer Engine's fused attention
 in XLA's Llama and Mixtral benchmark modules) are mocked for the compile here with XLA's
 ``xla_gpu_mock_custom_calls`` (:func:`compile_options`); they stay in the compiled module
-and ``custom_calls`` prices them. A module before SPMD partitioning that uses JAX's
+and ``custom_calls`` prices them. Before XLA sees them they lose their pinned operand
+layouts (:func:`portable_text`), the one part of them jax 0.12's plugin cannot take. A module before SPMD partitioning that uses JAX's
 ``custom_partitioning`` cannot be partitioned from its text and is refused in one line.
 
 The way from HLO text to the compiler goes through StableHLO (jaxlib 0.10.2's PJRT
@@ -31,7 +32,19 @@ of HLO do not survive that way and are rewritten first, each to an equivalent fo
 becomes a ``reshape`` to the same shape, a no-op like the copy, which JAX emits for
 ``sharding_constraint``) and replica groups in mesh form (``mesh['x'=8] {'x'}``, what
 jaxlib 0.10.2 prints; the StableHLO export needs a mesh symbol the module does not have:
-they become the explicit ``{{0,1,...}}`` list of the same groups).
+they become the explicit ``{{0,1,...}}`` list of the same groups). A third kind crosses,
+but not to the plugin of jax 0.12: a custom call with ``operand_layout_constraints`` becomes
+a StableHLO ``custom_call`` with operand and result layouts, which the serialization to the
+plugin's older StableHLO version (1.16.3 for jax-cuda12-plugin 0.12.0.1; StableHLO's VHLO
+downgrade of ``custom_call``, ``stablehlo/transforms/VhloToVersion.cpp``) refuses ("Failed to
+serialize StableHLO to plugin version"). XLA's benchmark modules pin the layouts of every
+Transformer Engine call, so on jax 0.12 none of them compiled. The calls stood in for
+(``custom_calls.needs_mock``: no handler here, mocked into a no-op) lose the pin: their
+layouts are the default ones in every benchmark module, which XLA's layout assignment gives
+an unconstrained custom call anyway (jax 0.10.2 compiles the same module with or without the
+pin, fingerprint aside), and the call keeps its operands, result shapes and backend config,
+so it is priced from the same configuration. A call some handler here serves keeps its
+layouts (a cuSOLVER call's column-major operands matter).
 """
 
 from __future__ import annotations
@@ -294,18 +307,36 @@ def _explicit_groups(groups: tuple[tuple[int, ...], ...]) -> str:
     return "{" + ",".join("{" + ",".join(str(d) for d in g) + "}" for g in groups) + "}"
 
 
+_LAYOUTS = "operand_layout_constraints"
 _COPY_RE = re.compile(r"(=\s*[a-z0-9]+\[[^\]]*\](?:\{[^}]*\})?\s+)copy\(")
+
+
+def _drop_layout_constraints(lines: list[str], inst: hlo_lib.Instruction) -> bool:
+    """Remove ``inst``'s ``operand_layout_constraints`` from ``lines`` (its first line, or
+    the next ones for an instruction printed over several); whether it was there."""
+    raw = inst.attributes.get(_LAYOUTS)
+    if raw is None or not inst.line:
+        return False
+    attr = f"{_LAYOUTS}={raw}"
+    for i in range(inst.line - 1, min(len(lines), inst.line - 1 + max(1, inst.source.count("\n") + 1))):
+        for cut in (", " + attr, attr + ", ", attr):
+            if cut in lines[i]:
+                lines[i] = lines[i].replace(cut, "", 1)
+                return True
+    return False
 
 
 def portable_text(text: str) -> tuple[str, tuple[str, ...]]:
     """``text`` with the HLO that cannot cross to StableHLO rewritten; (text, what changed).
 
-    An array ``copy`` becomes a same-shape ``reshape`` and mesh-form replica groups
-    become explicit lists (see the module docstring). Tuple copies are left alone.
+    An array ``copy`` becomes a same-shape ``reshape``, mesh-form replica groups become
+    explicit lists, and a custom call stood in for (``custom_calls.needs_mock``: no handler
+    here) loses its ``operand_layout_constraints`` (see the module docstring). Tuple copies
+    are left alone.
     """
     module = hlo_lib.parse(text)
     lines = text.split("\n")
-    copies = 0
+    copies = unpinned = 0
     groups: dict[str, str] = {}
     for inst in _instructions(module):
         if inst.opcode == "copy" and not inst.shape.is_tuple and inst.line:
@@ -313,6 +344,8 @@ def portable_text(text: str) -> tuple[str, tuple[str, ...]]:
             if k:
                 lines[inst.line - 1] = new
                 copies += 1
+        if custom_calls.needs_mock(custom_calls.custom_call_target(inst)):
+            unpinned += _drop_layout_constraints(lines, inst)
         raw = inst.attributes.get("replica_groups")
         if raw is not None and raw.lstrip().startswith("mesh"):
             groups[raw] = _explicit_groups(inst.replica_groups())
@@ -324,6 +357,8 @@ def portable_text(text: str) -> tuple[str, tuple[str, ...]]:
         changes.append(f"{copies} copy -> reshape")
     if groups:
         changes.append(f"{len(groups)} mesh replica-group forms -> explicit lists")
+    if unpinned:
+        changes.append(f"{unpinned} stood-in custom calls' operand layouts unpinned")
     return out, tuple(changes)
 
 
