@@ -416,11 +416,13 @@ def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
                             hw, cfg) * measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def measured_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
                    cfg: CostConfig = DEFAULT_COSTS) -> float:
     """The factor every candidate's time for this collective is scaled by: measured over
     modelled time of NCCL's own choice (``_table_ratio``), raised where NCCL's own choice
-    would otherwise take less time than at a smaller size (``_monotone_floor_us``)."""
+    would otherwise take less time than at a smaller size (``_monotone_floor_us``). Kept per
+    collective size: each of its candidates asks for the same factor."""
     ratio = _table_ratio(kind, nbytes, group_size, nodes, hw, cfg)
     if not cfg.monotone_default or group_size <= 1 or nbytes < 1 or symmetric_applies(kind, group_size, nodes, hw):
         return ratio
@@ -490,8 +492,16 @@ def _raw_default_us(kind: str, nbytes: float, n: int, hw: HardwareProfile, cfg: 
     """The model alone under NCCL's own choice, inside one node, with NCCL's default settings:
     what the tables measured. A user's settings (a protocol, a CTA cap, symmetric buffers)
     then move a collective's time by what the model says they change, from the measurement."""
-    measured_as = dataclasses.replace(hw.with_nodes(1), nccl_env=NcclEnv())
-    return default_time_us(kind, nbytes, n, 1, measured_as, dataclasses.replace(cfg, measured_tables=False))
+    measured_as, unanchored = _as_measured(hw, cfg)
+    return default_time_us(kind, nbytes, n, 1, measured_as, unanchored)
+
+
+@functools.lru_cache(maxsize=1 << 6)
+def _as_measured(hw: HardwareProfile, cfg: CostConfig) -> tuple[HardwareProfile, CostConfig]:
+    """The cluster as the tables measured it (one node, NCCL's default settings) and the model
+    without the tables: made once, so that the cost model's tables keyed by them are found
+    again rather than hashed anew from a fresh copy per call."""
+    return dataclasses.replace(hw.with_nodes(1), nccl_env=NcclEnv()), dataclasses.replace(cfg, measured_tables=False)
 
 
 @functools.lru_cache(maxsize=1 << 10)
@@ -634,15 +644,6 @@ def working_channels(kind: str, nbytes: float, n: int, nodes: int, params: Colle
     return max([1] + [k for k in range(1, params.nchannels + 1) if nbytes * bus >= k * (first + (k - 1) * cr)])
 
 
-def _nccl_estimate_us(kind: str, nbytes: float, n: int, nodes: int, params: CollectiveParams,
-                      hw: HardwareProfile, cfg: CostConfig) -> float:
-    """NCCL's own prediction ``lat + nBytes / algBw`` (no chunk terms), used to pick algo/proto."""
-    wire = nbytes * bus_factor(kind, params.algorithm, n)
-    bw = busbw_gbps(params, hw, nodes, cfg, net_share(hw, n, nodes), kind, n)
-    bw *= _pick_correction(params.algorithm, params.protocol, nbytes, hw, cfg)
-    return latency_us(kind, nbytes, n, nodes, params, hw, cfg) + wire / (bw * 1e3)
-
-
 # NCCL's per-protocol defaults (NVIDIA/nccl v2.30.7: threads in src/graph/tuning.cc and
 # src/include/device.h, bytes per thread in src/include/comm.h, chunks in src/enqueue.cc
 # calcCollChunking from the buffer sizes in src/init.cc).
@@ -775,10 +776,12 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
         return CollectiveParams("nvls", "Simple", _init_channels("nvls", hw, kind), _NVLS_CHUNK,
                                 _default_threads("nvls", "Simple", hw))
     best: tuple[float, CollectiveParams] | None = None
-    for algo, proto in _algorithms(kind, group_size, nodes, hw):
-        p = CollectiveParams(algo, proto, _init_channels(algo, hw, kind, nodes), _default_chunk(kind, algo, proto, hw),
-                             _default_threads(algo, proto, hw))
-        t = _nccl_estimate_us(kind, nbytes, group_size, nodes, p, hw, cfg)
+    for p, bus, bw, lat, factor in _pick_terms(kind, group_size, nodes, hw, cfg):
+        # NCCL's own prediction ``lat + nBytes / algBw`` (no chunk terms), which it picks by.
+        wire = nbytes * bus
+        if factor is not None and nbytes / (p.nchannels * group_size) >= 64:
+            lat *= factor
+        t = lat + wire / (bw * _pick_correction(p.algorithm, p.protocol, nbytes, hw, cfg) * 1e3)
         if best is None or t < best[0]:
             best = (t, p)
     assert best is not None
@@ -795,6 +798,22 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
         else:
             break
     return dataclasses.replace(p, nchannels=nc, nthreads=nt)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _pick_terms(kind: str, n: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
+                ) -> tuple[tuple[CollectiveParams, float, float, float, float | None], ...]:
+    """The (algorithm, protocol) pairs NCCL scans for this collective (``_algorithms``, in its
+    order) at its initial channels, with the terms of NCCL's own prediction that do not depend
+    on the size: (params, bus bytes per nBytes, busBw, latency, its size-dependent factor).
+    NCCL's pick is asked for at every collective size the search meets."""
+    out = []
+    for algo, proto in _algorithms(kind, n, nodes, hw):
+        p = CollectiveParams(algo, proto, _init_channels(algo, hw, kind, nodes), _default_chunk(kind, algo, proto, hw),
+                             _default_threads(algo, proto, hw))
+        out.append((p, bus_factor(kind, algo, n), busbw_gbps(p, hw, nodes, cfg, net_share(hw, n, nodes), kind, n),
+                    *_latency_parts(kind, n, nodes, p, hw, cfg)))
+    return tuple(out)
 
 
 def default_time_us(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,

@@ -175,8 +175,9 @@ def alone_us(task: Task, hw: HardwareProfile) -> float:
 
 
 def clear_caches() -> None:
-    """Forget the kernel-time table (after the cost model changed in-process)."""
+    """Forget the kernel- and collective-time tables (after the cost model changed in-process)."""
     _kernel_us.cache_clear()
+    _COLLECTIVE_COSTS.clear()
 
 
 def _work(task: Task) -> tuple:
@@ -193,6 +194,27 @@ def _kernel_us(work: tuple, hw: HardwareProfile, sms_taken: float, hbm_gbps_take
     flops, nbytes, gemm, itemsize, attention, kernel = work
     return cost.compute_time_us(flops, nbytes, hw, sms_taken=sms_taken, hbm_gbps_taken=hbm_gbps_taken, gemm=gemm,
                                 itemsize=itemsize, attention=attention, kernel=kernel)
+
+
+# (hardware, collective shape, params) -> (time alone, (SMs, HBM GB/s) held): one table for
+# every graph, as for ``_kernel_us``: the search replays thousands of windows, each a graph
+# of its own, and asks in each for the same collectives under the same few params.
+_COLLECTIVE_COSTS: dict[tuple, tuple[float, tuple[float, float]]] = {}
+
+
+def _collective_cost(key: tuple[str, float, int, int], p: CollectiveParams, hw: HardwareProfile
+                     ) -> tuple[float, tuple[float, float]]:
+    """(``cost.collective_time_us``, ``cost.collective_resource_use``) of one collective."""
+    memo_key = (hw, key, p)
+    hit = _COLLECTIVE_COSTS.get(memo_key)
+    if hit is None:
+        if len(_COLLECTIVE_COSTS) >= 1 << 18:
+            _COLLECTIVE_COSTS.clear()
+        kind, nbytes, n, nodes = key
+        one = cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
+        hit = _COLLECTIVE_COSTS[memo_key] = (one, cost.collective_resource_use(kind, nbytes, n, nodes, p, hw,
+                                                                                time_us=one))
+    return hit
 
 
 def _next_compute(is_coll: tuple[bool, ...]) -> tuple[int | None, ...]:
@@ -296,10 +318,8 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
         if hit is None or hit[0] is not p:
             hit = memo.get((i, p))
             if hit is None:
-                kind, nbytes, n, nodes = prep.coll_key[i]  # type: ignore[misc]
-                one = cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
-                hit = memo[(i, p)] = (p, prep.repeat[i] * one,
-                                      cost.collective_resource_use(kind, nbytes, n, nodes, p, hw, time_us=one))
+                one, use = _collective_cost(prep.coll_key[i], p, hw)  # type: ignore[arg-type]
+                hit = memo[(i, p)] = (p, prep.repeat[i] * one, use)
             last[i] = hit
         _, coll_time[i], coll_use[i] = hit
 

@@ -124,6 +124,8 @@ class Evaluator:
         self._ties: dict[tuple, tuple[tuple[int, ...], dict[int, tuple[int, ...]]]] = {}
         self._built: dict[Structure, _Built] = {}
         self._windows: dict[tuple, _Built] = {}
+        # (thresholds, windowed einsum, collective id) -> the (first, last) task of its window.
+        self._spans: dict[tuple, tuple[int, int]] = {}
         # policy -> collective shape -> its pick (``strategies._policy_params``)
         self.policy_picks: dict[str, dict[CollectiveShape, CollectiveParams]] = {}
 
@@ -266,12 +268,17 @@ class Evaluator:
         nothing before ``cid`` starts depends on ``cid``'s params.
         """
         g1 = self.combined(structure).graph
-        lo, hi = len(g1.tasks), 0
-        for m in self.ties(structure)[1][cid]:
-            t = g1.tasks[m]
-            users = g1.consumers[m]
-            lo = min(lo, max(0, _ready_from(g1, t) - WINDOW_MARGIN_TASKS))
-            hi = max(hi, min(len(g1.tasks) - 1, max(users[:1], default=m) + WINDOW_MARGIN_TASKS))
+        span_key = (structure.thresholds, structure.windowed_einsum, cid)
+        span = self._spans.get(span_key)
+        if span is None:
+            lo, hi = len(g1.tasks), 0
+            for m in self.ties(structure)[1][cid]:
+                t = g1.tasks[m]
+                users = g1.consumers[m]
+                lo = min(lo, max(0, _ready_from(g1, t) - WINDOW_MARGIN_TASKS))
+                hi = max(hi, min(len(g1.tasks) - 1, max(users[:1], default=m) + WINDOW_MARGIN_TASKS))
+            span = self._spans[span_key] = (lo, hi)
+        lo, hi = span
         chunks = tuple((c, k) for c, k in structure.chunks if lo <= c <= hi)
         key = (structure.thresholds, structure.windowed_einsum, structure.latency_hiding, structure.overlap_limit,
                chunks, lo, hi)
