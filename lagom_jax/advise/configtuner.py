@@ -37,6 +37,7 @@ from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.costs import cost as cost_lib
 from lagom_jax.costs import kernels
 from lagom_jax.models.families import DEFAULT_CONFIG, resolve_config
+from lagom_jax.plan import report as report_lib
 
 # GPU memory per device, GB (1e9 B). HardwareProfile has no memory field, so it lives here,
 # keyed by preset name. Sources: NVIDIA datasheets (A100 SXM 80GB; H100 SXM5 80GB HBM3;
@@ -275,8 +276,9 @@ class TrainAdvice:
 
     def table(self, top: int | None = None) -> str:
         gib = 2 ** 30
-        rows = ["| rank | mesh | per-device batch | grad accum | remat | attention | fits (peak GiB of "
-                f"{self.limit_bytes / gib:.1f}) | predicted step ms | tokens/s/GPU | MFU | gain |",
+        # Headers short and the mesh by its axes over 1, so that a row fits report_lib.WIDTH.
+        rows = ["| rank | mesh | batch/device | accum | remat | attention | fits (peak GiB of "
+                f"{self.limit_bytes / gib:.1f}) | step ms | tokens/s/GPU | MFU | gain |",
                 "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|"]
         # Candidates XLA compiled to the same step (the same predicted time and peak) are one
         # row: the first, its alternatives named under the table.
@@ -295,7 +297,7 @@ class TrainAdvice:
                  + "; ".join(x.label() for x in [shown[i - 1], *same]) for i, same in ties.items()]
         for i, c in enumerate(shown, 1):
             rank = "yours" if c is self.current else (f"{i} (x{len(ties[i]) + 1})" if i in ties else str(i))
-            mesh = ",".join(f"{a}={n}" for a, n in c.mesh.items())
+            mesh = ",".join(f"{a}={n}" for a, n in c.mesh.items() if n > 1) or "one device"
             fit = ("yes" if c.fits else "NO") + f" ({c.peak_bytes / gib:.1f})" + (
                 f" XLA remat {c.xla_remat}" if c.xla_remat else "")
             g = self.gain(c)
@@ -305,7 +307,10 @@ class TrainAdvice:
                         f"{c.mfu * 100:.1f}% | {'-' if g is None else f'{g:.2f}x'} |")
         return "\n".join(rows + [""] * bool(notes) + notes)
 
-    def report(self, top: int | None = None) -> str:
+    def report(self, top: int | None = None, *, width: int | None = report_lib.WIDTH) -> str:
+        """What ``lagom-jax advise`` prints: the ranked table, how the search pruned, the best
+        configuration as MaxText's config and, when tuned, its ``XLA_FLAGS`` line (kept whole);
+        every other line wrapped to ``width`` (``report_lib.wrap``)."""
         d = self.dims
         head = (f"{self.family} (layers {d['layers']}" + (f" + {d['dec_layers']} decoder" if d.get("dec_layers") else "")
                 + f", d_model {d['d_model']}, heads {d['heads']}/"
@@ -324,19 +329,19 @@ class TrainAdvice:
         lines += [f"Searched: {self.screened} meshes screened by arithmetic, "
                   f"{len(self.rejected)} ruled out before compiling, {self.compiles} configurations compiled "
                   f"({self.cached} from the cache), {self.wall_s:.0f} s.",
-                  "Pruning: " + " ".join(self.pruning)]
+                  "Pruning:", *(f"- {step}" for step in self.pruning)]
         try:
             best = self.best
         except NothingFits:
-            return "\n".join(lines)
+            return report_lib.wrap(lines, width=width)
         lines += ["", f"Recommendation: {best.label()}: {best.why}", "", "MaxText-style config:",
                   maxtext_fragment(best, self.gpus, self.nodes_size()), ""]
         if self.tuned is not None:
             flags = self.tuned.plan.xla_flags()
             lines += [f"Tuned by the pipeline (lagom): {self.tuned.predicted_ms('lagom'):.1f} ms "
                       f"(XLA defaults {self.tuned.predicted_ms('xla-default'):.1f} ms); flags:",
-                      "  XLA_FLAGS=" + (flags or "(none)")]
-        return "\n".join(lines)
+                      report_lib.Paste(f"  XLA_FLAGS='{flags}'") if flags else "  XLA_FLAGS: none to set"]
+        return report_lib.wrap(lines, width=width)
 
     def nodes_size(self) -> int:
         return self.gpus // self.nodes
@@ -386,12 +391,12 @@ def maxtext_fragment(c: TrainCandidate, gpus: int, gpus_per_node: int) -> str:
              # MaxText's GPU "flash" is the kernel priced here: JAX's Pallas mha with the kv heads
              # repeated (AI-Hypercomputer/maxtext layers/attention_op.py, ``gpu_pallas_attention.mha``);
              # "cudnn_flash_te" (cuDNN through Transformer Engine) is another kernel, not priced.
-             f"attention: {'flash' if c.attention == 'flash' else 'dot_product'}  # lagom-jax priced "
-             f"{MAXTEXT_ATTENTION_PRICED[c.attention]}",
+             f"# attention: lagom-jax priced {MAXTEXT_ATTENTION_PRICED[c.attention]}",
+             f"attention: {'flash' if c.attention == 'flash' else 'dot_product'}  # priced as said above",
              "scan_layers: true"]
     lines += [f"ici_{names[a]}_parallelism: {ici[a]}" for a in axes]
     lines += [f"dcn_{names[a]}_parallelism: {dcn[a]}" for a in axes]
-    return "\n".join(lines)
+    return report_lib.wrap(lines)
 
 
 def _divisors_upto(n: int, cap: int | None = None) -> list[int]:

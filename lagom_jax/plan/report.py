@@ -4,13 +4,19 @@
 totals); the other functions turn values (that dict, a Timeline, search results) into text
 or one JSON object. ``simulate_report`` and ``tune_report`` run the simulator or the
 strategies when not handed their results. A Plan renders its own table (``Plan.report``).
+
+Every printer of the CLI fits its lines to a terminal the one way :func:`wrap` does: prose
+wrapped to ``WIDTH`` columns with a hanging indent, a :class:`Paste` line (an ``XLA_FLAGS``
+line, an environment line, a command) whole on its own line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+import re
+import textwrap
+from collections.abc import Iterable, Mapping
 
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.costs.simulate import Timeline, simulate
@@ -18,6 +24,37 @@ from lagom_jax.program import hlo
 from lagom_jax.program.graph import StepGraph, from_module
 from lagom_jax.search import SearchResult, STRATEGIES, compare
 from lagom_jax.units import human_bytes, human_us
+
+
+# The columns of a terminal every printed line fits, a Paste line aside (issue 79).
+WIDTH = 100
+
+
+class Paste(str):
+    """A line meant to be pasted (an ``XLA_FLAGS`` line, an environment line, a command):
+    :func:`wrap` keeps it whole on its own line, however wide."""
+
+
+def wrap(lines: str | Iterable[str], *, width: int | None = WIDTH, indent: str = "  ") -> str:
+    """``lines`` for a terminal, joined by newlines: every line of prose wider than
+    ``width`` broken at spaces, its continuation lines indented ``indent`` beyond its own
+    indent (and a ``# `` comment's continued as a comment); a :class:`Paste` line as it is.
+    Nothing is cut: a word wider than the line stands alone on one, and a hyphenated word
+    stays whole. ``width`` None: as they are."""
+    items = [lines] if isinstance(lines, str) else list(lines)
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, Paste) or width is None:
+            out.append(item)
+            continue
+        for line in item.split("\n"):
+            if len(line) <= width:
+                out.append(line)
+                continue
+            lead = re.match(r" *(# )?", line).group(0)
+            out += textwrap.wrap(line[len(lead):], width, initial_indent=lead, subsequent_indent=lead + indent,
+                                 break_long_words=False, break_on_hyphens=False)
+    return "\n".join(out)
 
 
 def analyze(module: hlo.Module) -> dict:
@@ -82,7 +119,7 @@ def format_analysis(result: dict, *, nodes_of: Mapping[str, int] | None = None) 
     lines.append(
         f"compute: {comp['flops'] / 1e12:.3f} TFLOP, {human_bytes(comp['bytes'])} moved per step"
     )
-    return "\n".join(lines)
+    return wrap(lines)
 
 
 def format_timeline(timeline: Timeline, graph: StepGraph, top: int = 10) -> str:
@@ -102,14 +139,16 @@ def format_timeline(timeline: Timeline, graph: StepGraph, top: int = 10) -> str:
     ]
     worst = sorted(tl.per_collective, key=lambda r: (-r.exposed_us, r.task_id))[:top]
     if worst:
-        lines.append(f"  top {len(worst)} collectives by exposed time:")
-        lines.append(f"    {'id':>5} {'name':<28} {'kind':<18} {'bytes':>10} {'time':>11} {'exposed':>11}  params")
+        # Two lines a collective, so that a row fits WIDTH: its numbers, then the params it ran with.
+        lines.append(f"  top {len(worst)} collectives by exposed time (under each, the params it ran with):")
+        lines.append(f"    {'id':>5} {'name':<28} {'kind':<18} {'bytes':>10} {'time':>11} {'exposed':>11}")
         for r in worst:
             t = graph.tasks[r.task_id]
             lines.append(
-                f"    {r.task_id:>5} {t.name[:28]:<28} {t.kind:<18} {human_bytes(t.bytes):>10} "
-                f"{human_us(r.end - r.start):>11} {human_us(r.exposed_us):>11}  {r.params.describe()}")
-    return "\n".join(lines)
+                f"    {r.task_id:>5} {t.name:<28} {t.kind:<18} {human_bytes(t.bytes):>10} "
+                f"{human_us(r.end - r.start):>11} {human_us(r.exposed_us):>11}")
+            lines.append(f"{'':10}{r.params.describe()}")
+    return wrap(lines)
 
 
 def simulate_report(graph: StepGraph, hw: HardwareProfile, *, as_json: bool,

@@ -12,12 +12,12 @@ import json
 import math
 import os
 import pathlib
-import textwrap
 
 from lagom_jax.cluster import collective_tables
 from lagom_jax.cluster.params import CollectiveParams
 from lagom_jax.files import atomic_write_text
 from lagom_jax.plan import nccl_tuner
+from lagom_jax.plan import report as report_lib
 from lagom_jax.program.flags import XlaFlag, compiler_options, render_xla_flags
 from lagom_jax.units import human_bytes
 
@@ -95,14 +95,15 @@ class Plan:
             raise KeyError(f"no prediction for {baseline!r} (have: {', '.join(times)})")
         return times[baseline] / self.makespan_us
 
-    def report(self, *, top: int = 20, width: int | None = 120) -> str:
+    def report(self, *, top: int = 20, width: int | None = report_lib.WIDTH) -> str:
         """The table a person reads: predictions, speedups and the choice per NCCL tuner key.
 
         A row is one key of NCCL's tuner plugin (kind, bytes, ranks, nodes: all the plugin
         sees of a call, so all its calls run with one choice), ranked by total predicted
-        time; under it, the instructions it covers (with their calls) and why the choice
-        was made. ``width`` cuts those two lines (None: whole, as in ``report.txt``); the
-        table's columns fit 120 characters.
+        time, with its choice; under it, NCCL's default where the choice differs, the
+        instructions it covers (with their calls) and why the choice was made. Every line
+        wraps to ``width`` columns (``report_lib.wrap``; None: one line each, as in
+        ``report.txt``); the table's rows fit 100.
         """
         times = dict(self.predicted_us)
         lines = [
@@ -122,7 +123,10 @@ class Plan:
                          f"predicted gain gives {eager / 1e3:.3f} ms (--min-gain 0, Space(min_gain=0))")
         lines += [f"{subject}: {decision}" for subject, decision in self.decisions]
         if self.nccl_settings:
-            lines.append("NCCL settings for every rank: " + " ".join(f"{k}={v}" for k, v in self.nccl_settings))
+            said, env = "NCCL settings for every rank:", " ".join(f"{k}={v}" for k, v in self.nccl_settings)
+            # an environment line is pasted whole: beside its label where both fit, else under it
+            fits = width is None or len(said) + 1 + len(env) <= width
+            lines += [f"{said} {env}"] if fits else [said, report_lib.Paste(f"  {env}")]
         if self.verification:
             lines.append("verified by recompiling with the plan's options:")
             lines += [f"  {subject}: {outcome}" for subject, outcome in self.verification]
@@ -139,28 +143,22 @@ class Plan:
         elif self.min_gain:
             lines.append(f"(a collective's parameters change only where the predicted gain exceeds "
                          f"{self.min_gain:.0%} of its own time, the cost model's error on a collective)")
-        if width is not None:  # the prose above the table wraps; the table's lines fit 120
-            lines = [wrapped for line in lines
-                     for wrapped in (textwrap.wrap(line, width, subsequent_indent="  ") or [""])]
-        lines.append(f"{'kind':<14} {'bytes':>10} {'ranks':>5} {'nodes':>5} {'calls':>5}  {'NCCL default':<27} "
-                     f"{'chosen':<27} {'time us':>9} {'exposed':>9}")
-
-        def cut(text: str) -> str:
-            return text if width is None or len(text) <= width else text[:width - 1] + "…"
-
+        lines.append(f"{'kind':<14} {'bytes':>10} {'ranks':>5} {'nodes':>5} {'calls':>5}  {'time us':>9} "
+                     f"{'exposed':>9}  chosen")
         for row in rows[:top]:
             c = row.example
             lines.append(f"{c.kind:<14} {human_bytes(c.bytes):>10} {c.group_size:>5} {c.nodes:>5} {row.calls:>5}  "
-                         f"{_brief(c.default_params):<27} {_brief(c.params):<27} {row.total_us:>9.1f} "
-                         f"{row.exposed_us:>9.1f}")
-            lines.append(cut("  covers " + ", ".join(
-                f"{_short_name(name, 48)}" + (f" x{n}" if n > 1 else "") for name, n in row.instructions)))
+                         f"{row.total_us:>9.1f} {row.exposed_us:>9.1f}  {_brief(c.params)}")
+            if c.default_params != c.params:
+                lines.append(f"  instead of NCCL's default {_brief(c.default_params)}")
+            lines.append("  covers " + ", ".join(
+                f"{_short_name(name, 48)}" + (f" x{n}" if n > 1 else "") for name, n in row.instructions))
             why = c.why.removeprefix(c.params.describe() + ": ")
             if why:
-                lines.append(cut("  why: " + why))
+                lines.append("  why: " + why)
         if len(rows) > top:
             lines.append(f"... {len(rows) - top} more rows (all of them: report.txt of --out, --json, Plan.to_json)")
-        return "\n".join(lines)
+        return report_lib.wrap(lines, width=width)
 
     def rows(self) -> list[ReportRow]:
         """One row per NCCL tuner key and choice, longest total predicted time first."""
