@@ -446,29 +446,29 @@ def _run_tune(args: argparse.Namespace) -> int:
             "collectives": plan.to_dict()["collectives"],
         }))
     else:
-        print(f"module: {tuned.where}")
-        print(plan.report())
+        # The XLA_FLAGS line, the NCCL environment and the launch command are pasted: whole, one a line.
+        lines: list[str] = [f"module: {tuned.where}", plan.report()]
         if plan.flags:
-            print("\nXLA_FLAGS (checked by the installed XLA):")
-            print(f"  XLA_FLAGS='{plan.xla_flags()}'")
+            lines += ["", "XLA_FLAGS (checked by the installed XLA):", report.Paste(f"  XLA_FLAGS='{plan.xla_flags()}'")]
             if args.no_structures:
-                print("  (the structure search did not run: --no-structures)")
+                lines.append("  (the structure search did not run: --no-structures)")
         elif args.no_structures:
-            print("\nXLA_FLAGS: none to set (the structure search did not run: --no-structures)")
+            lines += ["", "XLA_FLAGS: none to set (the structure search did not run: --no-structures)"]
         else:
-            print("\nXLA_FLAGS: none to set (XLA's defaults are the best structure found)")
-        print("NCCL environment (set before the first communicator):")
-        for k, v in sorted(env.items()):
-            print(f"  {k}={v}")
+            lines += ["", "XLA_FLAGS: none to set (XLA's defaults are the best structure found)"]
+        lines.append("NCCL environment (set before the first communicator):")
+        lines += [report.Paste(f"  {k}={v}") for k, v in sorted(env.items())]
         if not env:
-            print("  none beyond the tuner plugin, which applies the per-collective choices")
-        print(f"predicted gain on {plan.cluster} (by the cost model, not measured): " + ", ".join(
+            lines.append("  none beyond the tuner plugin, which applies the per-collective choices")
+        lines.append(f"predicted gain on {plan.cluster} (by the cost model, not measured): " + ", ".join(
             f"{plan.speedup_over(n):.3f}x over {n}" for n in results if n != plan.strategy))
+        print(report.wrap(lines))
     if args.out:
         launch = tuned.write(args.out, _log)
         if not args.json:
-            print(f"\nto run with this plan: {launch} python train.py\n  (launch.sh sets XLA_FLAGS, the NCCL "
-                  "environment and the NCCL tuner plugin with its config)")
+            print(report.wrap(["", "to run with this plan:", report.Paste(f"  {launch} python train.py"),
+                               "  (launch.sh sets XLA_FLAGS, the NCCL environment and the NCCL tuner plugin with "
+                               "its config)"]))
     elif not args.json:
         print("\nto run with this plan: add --out DIR, then DIR/launch.sh python train.py")
     return 0
@@ -539,7 +539,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     except (ValueError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
     print(made.markdown())
-    print(f"report: {pathlib.Path(args.out) / 'report.md'} (and report.json, report.png)")
+    print(report.wrap(f"report: {pathlib.Path(args.out) / 'report.md'} (and report.json, report.png)"))
     return 0
 
 
@@ -758,8 +758,8 @@ def _run_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(dataclasses.asdict(step) | {"config": kw}, indent=2))
     else:
-        print(f"predicted {step.total_ms:.1f} ms per iteration on {kw['gpus']} GPUs of {options['hardware']}: "
-              f"{step.describe()}")
+        print(report.wrap(f"predicted {step.total_ms:.1f} ms per iteration on {kw['gpus']} GPUs of "
+                          f"{options['hardware']}: {step.describe()}"))
     return 0
 
 
@@ -797,8 +797,9 @@ def _run_predict_rank(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([dataclasses.asdict(step) | {"config": kw | config} for config, step in top], indent=2))
         return 0
-    print(f"{len(ranked)} splits of {kw['gpus']} GPUs run and fit (advise's meshes without fsdp: tensor-parallel "
-          f"inside a node, priced by Megatron-LM's iteration model); the {len(top)} fastest (predicted):")
+    print(report.wrap(f"{len(ranked)} splits of {kw['gpus']} GPUs run and fit (advise's meshes without fsdp: "
+                      "tensor-parallel inside a node, priced by Megatron-LM's iteration model); the "
+                      f"{len(top)} fastest (predicted):"))
     print(f"{'rank':>4} {'tp':>3} {'dp':>3} {'pp':>3} {'mb':>3} {'ms/iter':>9} {'vs best':>8}  "
           "recompute  GB/GPU  layers bound by")
     best = top[0][1].total_ms
@@ -859,8 +860,8 @@ def _run_predict_hlo(args: argparse.Namespace) -> int:
                           "gpus_per_node": plan.gpus_per_node, "xla_flags": flags, "nccl_env": env,
                           "strategy": args.strategy, "predicted_ms": ms}, indent=2))
     else:
-        print(f"predicted {ms:.3f} ms per step on {plan.cluster} ({args.hlo}, {args.strategy}; "
-              f"{done.where}; predicted by the cost model)")
+        print(report.wrap(f"predicted {ms:.3f} ms per step on {plan.cluster} ({args.hlo}, {args.strategy}; "
+                          f"{done.where}; predicted by the cost model)"))
     return 0
 
 
@@ -890,8 +891,9 @@ def _run_predict_model(args: argparse.Namespace) -> int:
                           "dtype": args.dtype, "remat": args.remat, "attention": args.attention,
                           "xla_flags": flags, "nccl_env": env, "strategy": args.strategy, "predicted_ms": ms}, indent=2))
     else:
-        print(f"predicted {ms:.1f} ms per step on {done.plan.cluster} ({args.model}, mesh {args.mesh}, {args.strategy}; "
-              "compiled by XLA's GPU pipeline for the cluster, predicted by the cost model)")
+        print(report.wrap(f"predicted {ms:.1f} ms per step on {done.plan.cluster} ({args.model}, mesh {args.mesh}, "
+                          f"{args.strategy}; compiled by XLA's GPU pipeline for the cluster, predicted by the cost "
+                          "model)"))
     return 0
 
 

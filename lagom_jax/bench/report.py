@@ -15,6 +15,7 @@ import pathlib
 from typing import Any
 
 from lagom_jax.bench import stats
+from lagom_jax.plan import report as report_lib
 
 __all__ = ["ArmResult", "Report", "build"]
 
@@ -47,17 +48,22 @@ class Report:
                  f"Predicted: by the cost model, for {self.cluster}. Measured: on this job's "
                  f"{self.arms[0].platform if self.arms else '?'} devices, warm-up steps left out; the interval is "
                  "the 95% interval of the median step.", "",
-                 "| arm | measured median ms | 95% interval ms | steps | predicted ms | flags |",
-                 "|---|---|---|---|---|---|"]
+                 "| arm | measured median ms | 95% interval ms | steps | predicted ms |",
+                 "|---|---|---|---|---|"]
         for a in self.arms:
             if a.measured is None or a.not_applied:
                 what = "failed" if a.measured is None else "not applied"
-                lines.append(f"| {a.name} | {what} | - | 0 | {a.predicted_ms:.3f} | `{a.flags or '-'}` |")
+                lines.append(f"| {a.name} | {what} | - | 0 | {a.predicted_ms:.3f} |")
                 continue
             m = a.measured
             lines.append(f"| {a.name} | {m.median_ms:.2f} | {m.low_ms:.2f}-{m.high_ms:.2f} | {m.n} | "
-                         f"{a.predicted_ms:.3f} | `{a.flags or '-'}` |")
-        lines += ["", f"Verdict: {self.verdict}.", "", "## Did each arm apply", ""]
+                         f"{a.predicted_ms:.3f} |")
+        lines += ["", f"Verdict: {self.verdict}.", "", "## Each arm's XLA flags", ""]
+        # under the table, not in it: a flag line is pasted whole, and a row fits the terminal
+        for a in self.arms:
+            lines += ([f"- {a.name}:", "", "  ```bash", report_lib.Paste(f"  XLA_FLAGS='{a.flags}'"), "  ```"]
+                      if a.flags else [f"- {a.name}: none (XLA's defaults)"])
+        lines += ["", "## Did each arm apply", ""]
         for a in self.arms:
             said = "; ".join(f"{k}: {v}" for k, v in a.applied) or "no settings (XLA's and NCCL's defaults)"
             lines.append(f"- {a.name}: {said}")
@@ -66,7 +72,7 @@ class Report:
             lines += ["", "## Runs that failed", ""]
             for name, err in failed:
                 lines += [f"- {name}:", "", "```text", err, "```"]
-        return "\n".join(lines) + "\n"
+        return report_lib.wrap(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "setup": self.setup, "verdict": self.verdict,
