@@ -505,6 +505,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take (default 1800)")
     p.add_argument("--join-timeout", type=int, default=120,
                    help="seconds every process has to reach jax.distributed's coordinator (default 120)")
+    p.add_argument("--search", type=int, default=0, metavar="K",
+                   help="instead of --arms: measure the model's K best plans that set different things (structure "
+                   "flags, NCCL settings, strategy) and write the fastest measured one as DIR/chosen")
+    p.add_argument("--profile", action="store_true",
+                   help="trace a few steps of lagom's arm (one more run, untimed) and fit the cluster's profile to "
+                   "it (calibrate): DIR/calibrated.json")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="with --profile's fit: plan lagom again on the calibrated profile and measure it as one more "
+                   "arm (lagom-recalibrated)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the arms, measurements and report go")
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="after --: your own program (e.g. -- python train.py ...), whose @lagom_jax.tune step reports "
@@ -535,7 +544,8 @@ def _run_bench(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.processes} process(es) x {per_process} devices is not the mesh's {n} devices")
         strategies = tuple(a for a in args.arms.split(",") if a and a != "xla-default")
         made = bench_run.bench(setup, hw, args.out, plans=tuple(pathlib.Path(p) for p in args.plan),
-                               strategies=strategies, platform=platform, log=_log)
+                               strategies=strategies, platform=platform, log=_log, search_k=args.search,
+                               profile=args.profile, recalibrate=args.recalibrate)
     except (ValueError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err)) from None
     print(made.markdown())

@@ -425,8 +425,11 @@ def run(source: ModelSource | StepSource | HloSource, hardware: hardware_lib.Har
 
 def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
                   baselines: tuple[str, ...] = planning.BASELINES, verify: bool = True,
-                  structures: bool = False, log: Log = silent, space: search.Space = search.Space()) -> Job:
-    """Steps 2-5 of the pipeline on a module already compiled (``compile_source``)."""
+                  structures: bool = False, log: Log = silent, space: search.Space = search.Space(),
+                  nccl_settings_search: bool = True) -> Job:
+    """Steps 2-5 of the pipeline on a module already compiled (``compile_source``).
+    ``nccl_settings_search`` False: lagom leaves NCCL's process-wide settings as the cluster
+    has them (the bench's ``--search`` measures the plan without them)."""
     step = compiled.graph()
     hw = compiled.hardware
     if compiled.windowed_by_flag:
@@ -460,7 +463,7 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
         if first is not None:
             recompile.start(first)
     setting = None
-    if strategy == "lagom":
+    if strategy == "lagom" and nccl_settings_search:
         settled = nccl_settings.choose(step, planned, hw, strategy=strategy, fingerprint=planned.plan.fingerprint,
                                        log=log, space=space)
         planned, hw, setting = settled.planned, settled.hardware, settled.setting

@@ -42,6 +42,7 @@ class Report:
     verdict: str
     cluster: str
     setup: str
+    notes: tuple[str, ...] = ()  # what --search and --profile found, a paragraph each
 
     def markdown(self) -> str:
         lines = ["# lagom-jax bench", "", f"Setup: {self.setup}.", "",
@@ -67,6 +68,8 @@ class Report:
         for a in self.arms:
             said = "; ".join(f"{k}: {v}" for k, v in a.applied) or "no settings (XLA's and NCCL's defaults)"
             lines.append(f"- {a.name}: {said}")
+        for note in self.notes:
+            lines += ["", note]
         failed = [(a.name, e) for a in self.arms for e in a.errors]
         if failed:
             lines += ["", "## Runs that failed", ""]

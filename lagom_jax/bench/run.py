@@ -17,15 +17,17 @@ import dataclasses
 import hashlib
 import json
 import pathlib
+import shutil
 from collections.abc import Callable
 from typing import Any
 
 from lagom_jax import job
-from lagom_jax.bench import launch, report as report_lib, stats
+from lagom_jax.bench import launch, report as report_lib, stats, worker
 from lagom_jax.cluster import hardware as hardware_lib
+from lagom_jax.costs import calibrate
 from lagom_jax.plan.schema import Plan
 
-__all__ = ["STRATEGY_ARMS", "Arm", "BenchSetup", "bench"]
+__all__ = ["SEARCH_VARIANTS", "STRATEGY_ARMS", "Arm", "BenchSetup", "bench"]
 
 STRATEGY_ARMS = ("xla-default", "recipe", "autoccl", "lagom")
 MEASUREMENTS = "measurements.jsonl"
@@ -111,32 +113,55 @@ class BenchSetup:
         return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+# The plans the model makes for ``--search``: (arm, strategy, structure search, NCCL settings).
+# Each differs from lagom's in what it changes: its loop-structure flags, its process-wide NCCL
+# settings, or the strategy that chose the flags and per-collective NCCL parameters.
+SEARCH_VARIANTS = (("lagom", "lagom", True, True), ("lagom-no-structure", "lagom", False, True),
+                   ("lagom-no-nccl-settings", "lagom", True, False), ("autoccl", "autoccl", False, True),
+                   ("recipe", "recipe", False, True))
+
+
+def predicted_ms(arm: Arm) -> float:
+    """What the model predicts for the arm's plan (XLA's defaults: the plan's baseline)."""
+    strategy = "xla-default" if arm.name == "xla-default" else arm.plan.strategy
+    return dict(arm.plan.predicted_us).get(strategy, arm.plan.makespan_us) / 1e3
+
+
+def changes(arm: Arm) -> int:
+    """The settings an arm changes from XLA's and NCCL's defaults (its tuner rules as one)."""
+    return len(arm.settings) + int(arm.tuner)
+
+
 def plan_arms(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: pathlib.Path,
               plans: tuple[pathlib.Path, ...] = (), log: Callable[[str], None] = job.silent,
-              strategies: tuple[str, ...] = STRATEGY_ARMS) -> list[Arm]:
+              strategies: tuple[str, ...] = STRATEGY_ARMS, search_k: int = 0) -> list[Arm]:
     """XLA's defaults, each other strategy's plan of the step asked for (one compile for all of
     them), written as ``out/arms/<name>/``, and the plan folders given. A given folder whose
-    plan is of another step is refused (ValueError naming it)."""
+    plan is of another step is refused (ValueError naming it). ``search_k``: instead of the
+    strategies, the ``search_k`` plans of ``SEARCH_VARIANTS`` the model predicts fastest, no two
+    setting the same things."""
     if setup.source is None:
         return _program_arms(out, plans)
     unknown = set(strategies) - set(STRATEGY_ARMS)
     if unknown:
         raise ValueError(f"unknown arm(s) {', '.join(sorted(unknown))} (known: {', '.join(STRATEGY_ARMS)}; "
                          "a plan folder is an arm with --plan DIR)")
+    variants = SEARCH_VARIANTS if search_k else tuple(
+        (s, s, s == "lagom", True) for s in STRATEGY_ARMS if s in strategies and s != "xla-default")
     compiled = job.compile_source(setup.source, hw, log)
-    arms = []
-    for strategy in STRATEGY_ARMS:
-        if strategy not in strategies and strategy != "xla-default":
-            continue
-        log(f"bench: planning the {strategy} arm ...")
-        made = job.plan_compiled(compiled, strategy=strategy, structures=strategy == "lagom", log=log,
-                                 verify=False)
-        folder = out / "arms" / strategy
-        if strategy == "xla-default":
-            arms.append(_defaults_arm(made.plan, folder))
-            continue
+    made = job.plan_compiled(compiled, strategy="xla-default", log=log, verify=False)
+    arms = [_defaults_arm(made.plan, out / "arms" / "xla-default")]
+    planned = []
+    for name, strategy, structures, settings in variants:
+        log(f"bench: planning the {name} arm ...")
+        made = job.plan_compiled(compiled, strategy=strategy, structures=structures, log=log, verify=False,
+                                 nccl_settings_search=settings)
+        folder = out / "arms" / name
         made.write(folder, log)
-        arms.append(Arm.of_folder(strategy, folder, made.plan))
+        planned.append(Arm.of_folder(name, folder, made.plan))
+    if search_k:
+        planned = _best_distinct(planned, search_k, log)
+    arms += planned
     # The modules this step compiles to: as XLA makes it, and as each arm's structure flags make it.
     known = {a.plan.fingerprint for a in arms}
     for given in plans:
@@ -147,6 +172,23 @@ def plan_arms(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: pathlib.
                              "model with the same options (lagom-jax tune --model ... --out DIR) to get one")
         arms.append(Arm.of_folder(path.name, path, plan))
     return arms
+
+
+def _best_distinct(arms: list[Arm], k: int, log: Callable[[str], None]) -> list[Arm]:
+    """The ``k`` arms predicted fastest, an arm that sets what a faster one sets left out."""
+    kept: list[Arm] = []
+    seen: set[tuple] = set()
+    for arm in sorted(arms, key=predicted_ms):
+        key = (arm.settings, arm.plan.nccl_tuner_config() if arm.tuner else "")
+        if key in seen:
+            log(f"bench: {arm.name} sets what a plan predicted faster sets; not measured")
+            continue
+        seen.add(key)
+        if len(kept) < k:
+            kept.append(arm)
+    log(f"bench: measuring the model's {len(kept)} best of {len(seen)} distinct plans: "
+        + ", ".join(f"{a.name} ({predicted_ms(a):.3f} ms predicted)" for a in kept))
+    return kept
 
 
 def _given(given: pathlib.Path) -> tuple[pathlib.Path, Plan]:
@@ -179,12 +221,35 @@ def _load(path: pathlib.Path, key: str) -> list[dict[str, Any]]:
 
 def bench(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: str | pathlib.Path, *,
           plans: tuple[pathlib.Path, ...] = (), strategies: tuple[str, ...] = STRATEGY_ARMS,
-          platform: str = "cpu", log: Callable[[str], None] = job.silent) -> report_lib.Report:
+          platform: str = "cpu", log: Callable[[str], None] = job.silent, search_k: int = 0,
+          profile: bool = False, recalibrate: bool = False) -> report_lib.Report:
     """Plan the arms, measure them in interleaved rounds (resuming ``out``), write the report.
-    ``platform``: of the devices the job runs on (``cpu``: ``devices_per_process`` fake ones)."""
+    ``platform``: of the devices the job runs on (``cpu``: ``devices_per_process`` fake ones).
+    ``search_k``: measure the model's ``search_k`` best plans (``plan_arms``) and write the
+    fastest measured one as ``out/chosen``. ``profile``: before the rounds, one more run of
+    lagom's arm traces a few steps, and ``calibrate`` fits the cluster's profile to the trace
+    (``out/calibrated.json``); ``recalibrate``: lagom's plan made again on that profile is one
+    more arm (``lagom-recalibrated``)."""
+    if search_k < 0:
+        raise ValueError(f"--search must be at least 1, got {search_k}")
+    if search_k and setup.source is None:
+        raise ValueError("--search plans the built-in model's step; for your program, give --plan folders")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    arms = plan_arms(setup, hw, out, plans, log, strategies)
+    arms = plan_arms(setup, hw, out, plans, log, strategies, search_k)
+    notes: list[str] = []
+    if profile or recalibrate:
+        if setup.source is None:
+            raise ValueError("--profile and --recalibrate trace the built-in model's step; for your program, "
+                             "record a jax.profiler trace and run lagom-jax calibrate on it")
+        calibrated, note = _calibrated(setup, hw, out, arms, platform, log)
+        notes.append(note)
+        if recalibrate and calibrated is not None:
+            log("bench: planning the lagom-recalibrated arm on the calibrated profile ...")
+            made = job.plan_compiled(job.compile_source(setup.source, calibrated, log), strategy="lagom",
+                                     structures=True, log=log, verify=False)
+            made.write(out / "arms" / "lagom-recalibrated", log)
+            arms.append(Arm.of_folder("lagom-recalibrated", out / "arms" / "lagom-recalibrated", made.plan))
     key = setup.key(arms)
     path = out / MEASUREMENTS
     rows = _load(path, key)
@@ -214,5 +279,70 @@ def bench(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: str | pathli
                 fh.write(json.dumps(row) + "\n")
             rows.append(row)
     made = report_lib.build(arms, [r for r in rows if "arm" in r], hw, setup)
+    if search_k:
+        notes.append(_choose(made, arms, out, setup, log))
+    made = dataclasses.replace(made, notes=tuple(notes))
     made.write(out)
     return made
+
+
+def _calibrated(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: pathlib.Path, arms: list[Arm],
+                platform: str, log: Callable[[str], None]) -> tuple[hardware_lib.HardwareProfile | None, str]:
+    """The cluster's profile fitted to a trace of lagom's arm (traced once: a rerun reads the
+    trace ``out/profile`` holds), and the report's paragraph on it."""
+    arm = next((a for a in arms if a.name == "lagom"), arms[-1])
+    folder = out / "profile"
+    if not (folder / "step.hlo").exists():
+        log(f"bench: tracing {worker.PROFILE_STEPS} steps of the {arm.name} arm (one run, not timed) ...")
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        got = launch.run_arm(setup.launcher, arm.launch_sh,
+                             {**setup.worker_spec(platform), "expected": dict(arm.settings),
+                              "profile_dir": str(folder.resolve())}, timeout_s=setup.timeout_s)
+        if got.result is None or not (folder / "step.hlo").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            return None, f"## Calibration\n\nThe traced run of {arm.name} failed; nothing calibrated:\n\n" \
+                         f"```text\n{got.error or 'it wrote no module'}\n```"
+    try:
+        fitted = calibrate.calibrate(folder, (folder / "step.hlo").read_text(), hw)
+    except ValueError as err:
+        return None, f"## Calibration\n\nThe trace of {arm.name} could not be fitted: {err}"
+    fitted.profile.save(out / "calibrated.json")
+    log(f"bench: calibrated on {fitted.matched} ops of {arm.name}; wrote {out / 'calibrated.json'}")
+    moved = dataclasses.replace(fitted.profile, name=hw.name) != hw
+    said = (f"## Calibration\n\nA trace of {worker.PROFILE_STEPS} steps of {arm.name} ({fitted.matched} ops "
+            f"matched), fitted by `calibrate`: `{out / 'calibrated.json'}` (use it as `--hardware`).")
+    if not moved:
+        said += " Nothing in it moved, so no arm is planned on it."
+    return (fitted.profile if moved else None), f"{said}\n\n{fitted.table()}"
+
+
+def _choose(made: report_lib.Report, arms: list[Arm], out: pathlib.Path, setup: BenchSetup,
+            log: Callable[[str], None]) -> str:
+    """The plan the search keeps, copied to ``out/chosen``: the model's fastest predicted, unless
+    an arm measured faster than it beyond the noise (then the fastest such), and what it took."""
+    searched = {name for name, *_ in SEARCH_VARIANTS} | {"xla-default"}
+    arms = [a for a in arms if a.name in searched]
+    results = {a.name: a for a in made.arms if a.name in searched}
+    runs = len(arms) * setup.rounds
+    lagom = next((a for a in arms if a.name == "lagom"), None) or max(arms, key=changes)
+    m = changes(lagom)
+    blind = (f"Trying the {m} settings lagom's plan changes in every combination, blind, would take "
+             f"{2 ** m} arms x {setup.rounds} rounds = {2 ** m * setup.rounds} runs")
+    ok = [a for a in arms if results[a.name].measured is not None and not results[a.name].not_applied]
+    if not ok:
+        return f"## Search\n\nNo arm finished with its plan applied: nothing chosen. {blind}."
+    proposed = min((a for a in ok if a.name != "xla-default"), key=predicted_ms, default=ok[0])
+    beat = [a for a in ok if stats.faster(results[a.name].measured, results[proposed.name].measured)]
+    best = min(beat, key=lambda a: results[a.name].measured.median_ms) if beat else proposed
+    why = (f"measured faster than the model's pick, {proposed.name}, beyond the noise" if beat else
+           "the model's pick; no arm measured faster than it beyond the noise")
+    chosen = out / "chosen"
+    if chosen.exists():
+        shutil.rmtree(chosen)
+    shutil.copytree(best.folder, chosen)
+    median = results[best.name].measured.median_ms
+    log(f"bench: chose {best.name} ({median:.2f} ms measured; {why}); written to {chosen}")
+    return (f"## Search\n\nThe model's {len(arms) - 1} best plans and XLA's defaults, measured in {runs} runs "
+            f"({len(arms)} arms x {setup.rounds} rounds). Chosen: {best.name}, median {median:.2f} ms "
+            f"(predicted {predicted_ms(best):.3f} ms), {why}; its folder is written to `{chosen}`. {blind}.")

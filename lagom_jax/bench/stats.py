@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["MIN_SAMPLES", "Summary", "summarize", "verdict"]
+__all__ = ["MIN_SAMPLES", "Summary", "faster", "summarize", "verdict"]
 
 # The fewest samples whose extreme order statistics bracket the median with 95%: 1 - 2 / 2**6.
 MIN_SAMPLES = 6
@@ -53,6 +53,11 @@ def summarize(times_ms: Sequence[float], confidence: float = 0.95) -> Summary:
     if j == 0:
         return Summary(n, median, xs[0], xs[-1])
     return Summary(n, median, xs[j - 1], xs[n - j])
+
+
+def faster(arm: Summary, base: Summary) -> bool:
+    """Whether ``arm`` is faster than ``base`` beyond the noise: both bracketed, intervals apart."""
+    return arm.bracketed and base.bracketed and arm.high_ms < base.low_ms
 
 
 def verdict(arm: Summary, base: Summary, arm_name: str, base_name: str) -> str:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sys
 import time
 from typing import Any
 
 COORDINATOR_ENV = "LAGOM_BENCH_COORDINATOR"
+PROFILE_STEPS = 3
 PROCESS_ENV = "LAGOM_BENCH_PROCESS"
 
 
@@ -43,6 +45,19 @@ def _join(spec: dict[str, Any]) -> None:
         jax.distributed.initialize(initialization_timeout=timeout)
 
 
+def _profile(built: Any, state: Any, batch: Any, folder: pathlib.Path) -> None:
+    """``PROFILE_STEPS`` steps under ``jax.profiler.trace`` (each process in a folder of its own),
+    and the module they ran (``step.hlo``, from process 0), for ``calibrate``."""
+    import jax
+
+    with jax.profiler.trace(str(folder / f"process{jax.process_index()}")):
+        for _ in range(PROFILE_STEPS):
+            state, metrics = built.train_step(state, batch)
+            jax.block_until_ready((state, metrics))
+    if jax.process_index() == 0:
+        (folder / "step.hlo").write_text(built.train_step.lower(state, batch).compile().as_text())
+
+
 def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as fh:
         spec = json.load(fh)
@@ -65,6 +80,8 @@ def main(spec_path: str) -> int:
         state, metrics = built.train_step(state, batch)
         jax.block_until_ready((state, metrics))
         times.append((time.perf_counter() - start) * 1e3)
+    if spec.get("profile_dir"):  # after the timed steps: the trace never slows them
+        _profile(built, state, batch, pathlib.Path(spec["profile_dir"]))
     protocol.write(os.environ[protocol.TIMES_ENV], protocol.head(jax.devices()[0].platform),
                    *({"ms": t} for t in times))
     if jax.process_count() > 1:

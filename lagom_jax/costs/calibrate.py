@@ -34,6 +34,7 @@ from lagom_jax.program import graph as graph_lib, hlo
 MIN_MEASURED_US = 1.0
 # A trace matches a module when it times at least this share of the module's compute ops.
 MIN_MATCHED_SHARE = 0.5
+SCALE_RANGE = (1e-6, 1e6)
 BANDS = ((1 << 20, "< 1 MiB"), (64 << 20, "1-64 MiB"), (math.inf, ">= 64 MiB"))
 
 
@@ -56,6 +57,9 @@ class Calibration:
     classes: tuple[ClassFit, ...]
     matched: int  # module ops found in the trace
     steps: int  # executions of the module the trace holds (one per device on XLA:CPU)
+    # Groups no factor in SCALE_RANGE fits (their fixed costs alone miss the measurement, as
+    # a GPU's launch cost does on XLA:CPU's kernels): left as they were.
+    unfitted: tuple[str, ...] = ()
 
     def table(self) -> str:
         rows = ["| class | ops | factor (resource divided by) | IQR | error before | error after |",
@@ -63,6 +67,9 @@ class Calibration:
         for c in self.classes:
             rows.append(f"| {c.name} | {c.ops} | {c.factor:.3g} | {c.low:.3g}-{c.high:.3g} "
                         f"| {c.error_before:.0%} | {c.error_after:.0%} |")
+        if self.unfitted:
+            rows += ["", f"Not fitted (no factor in {SCALE_RANGE[0]:g}-{SCALE_RANGE[1]:g} brings their median "
+                     f"predicted/measured ratio to 1; the profile keeps them): {', '.join(self.unfitted)}."]
         return "\n".join(rows)
 
 
@@ -166,11 +173,15 @@ def calibrate(trace_dir: str | pathlib.Path, hlo_text: str, hardware: HardwarePr
                lambda c: c not in ("gemm", "memory")))
     profile = dataclasses.replace(hardware, name=f"{hardware.name}-calibrated")
     scales: dict[str, float] = {}
+    unfitted: list[str] = []
     for group, fields, member in groups:
         names = [op for cls, members in ops.items() if member(cls) for op in members]
         if not names:
             continue
         scale = _fit_scale(graph, profile, fields, names, measured)
+        if scale is None:
+            unfitted.append(group)
+            continue
         scales[group] = scale
         profile = dataclasses.replace(profile, **{f: getattr(profile, f) / scale for f in fields})
     before, after = predicted, _predicted(graph, profile)
@@ -182,19 +193,21 @@ def calibrate(trace_dir: str | pathlib.Path, hlo_text: str, hardware: HardwarePr
         classes.append(ClassFit(cls, len(names), f, f * low, f * high,
                                 statistics.median(abs(before[op][1] / measured[op] - 1) for op in names),
                                 statistics.median(abs(after[op][1] / measured[op] - 1) for op in names)))
-    return Calibration(profile, tuple(classes), len(found), steps)
+    return Calibration(profile, tuple(classes), len(found), steps, tuple(unfitted))
 
 
 def _fit_scale(graph: graph_lib.StepGraph, hw: HardwareProfile, fields: tuple[str, ...], ops: list[str],
-               measured: dict[str, float]) -> float:
+               measured: dict[str, float]) -> float | None:
     """The factor dividing ``fields`` of ``hw`` that makes the median predicted/measured
-    ratio of ``ops`` 1 (bisection in log space over 1e-6..1e6)."""
+    ratio of ``ops`` 1 (bisection in log space over SCALE_RANGE); None when none in it does."""
     def log_ratio(scale: float) -> float:
         scaled = dataclasses.replace(hw, **{f: getattr(hw, f) / scale for f in fields})
         pred = _predicted(graph, scaled)
         return statistics.median(math.log(pred[op][1] / measured[op]) for op in ops)
 
-    lo, hi = math.log(1e-6), math.log(1e6)
+    lo, hi = (math.log(b) for b in SCALE_RANGE)
+    if log_ratio(math.exp(lo)) >= 0 or log_ratio(math.exp(hi)) <= 0:
+        return None
     for _ in range(50):
         mid = (lo + hi) / 2
         if log_ratio(math.exp(mid)) < 0:
