@@ -55,6 +55,8 @@ class ModelConfig:
     # Sliding-window attention (Llama and Mixtral): ``window`` > 0 makes layers attend the last
     # ``window`` positions; with ``global_every`` k > 1 every k-th layer stays global (Gemma 2/3
     # style: k-1 windowed layers, then one global), else every layer is windowed (Mistral).
+    # Layers past the last whole repeat are windowed, as Gemma 3 lists them (its 26-layer model
+    # with a pattern of 6: four repeats, then two windowed layers).
     # ``global_kv_heads``: the global layers' KV heads where they differ (0: ``kv_heads``).
     window: int = 0
     global_every: int = 0
@@ -87,9 +89,9 @@ class ModelConfig:
             raise ValueError("model config: global_every 1 makes every layer global; use window=0, or k > 1 "
                              "for k-1 windowed layers and one global")
         patterned = self.layers - getattr(self, "dense_layers", 0)  # dense first layers stay global
-        if self.global_every and patterned % self.global_every:
-            raise ValueError(f"model config: {patterned} layers are not a multiple of global_every "
-                             f"{self.global_every} (the windowed/global pattern repeats whole)")
+        if self.global_every and patterned < self.global_every:
+            raise ValueError(f"model config: {patterned} layers hold no global layer of global_every "
+                             f"{self.global_every} (its k-th layer is the first global one)")
         if self.global_kv_heads and (not self.global_every or self.heads % self.global_kv_heads):
             raise ValueError(f"model config: global_kv_heads {self.global_kv_heads} needs global layers "
                              f"(global_every) and must divide heads {self.heads}")

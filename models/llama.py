@@ -573,9 +573,12 @@ class Llama:
         tok = jnp.zeros((1, 8), jnp.int32)
         x = jnp.zeros((1, 8, cfg.d_model), dtype)
         dense = getattr(cfg, "dense_layers", 0)
+        repeats, tail = divmod(cfg.layers - dense, max(cfg.global_every, 1))
         params = {"outer": LlamaOuter(cfg, dtype, _NO_LAYOUT).init(r_outer, tok, tok)["params"],
-                  "blocks": stack_init(_unit(cfg, dtype, _NO_LAYOUT), r_blocks,
-                                       (cfg.layers - dense) // max(cfg.global_every, 1), x)}
+                  "blocks": stack_init(_unit(cfg, dtype, _NO_LAYOUT), r_blocks, repeats, x)}
+        if tail:  # the windowed layers past the pattern's last whole repeat
+            params["tail_blocks"] = stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT, local=True),
+                                               jax.random.fold_in(r_blocks, 2), tail, x)
         if dense:
             params["dense_blocks"] = stack_init(LlamaBlock(cfg, dtype, _NO_LAYOUT, dense=True),
                                                 jax.random.fold_in(r_blocks, 1), dense, x)
@@ -597,6 +600,9 @@ class Llama:
             dense = LlamaBlock(cfg, dtype, block_layout(layout, stack), dense=True)
             x = stack(lambda p, h, enc, bias: dense.apply({"params": p}, h), params["dense_blocks"], x)
         x = stack(lambda p, h, enc, bias: block.apply({"params": p}, h), params["blocks"], x)
+        if "tail_blocks" in params:
+            tail = LlamaBlock(cfg, dtype, block_layout(layout, stack), local=True)
+            x = stack(lambda p, h, enc, bias: tail.apply({"params": p}, h), params["tail_blocks"], x)
         return outer.apply(po, x, targets, method="loss")
 
     def batch_shapes(self, batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:

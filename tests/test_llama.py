@@ -213,12 +213,16 @@ def test_each_attention_layout_moves_the_step_flops_as_counted_by_hand():
     # [b s, d_model] x [d_model, kv d] each, 3x for the step.
     kv4 = step_dot_flops("llama", base + f",window={w},global_every=2,global_kv_heads=4", batch=b, seq=s)
     assert kv4 - pattern == pytest.approx(2 * 3 * 2 * (2 * b * s * 64 * (4 - 2) * d), rel=1e-12)
+    # Every 3rd of 4 layers global: one repeat (2 windowed, 1 global), then one windowed layer
+    # past it, as written: one global layer of four.
+    rest = step_dot_flops("llama", base + f",window={w},global_every=3", batch=b, seq=s)
+    assert rest - windowed == pytest.approx(1 * (per_layer(s) - per_layer(2 * w)), rel=1e-12)
 
 
 @pytest.mark.parametrize("config, message", [
     ("window=128", "does not fit seq_len 64"),
     ("window=24", "window must divide"),
-    ("window=16,global_every=3", "not a multiple of global_every 3"),
+    ("window=16,global_every=5", "4 layers hold no global layer of global_every 5"),
     ("global_every=2", "needs a window"),
     ("window=16,global_every=2,global_kv_heads=3", "must divide heads 4"),
 ])
