@@ -357,3 +357,21 @@ def test_eight_nic_nodes_run_16_ctas_across_nodes_and_one_nic_nodes_2():
     assert hardware.get("a3").channels(2) == 12  # as the measured TCPX sweep ran
     with pytest.raises(ValueError, match="net_nccl_channels must be in 0..sm_count 132"):
         dataclasses.replace(hardware.get("h100-sxm-8"), net_nccl_channels=200)
+
+
+def test_a_rack_run_with_fewer_gpus_than_it_holds_is_expressible():
+    """A GB200 NVL72 rack is usually run with 64 of its 72 GPUs: 4 racks of 64 hold 256."""
+    from lagom_jax.advise import predict
+
+    got = hardware.resolve_cluster("gb200-nvl72:gpus_per_node=64", num_devices=256)
+    assert (got.hardware.nodes, got.hardware.gpus_per_node) == (4, 64)
+    assert got.note == "hardware: gb200-nvl72 (64 GPUs a node)"
+    pinned = hardware.resolve_cluster("gb200-nvl72:gpus_per_node=64,nodes=8", num_devices=256).hardware
+    assert (pinned.nodes, pinned.gpus_per_node) == (8, 64)
+    assert predict._cluster("gb200-nvl72:gpus_per_node=64", 256).nodes == 4
+    with pytest.raises(ValueError, match="gb200-nvl72:gpus_per_node=G"):
+        predict._cluster("gb200-nvl72", 256)
+    with pytest.raises(ValueError, match="more than the 72 GPUs a node of gb200-nvl72 has"):
+        hardware.resolve("gb200-nvl72:gpus_per_node=80")
+    with pytest.raises(ValueError, match="bad hardware option 'nodes=0'"):
+        hardware.resolve("h100-sxm-8:nodes=0")

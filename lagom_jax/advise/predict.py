@@ -300,7 +300,8 @@ def _cluster(hardware: str | hardware_lib.HardwareProfile, gpus: int) -> hardwar
     if gpus <= hw.gpus_per_node:
         return hw.with_nodes(1)
     if gpus % hw.gpus_per_node:
-        raise ValueError(f"{gpus} GPUs are not whole nodes of {hw.name} ({hw.gpus_per_node} GPUs each)")
+        raise ValueError(f"{gpus} GPUs are not whole nodes of {hw.name} ({hw.gpus_per_node} GPUs each); a job "
+                         f"that runs fewer GPUs of each node says how many: '{hw.name}:gpus_per_node=G'")
     return hw.with_nodes(gpus // hw.gpus_per_node)
 
 

@@ -701,20 +701,23 @@ def get(name: str, nodes: int = 1) -> HardwareProfile:
 
 
 def resolve(name_or_path: str, nodes: int | None = None) -> HardwareProfile:
-    """A preset name, ``name:nodes=N``, or a JSON file written by ``HardwareProfile.save``.
+    """A preset name, ``name:nodes=N``, ``name:gpus_per_node=G`` (both, comma-separated), or a
+    JSON file written by ``HardwareProfile.save``.
 
-    ``nodes`` (when given) overrides the node count from the name or the file.
+    ``gpus_per_node``: the GPUs a job uses of each node (NVLink domain), at most the preset's: a
+    GB200 NVL72 rack is usually run with 64 of its 72 GPUs (16 compute trays of 4). ``nodes``
+    (when given) overrides the node count from the name or the file.
     """
     spec = name_or_path.strip()
     if spec in PRESETS or ":" in spec and spec.split(":", 1)[0] in PRESETS:
         name, _, opts = spec.partition(":")
-        spec_nodes = 1
-        if opts:
-            key, _, value = opts.partition("=")
-            if key.strip() != "nodes" or not value.strip().isdigit():
-                raise ValueError(f"bad hardware option {opts!r} in {name_or_path!r} (expected e.g. '{name}:nodes=4')")
-            spec_nodes = int(value)
-        return get(name, nodes if nodes is not None else spec_nodes)
+        given = _options(name, opts, name_or_path)
+        hw = get(name, nodes if nodes is not None else given.get("nodes", 1))
+        per_node = given.get("gpus_per_node", hw.gpus_per_node)
+        if per_node > hw.gpus_per_node:
+            raise ValueError(f"{name_or_path!r}: gpus_per_node {per_node} is more than the {hw.gpus_per_node} GPUs "
+                             f"a node of {name} has")
+        return dataclasses.replace(hw, gpus_per_node=per_node)
     if os.path.isfile(spec):
         hw = HardwareProfile.load(spec)
         return hw.with_nodes(nodes) if nodes is not None else hw
@@ -722,6 +725,18 @@ def resolve(name_or_path: str, nodes: int | None = None) -> HardwareProfile:
         f"unknown hardware {name_or_path!r}: not a preset (known: {', '.join(PRESETS)}) "
         f"and not a JSON file"
     )
+
+
+def _options(name: str, opts: str, spec: str) -> dict[str, int]:
+    """``nodes=N,gpus_per_node=G`` as numbers (each positive, each at most once)."""
+    out: dict[str, int] = {}
+    for opt in filter(None, (o.strip() for o in opts.split(","))):
+        key, _, value = (x.strip() for x in opt.partition("="))
+        if key not in ("nodes", "gpus_per_node") or key in out or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"bad hardware option {opt!r} in {spec!r} (expected e.g. '{name}:nodes=4' or "
+                             f"'{name}:gpus_per_node=64,nodes=4')")
+        out[key] = int(value)
+    return out
 
 
 # The cluster predicted for when the devices in sight are not GPUs of a known kind.
@@ -740,7 +755,8 @@ def resolve_cluster(spec: str | HardwareProfile, *, nodes: int | None = None, nu
                     devices: list | None = None) -> Resolved:
     """The one hardware resolver of the CLI, the decorator and ``advise``.
 
-    ``spec`` is a HardwareProfile, a preset name, ``name:nodes=N``, a JSON file written by
+    ``spec`` is a HardwareProfile, a preset name, ``name:nodes=N`` or ``name:gpus_per_node=G``
+    (``resolve``), a JSON file written by
     ``HardwareProfile.save``, or ``"auto"``: the preset of the GPUs this process sees
     (``devices``, default ``jax.devices()``), or the ``DEFAULT_PREDICTED_CLUSTER`` where they
     are not GPUs of a known kind. ``nodes`` overrides the node count. Otherwise a job of
@@ -758,7 +774,9 @@ def resolve_cluster(spec: str | HardwareProfile, *, nodes: int | None = None, nu
         num_devices, explicit = _device_count(devices), False
     else:
         hw = resolve(spec, nodes)
-        note, explicit = f"hardware: {hw.name}", ":" in spec
+        note, explicit = f"hardware: {hw.name}", "nodes=" in spec.replace("gpus_per_node=", "")
+        if hw.gpus_per_node != PRESETS.get(spec.split(":", 1)[0], hw).gpus_per_node:
+            note += f" ({hw.gpus_per_node} GPUs a node)"
     if nodes is not None:
         hw = hw.with_nodes(nodes)
     elif not explicit and num_devices is not None and num_devices > hw.num_gpus:
