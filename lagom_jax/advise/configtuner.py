@@ -276,10 +276,12 @@ class TrainAdvice:
 
     def table(self, top: int | None = None) -> str:
         gib = 2 ** 30
-        # Headers short and the mesh by its axes over 1, so that a row fits report_lib.WIDTH.
-        rows = ["| rank | mesh | batch/device | accum | remat | attention | fits (peak GiB of "
-                f"{self.limit_bytes / gib:.1f}) | step ms | tokens/s/GPU | MFU | gain |",
-                "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|"]
+        # Headers short, the mesh by its axes over 1 and the gain only beside a configuration of
+        # the user's, so that a row fits report_lib.WIDTH.
+        gain = self.current is not None
+        rows = [f"| rank | mesh | b/dev | accum | remat | attn | peak GiB of {self.limit_bytes / gib:.1f} | "
+                "step ms | tok/s/GPU | MFU |" + " gain |" * gain,
+                "|---|---|---:|---:|---|---|---|---:|---:|---:|" + "---:|" * gain]
         # Candidates XLA compiled to the same step (the same predicted time and peak) are one
         # row: the first, its alternatives named under the table.
         shown: list[TrainCandidate] = []
@@ -298,13 +300,13 @@ class TrainAdvice:
         for i, c in enumerate(shown, 1):
             rank = "yours" if c is self.current else (f"{i} (x{len(ties[i]) + 1})" if i in ties else str(i))
             mesh = ",".join(f"{a}={n}" for a, n in c.mesh.items() if n > 1) or "one device"
-            fit = ("yes" if c.fits else "NO") + f" ({c.peak_bytes / gib:.1f})" + (
+            fit = f"{c.peak_bytes / gib:.1f}" + ("" if c.fits else " (over)") + (
                 f" XLA remat {c.xla_remat}" if c.xla_remat else "")
             g = self.gain(c)
             accum = f"{c.grad_accum} (pipeline)" if c.pipelined else str(c.grad_accum)
             rows.append(f"| {rank} | {mesh} | {c.per_device_batch} | {accum} | {c.remat} | "
                         f"{c.attention} | {fit} | {c.step_ms:.1f} | {c.tokens_per_s_per_gpu:.0f} | "
-                        f"{c.mfu * 100:.1f}% | {'-' if g is None else f'{g:.2f}x'} |")
+                        f"{c.mfu * 100:.1f}% |" + (f" {'-' if g is None else f'{g:.2f}x'} |" if gain else ""))
         return "\n".join(rows + [""] * bool(notes) + notes)
 
     def report(self, top: int | None = None, *, width: int | None = report_lib.WIDTH) -> str:
