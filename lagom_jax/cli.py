@@ -257,10 +257,11 @@ def _add_moe_args(p: argparse.ArgumentParser) -> None:
                    "dropless (sorted tokens, grouped GEMMs, MaxText's sparse path, which XLA:GPU compiles "
                    "to one dense dot over every expert) or grouped (the same on JAX's Pallas grouped-GEMM "
                    "kernels; Hopper)")
-    p.add_argument("--moe-dispatch", default=None, choices=("ragged-all-to-all", "ring"),
+    p.add_argument("--moe-dispatch", default=None, choices=("ragged-all-to-all", "ring", "all-to-all"),
                    help="--model mixtral with --moe dropless or grouped and an expert axis: the token exchange, "
-                   "XLA's ragged all-to-all (the default) or a ring (rows all-gathered over the expert axis, "
-                   "outputs reduce-scattered back)")
+                   "XLA's ragged all-to-all (the default), a ring (rows all-gathered over the expert axis, "
+                   "outputs reduce-scattered back) or all-to-all (fixed-capacity buffers per expert, one "
+                   "all-to-all each way; rows past capacity dropped)")
     p.add_argument("--shared-experts", type=int, default=None,
                    help="--model mixtral: dense experts every token runs (DeepSeek: 1)")
     p.add_argument("--expert-ffn", type=int, default=None,

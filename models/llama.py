@@ -60,10 +60,14 @@ EXPERT_HIDDEN = ("act_exp", "act_exp_batch", None, "act_mlp")
 
 MOE_MODES = ("dropless", "dropping", "grouped")
 # How the sorted layers ("dropless", "grouped") move tokens over an expert axis: XLA's
-# ``ragged_all_to_all`` of the routed rows (MaxText's), or a ring: every device's rows
+# ``ragged_all_to_all`` of the routed rows (MaxText's); a ring: every device's rows
 # all-gathered over the axis, each shard running its experts on the rows routed to them, the
-# partial outputs summed back by a reduce-scatter (marin's ring dispatch; no ragged collective).
-MOE_DISPATCHES = ("ragged-all-to-all", "ring")
+# partial outputs summed back by a reduce-scatter (marin's ring dispatch; no ragged collective);
+# or an all-to-all of fixed-capacity buffers: the sorted rows scattered into a buffer of
+# ``capacity`` slots per expert (rows past it dropped, as GShard drops them), one
+# ``jax.lax.all_to_all`` each way over the expert axis, the experts' GEMMs between (what users
+# pick where XLA's ragged all-to-all is slow: docs/moe.md).
+MOE_DISPATCHES = ("ragged-all-to-all", "ring", "all-to-all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,13 +283,15 @@ def counting_sort(keys: jax.Array, classes: int) -> tuple[jax.Array, jax.Array]:
 
 def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
                    *, top_k: int, experts: int, expert_axis: str | None = None, expert_ways: int = 1,
-                   model_axis: str | None = None, kernel: bool = False, ring: bool = False) -> jax.Array:
+                   model_axis: str | None = None, kernel: bool = False, dispatch: str = "ragged-all-to-all",
+                   slots: int = 0) -> jax.Array:
     """Dropless routed experts on one device's tokens ``x`` [b, t, d] (see the module).
 
     Inside a shard_map: ``expert_axis`` holds ``expert_ways`` shards of the experts (the
     weights passed are the local ones) and ``model_axis`` splits the expert FFN (partial
     outputs summed over it). ``kernel``: the grouped GEMMs on JAX's kernels (``moe="grouped"``);
-    ``ring``: the exchange over ``expert_axis`` as a ring (``MOE_DISPATCHES``)."""
+    ``dispatch``: the exchange over ``expert_axis`` (``MOE_DISPATCHES``), with ``slots`` rows of
+    each expert's buffer from this device for "all-to-all"."""
     b, t, d = x.shape
     n = b * t
     xf = x.reshape(n, d)
@@ -295,8 +301,10 @@ def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Arr
     rows = jnp.take(xf, order // top_k, axis=0)  # sorted by expert
     if expert_ways == 1:
         y = _grouped_swiglu(rows, wi0, wi1, wo, sizes, kernel)
-    elif ring:
+    elif dispatch == "ring":
         y = _expert_ring(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways, kernel)
+    elif dispatch == "all-to-all":
+        y = _expert_buffers(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways, slots, kernel)
     else:
         y = _expert_exchange(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways, kernel)
     if model_axis is not None:
@@ -393,6 +401,30 @@ def _expert_ring(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Arr
     return jax.lax.psum_scatter(y, axis, scatter_dimension=0, tiled=True)
 
 
+def _expert_buffers(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
+                    axis: str, ways: int, slots: int, kernel: bool = False) -> jax.Array:
+    """Sorted rows into ``slots`` rows per expert (rows past them dropped: zero out), one
+    all-to-all to the experts' shards, the local experts on every source's slots, one
+    all-to-all back, and each row's output read from its slot."""
+    m, d = rows.shape
+    experts = sizes.shape[0]
+    local = experts // ways
+    start = jnp.cumsum(sizes) - sizes
+    expert = jnp.sum(jnp.arange(m)[:, None] >= jnp.cumsum(sizes)[None, :], axis=1)  # each row's expert
+    slot = jnp.arange(m) - jnp.take(start, jnp.clip(expert, 0, experts - 1))
+    kept = (expert < experts) & (slot < slots)
+    at = jnp.where(kept, expert * slots + slot, experts * slots)  # past the end: dropped
+    buf = jnp.zeros((experts * slots, d), rows.dtype).at[at].set(rows, mode="drop")
+    # [ways (destination shard), local, slots, d] -> [ways (source), local, slots, d]
+    got = jax.lax.all_to_all(buf.reshape(ways, local * slots, d), axis, 0, 0, tiled=True)
+    by_expert = got.reshape(ways, local, slots, d).transpose(1, 0, 2, 3).reshape(local * ways * slots, d)
+    full = jnp.full((local,), ways * slots, jnp.int32)  # every slot runs, filled or not
+    y = _grouped_swiglu(by_expert, wi0, wi1, wo, full, kernel)
+    y = y.reshape(local, ways, slots, d).transpose(1, 0, 2, 3).reshape(ways, local * slots, d)
+    back = jax.lax.all_to_all(y, axis, 0, 0, tiled=True).reshape(experts * slots, d)
+    return jnp.where(kept[:, None], jnp.take(back, jnp.minimum(at, experts * slots - 1), axis=0), 0)
+
+
 class DroplessMoE(nn.Module):
     """Top-k routed SwiGLU experts, dropless: sort, grouped GEMMs, inverse permutation.
 
@@ -422,9 +454,10 @@ class DroplessMoE(nn.Module):
         ep = axes.get("expert", 1) if _rule(lay, "act_exp") == "expert" else 1
         tp = "model" if axes.get("model", 1) > 1 and _rule(lay, "act_mlp") == "model" else None
         e_ax = "expert" if ep > 1 else None
+        tokens = x.shape[0] * x.shape[1] // math.prod(axes[a] for a in batch or ())  # this device's
         fn = functools.partial(dropless_local, top_k=c.top_k, experts=c.experts, expert_axis=e_ax,
                                expert_ways=ep, model_axis=tp, kernel=kernel,
-                               ring=getattr(c, "moe_dispatch", "") == "ring")
+                               dispatch=getattr(c, "moe_dispatch", "ragged-all-to-all"), slots=capacity(c, tokens))
         run = jax.shard_map(fn, mesh=lay.mesh,
                             in_specs=(P(batch), P(), P(e_ax, None, tp), P(e_ax, None, tp), P(e_ax, tp, None)),
                             out_specs=P(batch), axis_names=frozenset(axes), check_vma=False)

@@ -218,6 +218,7 @@ def test_the_ring_dispatch_moves_the_bytes_counted_by_hand():
     (dict(experts=8, top_k=2, moe="dropless", moe_dispatch="ring"), "needs an expert axis"),
     (dict(experts=8, top_k=2, expert_ways=4, moe="dropping", moe_dispatch="ring"), "moe=dropless or moe=grouped"),
     (dict(experts=8, top_k=2, moe_dispatch="nccl"), "moe_dispatch must be one of"),
+    (dict(experts=8, top_k=2, moe="dropless", moe_dispatch="all-to-all"), "needs an expert axis"),
 ])
 def test_a_dispatch_the_mesh_cannot_run_is_refused_in_one_line(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -361,3 +362,31 @@ def test_grouped_kernels_refuse_what_they_cannot_run_in_one_line(kw, message):
                 global_batch=8, mesh={"fsdp": 8}, hardware="h100-sxm-8", moe="grouped")
     with pytest.raises(ValueError, match=message):
         predict.train_step_job("mixtral", **{**args, **kw}, strategy="xla-default")
+
+
+@pytest.mark.slow
+def test_the_all_to_all_dispatch_trains_as_the_ragged_exchange_when_nothing_drops():
+    # Fixed buffers of capacity_factor 4 x the even share hold every routed row of these tiny
+    # batches: the same experts on the same rows, so the same losses, plain and grouped GEMMs.
+    for moe in ("dropless", "grouped"):
+        cfg = dict(moe=moe, d_model=32, d_ff=64, capacity_factor=4.0)
+        buffers = _losses(_config(moe_dispatch="all-to-all", **cfg), "fsdp+ep", "fsdp=2,expert=4")
+        ragged = _losses(_config(**cfg), "fsdp+ep", "fsdp=2,expert=4")
+        np.testing.assert_allclose(buffers, ragged, rtol=1e-5)
+
+
+def test_the_all_to_all_dispatch_moves_fixed_buffers_counted_by_hand():
+    # One layer, 4 experts over expert=4, fsdp=2: a device holds 64 tokens, top-2: an even share of
+    # 64 x 2 / 4 = 32 rows per expert, capacity 1.25 -> 40 slots; a device sends 4 experts x 40 slots x
+    # d=64 bf16 each way: dense all-to-alls of that buffer, no ragged collective.
+    from lagom_jax.program import graph
+
+    kw = dict(layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256, experts=4, top_k=2, seq_len=64,
+              global_batch=8, mesh={"fsdp": 2, "expert": 4}, hardware="h100-sxm-8", strategy="xla-default",
+              remat="none")
+    job = predict.train_step_job("mixtral", **kw, moe="dropless", moe_dispatch="all-to-all")
+    text = job.compiled.text
+    assert "ragged-all-to-all" not in text
+    buffer = 4 * 40 * 64 * 2
+    a2a = [t for t in graph.from_hlo_text(text).tasks if t.kind == "all-to-all" and t.bytes == buffer]
+    assert len(a2a) >= 2  # to the experts and back (the backward: the same two, transposed)

@@ -272,12 +272,12 @@ def check_moe(*, experts: int, top_k: int, expert_ways: int = 1, moe: str = "dro
         raise ValueError(f"moe must be one of {', '.join(MOE_MODES)}, got {moe!r}")
     if moe_dispatch not in MOE_DISPATCHES:
         raise ValueError(f"moe_dispatch must be one of {', '.join(MOE_DISPATCHES)}, got {moe_dispatch!r}")
-    if moe_dispatch == "ring" and moe == "dropping":
-        raise ValueError("moe_dispatch=ring exchanges sorted tokens: it needs moe=dropless or moe=grouped "
+    if moe_dispatch != "ragged-all-to-all" and moe == "dropping":
+        raise ValueError(f"moe_dispatch={moe_dispatch} exchanges sorted tokens: it needs moe=dropless or moe=grouped "
                          "(moe=dropping exchanges GShard's capacity buffers)")
-    if moe_dispatch == "ring" and expert_ways <= 1:
-        raise ValueError("moe_dispatch=ring needs an expert axis to exchange over (the mesh has none): add "
-                         "expert=N to the mesh, N dividing the experts")
+    if moe_dispatch != "ragged-all-to-all" and expert_ways <= 1:
+        raise ValueError(f"moe_dispatch={moe_dispatch} needs an expert axis to exchange over (the mesh has none): "
+                         "add expert=N to the mesh, N dividing the experts")
     if not 1 <= top_k <= experts:
         raise ValueError(f"top_k {top_k} must be in 1..experts ({experts})")
     if expert_ways > 1 and experts % expert_ways:
