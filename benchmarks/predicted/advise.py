@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         a = advise(model, config, DEVICES, preset, global_batch=args.batch, seq_len=seq, jobs=args.jobs,
                    tune=True, progress=lambda m: print(m, file=sys.stderr, flush=True))
         wall = time.perf_counter() - t0
-        report = a.report(SHOWN)
+        report = a.report(SHOWN, width=None)
         sections.append(f"### {model} {config} on {DEVICES} x {preset}, global batch {args.batch}, seq {seq}\n\n"
                         f"advise wall time {wall:.0f} s ({a.compiles} configurations compiled, {args.jobs} "
                         f"parallel; measured, this machine).\n\n" + report.split("\n", 2)[2] + "\n")
