@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from lagom_jax import hashing
+
 NcclAlgorithm = Literal["ring", "tree", "nvls", "nvls_tree", "symmetric"]
 NcclProtocol = Literal["LL", "LL128", "Simple"]
 # NVLS: NVLink SHARP, the reduction done by the NVSwitch (Hopper and newer), Simple only.
@@ -45,6 +47,11 @@ class CollectiveParams:
     nchannels: int = 1
     chunk_bytes: int = 2 << 20
     nthreads: int = 512
+
+    # The search looks params up in tables by the hundred thousand: hashed once, as the
+    # hardware profile is (the same hash as the dataclass's own, kept out of pickles).
+    __hash__ = hashing.hash_fields_once
+    __getstate__ = hashing.state_without_hash
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:

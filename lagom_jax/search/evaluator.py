@@ -128,6 +128,8 @@ class Evaluator:
         self._spans: dict[tuple, tuple[int, int]] = {}
         # policy -> collective shape -> its pick (``strategies._policy_params``)
         self.policy_picks: dict[str, dict[CollectiveShape, CollectiveParams]] = {}
+        # The first tasks of a long step, where its structure is judged (``strategies._segment``).
+        self.segment: Evaluator | None = None
 
     def shape(self, t: Task) -> CollectiveShape:
         return _shape(t, self.graph.num_devices, self.hw)

@@ -251,6 +251,15 @@ def _prefix(graph: StepGraph, n: int) -> StepGraph:
     return StepGraph(f"{graph.name}[:{n}]", tasks, graph.num_devices)
 
 
+def _segment(ev: Evaluator) -> Evaluator:
+    """The first SEGMENT_TASKS tasks of ``ev``'s step as an evaluator of their own, made once:
+    every start of lagom tries structures on it, many the same (their combined steps, builds
+    and prepared replays are kept)."""
+    if ev.segment is None:
+        ev.segment = Evaluator(_prefix(ev.graph, SEGMENT_TASKS), ev.hw, ev.space)
+    return ev.segment
+
+
 def _floor(ev: Evaluator, t: Task) -> float:
     """The fraction of ``t``'s time a change of it must gain (``Space.floor``)."""
     shape = ev.shape(t)
@@ -351,7 +360,8 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
     repeats its layers); the whole-step check at the end of the search guards the choice.
     """
     graph, policy, structure = ev.graph, seed.policy, seed.structure
-    sev = ev if len(graph.tasks) <= SEGMENT_TASKS else Evaluator(_prefix(graph, SEGMENT_TASKS), ev.hw, ev.space)
+    sev = ev if len(graph.tasks) <= SEGMENT_TASKS else _segment(ev)
+    counted = sev.evaluations
     best_ms = sev.makespan(structure, _policy_params(sev, structure, policy))
     kinds = {t.kind for t in graph.collectives}
     # Windowed einsum is tried only where XLA would apply it (pairs with a matmul) and the step's
@@ -397,7 +407,7 @@ def _tune_structure(ev: Evaluator, seed: _Seed, notes: list[str]) -> Structure:
         if _better(ms, best_ms):
             best_ms, structure = ms, trial
     if sev is not ev:
-        ev.evaluations += sev.evaluations
+        ev.evaluations += sev.evaluations - counted
     seed_thresholds = seed.structure.threshold_map
     changed = [k for k, v in structure.thresholds if k in kinds and v != seed_thresholds[k]]
     if changed:
