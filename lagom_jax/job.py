@@ -197,9 +197,11 @@ def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log)
     shape = src.shape()
     n = math.prod(shape.values())
     cfg = models.families.resolve_config(src.model, src.config)
-    if getattr(cfg, "moe", "") == "grouped" and hw.arch != "hopper":
+    grouped_ffi = getattr(cfg, "moe", "") == "grouped" and hw.arch != "hopper"
+    if grouped_ffi and not hw.grouped_gemm_tflops:
         raise ValueError(f"moe='grouped' runs JAX's Hopper grouped-GEMM kernels (pallas ops.gpu.ragged_dot_mgpu, "
-                         f"wgmma); {hw.gpu} is {hw.arch}: use moe='dropless' (XLA's ragged_dot) or a Hopper preset")
+                         f"wgmma), or on Blackwell a CuTe kernel through FFI at its measured rate; {hw.gpu} is "
+                         f"{hw.arch} with no measured grouped-GEMM rate: use moe='dropless' (XLA's ragged_dot)")
     target = gpu_compile.step_devices(hw, n)
     warnings = (target.warning,) if target.warning else ()
     recipe, decisions = _with_commfuse(src, hw, log)
@@ -213,6 +215,12 @@ def _compile_model(src: ModelSource, hw: hardware_lib.HardwareProfile, log: Log)
     by = f" by {gpu_compile.compiler()}" if target.deviceless else ""
     log(f"{target.where}{by} ({dataclasses.replace(src, recipe=recipe).describe()}) ...")
     base = dict(src.compiler_options)
+    if grouped_ffi:  # the FFI grouped GEMMs have no handler here: XLA stands in for them
+        base.setdefault(custom_calls.MOCK_OPTION, True)
+        decisions += (("grouped GEMMs", (
+            f"on {hw.gpu} the expert GEMMs are typed-FFI calls standing in for a Blackwell CuTe grouped GEMM "
+            f"(QuACK/SonicMoE, as users run them), compiled as stand-ins and priced by their group shapes at "
+            f"{hw.grouped_gemm_tflops:g} TFLOP/s (measured; docs/moe.md)")),)
     text = built.compiled_text(base)
     recompile = (lambda options: built.compiled_text({**base, **options})) if target.deviceless else None
     load, group_load, said = _expert_loads(cfg, shape.get("expert", 1))

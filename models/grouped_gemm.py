@@ -32,8 +32,20 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 SCOPE = "grouped_gemm"
+# Blackwell (sm_100): JAX's Pallas kernels are Hopper's (wgmma), and users run their MoE's
+# grouped GEMMs as CuTe kernels (QuACK, SonicMoE) called through XLA's typed FFI, as MaxText
+# runs Transformer Engine's attention. There the same contract is an FFI call of these targets
+# (the forward and the input's gradient; the weights' gradient), which the deviceless compile
+# stands in for (XLA's mock custom calls) and the cost model prices by their group shapes at
+# the measured Blackwell grouped-GEMM rate (``HardwareProfile.grouped_gemm_tflops``). No
+# handler of these names ships: a step with them compiles and is priced, it does not run.
+FFI_FORWARD = "lagom_grouped_gemm"
+FFI_WEIGHT_GRAD = "lagom_grouped_gemm_wgrad"
+FFI_TARGETS = (FFI_FORWARD, FFI_WEIGHT_GRAD)
+KERNELS = ("pallas", "ffi")
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 128, 128, 64
 _STEPS = 4  # pipelined loads in flight (max_concurrent_steps)
 _GRID_BLOCK_N = 4  # column blocks a pass walks together (grid_block_n), where N divides by them
@@ -110,33 +122,61 @@ def _lax_weight_grad(x: jax.Array, dy: jax.Array, sizes: jax.Array) -> jax.Array
                       preferred_element_type=jnp.float32).astype(x.dtype).reshape(groups, x.shape[1], dy.shape[1])
 
 
-def _forward(x, w, sizes, transpose_rhs=False):
+def _ffi_forward(x: jax.Array, w: jax.Array, sizes: jax.Array, transpose_rhs: bool = False) -> jax.Array:
+    n = w.shape[1] if transpose_rhs else w.shape[2]
+    return jax.ffi.ffi_call(FFI_FORWARD, jax.ShapeDtypeStruct((x.shape[0], n), x.dtype))(
+        sizes, x, w, transpose_rhs=np.bool_(transpose_rhs))
+
+
+def _ffi_weight_grad(x: jax.Array, dy: jax.Array, sizes: jax.Array) -> jax.Array:
+    out = jax.ShapeDtypeStruct((sizes.shape[0], x.shape[1], dy.shape[1]), x.dtype)
+    return jax.ffi.ffi_call(FFI_WEIGHT_GRAD, out)(sizes, x, dy)
+
+
+# The GPU side of each kernel the layer can run (``KERNELS``).
+_GPU_FORWARD = {"pallas": _mosaic_forward, "ffi": _ffi_forward}
+_GPU_WEIGHT_GRAD = {"pallas": _mosaic_weight_grad, "ffi": _ffi_weight_grad}
+
+
+def kernel_for(device: object) -> str:
+    """The grouped GEMMs a GPU runs: JAX's Pallas kernels up to Hopper (sm_90), the FFI call
+    standing in for a Blackwell CuTe kernel from sm_100 on (``compute_capability`` of the
+    devices the step is compiled for; CPU devices run ``ragged_dot`` either way)."""
+    cc = getattr(device, "compute_capability", None)
+    try:
+        return "ffi" if cc is not None and float(cc) >= 10 else "pallas"
+    except ValueError:
+        return "pallas"
+
+
+def _forward(x, w, sizes, kernel, transpose_rhs=False):
     with jax.named_scope(SCOPE):
         return jax.lax.platform_dependent(
             x, w, sizes, cpu=functools.partial(_lax_forward, transpose_rhs=transpose_rhs),
-            cuda=functools.partial(_mosaic_forward, transpose_rhs=transpose_rhs))
+            cuda=functools.partial(_GPU_FORWARD[kernel], transpose_rhs=transpose_rhs))
 
 
-def _weight_grad(x, dy, sizes):
+def _weight_grad(x, dy, sizes, kernel):
     with jax.named_scope(SCOPE):
-        return jax.lax.platform_dependent(x, dy, sizes, cpu=_lax_weight_grad, cuda=_mosaic_weight_grad)
+        return jax.lax.platform_dependent(x, dy, sizes, cpu=_lax_weight_grad, cuda=_GPU_WEIGHT_GRAD[kernel])
 
 
-@jax.custom_vjp
-def grouped_matmul(x: jax.Array, w: jax.Array, sizes: jax.Array) -> jax.Array:
-    """``jax.lax.ragged_dot(x, w, sizes)`` on JAX's grouped-GEMM kernels (see the module)."""
-    return _forward(x, w, sizes)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def grouped_matmul(x: jax.Array, w: jax.Array, sizes: jax.Array, kernel: str = "pallas") -> jax.Array:
+    """``jax.lax.ragged_dot(x, w, sizes)`` on the GPU's grouped-GEMM kernels (``kernel``, one of
+    ``KERNELS``; see the module)."""
+    return _forward(x, w, sizes, kernel)
 
 
-def _fwd(x, w, sizes):
-    return _forward(x, w, sizes), (x, w, sizes)
+def _fwd(x, w, sizes, kernel):
+    return _forward(x, w, sizes, kernel), (x, w, sizes)
 
 
-def _bwd(res, dy):
+def _bwd(kernel, res, dy):
     x, w, sizes = res
     dy = dy.astype(x.dtype)
-    dx = _forward(dy, w, sizes, transpose_rhs=True)
-    dw = _weight_grad(x, dy, sizes)
+    dx = _forward(dy, w, sizes, kernel, transpose_rhs=True)
+    dw = _weight_grad(x, dy, sizes, kernel)
     return dx, dw.astype(w.dtype), None
 
 

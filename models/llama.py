@@ -257,11 +257,11 @@ def top_k_routing(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _grouped_swiglu(rows: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
-                    sizes: jax.Array, kernel: bool = False) -> jax.Array:
+                    sizes: jax.Array, kernel: str = "") -> jax.Array:
     """The experts on rows sorted by expert: three grouped GEMMs (`jax.lax.ragged_dot`, or with
-    ``kernel`` JAX's grouped-GEMM kernels, `models.grouped_gemm`); rows beyond ``sum(sizes)``
+    ``kernel`` the GPU's grouped-GEMM kernels, `models.grouped_gemm`); rows beyond ``sum(sizes)``
     (buffer padding) come out zero."""
-    dot = grouped_gemm.grouped_matmul if kernel else jax.lax.ragged_dot
+    dot = functools.partial(grouped_gemm.grouped_matmul, kernel=kernel) if kernel else jax.lax.ragged_dot
     g = checkpoint_name(dot(rows, wi0, sizes), "mlpwi_0")
     u = checkpoint_name(dot(rows, wi1, sizes), "mlpwi_1")
     h = checkpoint_name(jax.nn.silu(g) * u, "mlpwi")
@@ -283,13 +283,14 @@ def counting_sort(keys: jax.Array, classes: int) -> tuple[jax.Array, jax.Array]:
 
 def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
                    *, top_k: int, experts: int, expert_axis: str | None = None, expert_ways: int = 1,
-                   model_axis: str | None = None, kernel: bool = False, dispatch: str = "ragged-all-to-all",
+                   model_axis: str | None = None, kernel: str = "", dispatch: str = "ragged-all-to-all",
                    slots: int = 0) -> jax.Array:
     """Dropless routed experts on one device's tokens ``x`` [b, t, d] (see the module).
 
     Inside a shard_map: ``expert_axis`` holds ``expert_ways`` shards of the experts (the
     weights passed are the local ones) and ``model_axis`` splits the expert FFN (partial
-    outputs summed over it). ``kernel``: the grouped GEMMs on JAX's kernels (``moe="grouped"``);
+    outputs summed over it). ``kernel``: the grouped GEMMs on the GPU's kernels (``moe="grouped"``;
+    ``grouped_gemm.KERNELS``);
     ``dispatch``: the exchange over ``expert_axis`` (``MOE_DISPATCHES``), with ``slots`` rows of
     each expert's buffer from this device for "all-to-all"."""
     b, t, d = x.shape
@@ -342,7 +343,7 @@ def ragged_all_to_all(operand: jax.Array, output: jax.Array, input_offsets: jax.
 
 
 def _expert_exchange(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
-                     axis: str, ways: int, kernel: bool = False) -> jax.Array:
+                     axis: str, ways: int, kernel: str = "") -> jax.Array:
     """Sorted rows to their experts' shards by ragged all-to-all, the local experts, and back.
 
     Every device learns every device's per-expert counts (one small all-gather), so each
@@ -374,7 +375,7 @@ def _expert_exchange(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax
 
 
 def _expert_ring(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
-                 axis: str, ways: int, kernel: bool = False) -> jax.Array:
+                 axis: str, ways: int, kernel: str = "") -> jax.Array:
     """Sorted rows to every shard by all-gather, the local experts on the rows routed to them,
     and the outputs back by reduce-scatter (each row's output comes from the one shard that
     holds its expert; the others add zeros).
@@ -402,7 +403,7 @@ def _expert_ring(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Arr
 
 
 def _expert_buffers(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
-                    axis: str, ways: int, slots: int, kernel: bool = False) -> jax.Array:
+                    axis: str, ways: int, slots: int, kernel: str = "") -> jax.Array:
     """Sorted rows into ``slots`` rows per expert (rows past them dropped: zero out), one
     all-to-all to the experts' shards, the local experts on every source's slots, one
     all-to-all back, and each row's output read from its slot."""
@@ -444,7 +445,8 @@ class DroplessMoE(nn.Module):
         (wi0, wi1), wo = _expert_weights(self, c, dt)
         # The kernels have no batching rule: the parameter init (vmapped over the layers, with
         # no layout) runs the same contract as ragged_dot, which gives the same parameters.
-        kernel = getattr(c, "moe", "") == "grouped" and lay is not _NO_LAYOUT
+        grouped = getattr(c, "moe", "") == "grouped" and lay is not _NO_LAYOUT
+        kernel = grouped_gemm.kernel_for(lay.mesh.devices.flat[0] if lay.mesh is not None else None) if grouped else ""
         if lay.mesh is None:
             return dropless_local(x, router, wi0, wi1, wo, top_k=c.top_k, experts=c.experts, kernel=kernel)
         from jax.sharding import PartitionSpec as P

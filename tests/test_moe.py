@@ -14,7 +14,7 @@ from lagom_jax import cli, models
 from lagom_jax.advise import predict
 from lagom_jax.cluster import hardware
 from lagom_jax.costs import kernels
-from lagom_jax.models import llama
+from lagom_jax.models import grouped_gemm, llama
 from lagom_jax.models.sharding import Layout
 from jaxpr_flops import dot_flops, step_dot_flops
 
@@ -353,8 +353,33 @@ def test_the_grouped_step_runs_jaxs_kernels_at_the_routed_flops_and_a_busier_exp
     assert "busiest group (expert) holds 4x" in dict(skewed.plan.decisions)["expert imbalance"]
 
 
+def test_on_blackwell_the_grouped_gemms_are_ffi_calls_priced_at_the_measured_rate():
+    # The same step on 8 B200: no Pallas kernel (Hopper's), nine typed-FFI calls standing in for the
+    # CuTe grouped GEMM users run, mocked by the deviceless compile and priced by their group shapes
+    # at QuACK's measured 1175 TFLOP/s (over the B200's 1745 dense): slower than a dense matmul of
+    # the same FLOPs would be, as measured.
+    from lagom_jax.costs import cost, kernels
+
+    kw = dict(layers=1, d_model=256, heads=4, kv_heads=4, ffn=512, vocab=256, experts=8, top_k=2, seq_len=256,
+              global_batch=16, mesh={"fsdp": 8}, hardware="b200-sxm-8", strategy="xla-default", remat="none")
+    job = predict.train_step_job("mixtral", **kw, moe="grouped")
+    calls = [t for t in job.compiled.graph().tasks if t.kernel == "grouped-gemm"]
+    assert len(calls) == 9 and {t.custom_call for t in calls} == set(grouped_gemm.FFI_TARGETS)
+    assert "mosaic_gpu" not in job.compiled.text
+    hw = job.compiled.hardware
+    assert kernels.grouped_efficiency((512,) * 8, hw) == pytest.approx(1175.0 / 1745.0)
+    t = calls[0]
+    groups, busiest, n, k = t.gemm
+    expected = kernels.grouped_gemm_time_us(kernels.balanced_groups(groups * busiest, groups), n, k, hw,
+                                            efficiency=1175.0 / 1745.0)
+    assert cost.compute_time_us(t.flops, t.bytes, hw, gemm=t.gemm, kernel=t.kernel) == pytest.approx(expected)
+    assert "1175 TFLOP/s" in dict(job.plan.decisions)["grouped GEMMs"]
+    assert grouped_gemm.kernel_for(type("D", (), {"compute_capability": "9.0"})()) == "pallas"
+    assert grouped_gemm.kernel_for(type("D", (), {"compute_capability": "10.0"})()) == "ffi"
+
+
 @pytest.mark.parametrize("kw,message", [
-    (dict(hardware="b200-sxm-8"), "Hopper grouped-GEMM kernels.*B200 SXM is blackwell: use moe='dropless'"),
+    (dict(hardware="a100-sxm-8"), "A100 SXM 80GB is ampere with no measured grouped-GEMM rate: use moe='dropless'"),
     (dict(d_model=72, heads=4), "multiples of 16"),
 ])
 def test_grouped_kernels_refuse_what_they_cannot_run_in_one_line(kw, message):

@@ -118,6 +118,10 @@ class HardwareProfile:
     # far below the matmul rate. Measured with FlashAttention-2's benchmark (causal, batch
     # 2, sequence 8192) where published. 0: unknown, timed at ``achieved_tflops``.
     attention_tflops: float = 0.0
+    # Dense BF16 TFLOP/s the grouped-GEMM kernel users run for MoE experts sustains on this GPU
+    # at large groups (``moe="grouped"``); 0: JAX's Pallas kernels' measured efficiency over
+    # ``achieved_tflops`` (Hopper, ``kernels.pallas_grouped_efficiency``).
+    grouped_gemm_tflops: float = 0.0
     # What stands in for this system's network numbers (``net_busbw_gbps``,
     # ``net_channel_gbps``) where no measurement of the system itself was published; "" when
     # they are measured. Every prediction across nodes says it (``job``'s "network" decision,
@@ -177,6 +181,8 @@ class HardwareProfile:
         ):
             if not getattr(self, f) > 0:
                 raise ValueError(f"hardware {self.name!r}: {f} must be positive, got {getattr(self, f)}")
+        if self.grouped_gemm_tflops < 0:
+            raise ValueError(f"hardware {self.name!r}: grouped_gemm_tflops must be >= 0, got {self.grouped_gemm_tflops}")
         if self.attention_tflops < 0:
             raise ValueError(f"hardware {self.name!r}: attention_tflops must be >= 0, got {self.attention_tflops}")
         if not 0 < self.sm_share_per_channel <= 1:
@@ -549,6 +555,9 @@ PRESETS: dict[str, HardwareProfile] = {
         # 373.9 (Azure/AI-benchmarking-guide, Azure_Results/ND_GB200_v6_results.md); no
         # HGX B200 measurement was published.
         attention_tflops=373.9,
+        # QuACK's (SonicMoE's) SM100 bf16 gated grouped GEMM alone on one B200: about 1175
+        # TFLOP/s (marin-community/marin issue #7012), the CuTe kernel users run through FFI.
+        grouped_gemm_tflops=1175.0,
         xla_target="b200",
         collective_table="b200-nvswitch",  # XLA's measured sm_100_B200 table, 8 GPUs of one host
         # 8x B200 all-reduce busBw 839-846 @8-16GiB, above any ring: NVLS
@@ -642,6 +651,9 @@ PRESETS["gb200-nvl72"] = dataclasses.replace(
     # MAMF best-shape BF16 matmul on a GB200, 4096x9728x2048: 1822.0 (stas00/ml-engineering
     # compute/accelerator/README.md, MAMF table).
     achieved_tflops=1822.0,
+    # No grouped-GEMM rate measured on GB200: the B200's QuACK figure times GB200's measured dense
+    # rate over B200's (MAMF, 1822.0 / 1745.0; its SM clock is higher).
+    grouped_gemm_tflops=round(1175.0 * 1822.0 / 1745.0, 1),
     # NVLink inside the rack is the B200's NVLink 5 through NVSwitch: B200's ring model stands
     # in for the rack's rings (no in-rack all-gather or reduce-scatter sweep was published).
     # NVLS: all-reduce busBw over the 72 GPUs of one rack, NCCL 2.26.2 with

@@ -1192,9 +1192,9 @@ def compute_time_us(flops: float, nbytes: float, hw: HardwareProfile, *,
         total = max(int(round(flops / (2.0 * n * k))), 1)
         imbalance = min(float(groups), max(1.0, busiest * groups / total))
         rows = kernels.balanced_groups(total, groups, imbalance)
-        # The only grouped kernels a module holds are JAX's Pallas ones (custom_calls): their measured rate.
+        # The grouped kernel this GPU runs (models.grouped_gemm): its measured rate.
         own = kernels.grouped_gemm_time_us(rows, n, k, hw, itemsize=itemsize,
-                                           efficiency=kernels.pallas_grouped_efficiency(rows)) / sm_left * pressure
+                                           efficiency=kernels.grouped_efficiency(rows, hw)) / sm_left * pressure
         return max(own, memory)
     if gemm:
         batch, m, n, k = gemm
@@ -1273,11 +1273,13 @@ def collective_resource_use(kind: str, nbytes: float, group_size: int, nodes: in
     return comm_resource_use(params, hw, nodes=nodes, cfg=cfg, kind=kind, bus_gbps=rate)
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def candidate_resources(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
                         cfg: CostConfig = DEFAULT_COSTS) -> tuple[tuple[CollectiveParams, float, float, float], ...]:
     """Every ``candidate_times`` entry with the resources it holds: (params, time alone us,
-    SMs, HBM GB/s), as ``collective_resource_use`` gives them, in one pass (the search's
-    Pareto front is cut from this table once per collective size)."""
+    SMs, HBM GB/s), as ``collective_time_us`` and ``collective_resource_use`` give them (the
+    same floats), in one pass: the search's Pareto front is cut from this table, and the
+    simulator reads the candidates it replays from it, once per collective size."""
     out = []
     table = {} if symmetric_applies(kind, group_size, nodes, hw) else _size_free_resources(
         kind, group_size, nodes, hw, cfg)

@@ -169,6 +169,15 @@ def pallas_grouped_efficiency(group_rows: tuple[int, ...]) -> float:
     return e0 + (e1 - e0) * math.log2(blocks / b0) / math.log2(b1 / b0)
 
 
+def grouped_efficiency(group_rows: tuple[int, ...], hw: HardwareProfile) -> float:
+    """The efficiency ``grouped_gemm_time_us`` takes for the grouped kernel ``hw``'s GPU runs:
+    its measured rate over the plain matmul rate where the preset has one (Blackwell's CuTe
+    kernel, ``grouped_gemm_tflops``), else JAX's Pallas kernels' (``pallas_grouped_efficiency``)."""
+    if hw.grouped_gemm_tflops:
+        return hw.grouped_gemm_tflops / hw.achieved_tflops
+    return pallas_grouped_efficiency(group_rows)
+
+
 def balanced_groups(rows: int, groups: int, imbalance: float = 1.0) -> tuple[int, ...]:
     """Row counts of ``groups`` groups summing to ``rows`` whose busiest group holds
     ``imbalance`` times the mean (>= 1); the others share the rest evenly."""

@@ -249,7 +249,8 @@ class Priced:
     gemm: tuple[int, ...] = ()
 
 
-# JAX's Pallas grouped-GEMM kernels (``models.grouped_gemm``): Mosaic-GPU custom calls whose
+# The grouped-GEMM kernels of ``models.grouped_gemm``: JAX's Pallas kernels (Mosaic-GPU custom
+# calls) on Hopper, the typed-FFI call standing in for a Blackwell CuTe kernel on sm_100; their
 # op_name carries the scope they run under. Their last two operands are the rows [T, K] (the
 # weights' gradient: the rows [T, M]) and the other side, the first the group sizes [G]; the
 # output's last dimension is N. FLOPs 2 T K N either way (T the rows sorted by group); the
@@ -258,11 +259,14 @@ class Priced:
 GROUPED_GEMM = "grouped-gemm"
 GROUPED_GEMM_SCOPE = "grouped_gemm"
 _MOSAIC_PREFIX = "mosaic_gpu"
+# models.grouped_gemm.FFI_FORWARD and FFI_WEIGHT_GRAD (the model layer does not import this one).
+GROUPED_GEMM_FFI = ("lagom_grouped_gemm", "lagom_grouped_gemm_wgrad")
 
 
 def grouped_gemm(inst: hlo.Instruction, operands: list[hlo.Shape]) -> Priced | None:
-    """The price of one of JAX's grouped-GEMM kernels (None: ``inst`` is not one)."""
-    if (not custom_call_target(inst).startswith(_MOSAIC_PREFIX) or len(operands) < 3
+    """The price of one of the grouped-GEMM kernels (None: ``inst`` is not one)."""
+    target = custom_call_target(inst)
+    if (not (target.startswith(_MOSAIC_PREFIX) or target in GROUPED_GEMM_FFI) or len(operands) < 3
             or GROUPED_GEMM_SCOPE not in re.split(r"[/()]", inst.metadata().get("op_name", ""))):
         return None
     groups, (lhs, other), out = operands[0].dims, operands[-2:], inst.shape
