@@ -132,7 +132,7 @@ def _hardware(args: argparse.Namespace, num_devices: int | None = None) -> hardw
     except (ValueError, OSError) as e:
         raise _UsageError(str(e)) from None
     if args.hardware == "auto":
-        print(f"lagom-jax: {resolved.note}", file=sys.stderr)
+        _stderr(f"lagom-jax: {resolved.note}")
     return resolved.hardware
 
 
@@ -365,11 +365,18 @@ class _Clock:
         cls.start = cls.last = time.monotonic()
 
 
-def _log(message: str) -> None:
+def _stderr(line: str, stream: Any = None) -> None:
+    """A line for the person watching: at a terminal wrapped to ``report.WIDTH`` columns (a
+    hanging indent); into a file or a pipe one line, for grep."""
+    stream = stream or sys.stderr
+    print(report.wrap(line, indent="    ") if stream.isatty() else line, file=stream, flush=True)
+
+
+def _log(message: str, stream: Any = None) -> None:
     """A progress line on stderr: seconds since the command started, and since the line
     before (how long the stage that line announced took)."""
     now = time.monotonic()
-    print(f"lagom-jax [{now - _Clock.start:.1f} s, +{now - _Clock.last:.1f} s]: {message}", file=sys.stderr)
+    _stderr(f"lagom-jax [{now - _Clock.start:.1f} s, +{now - _Clock.last:.1f} s]: {message}", stream)
     _Clock.last = now
 
 
@@ -592,7 +599,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
 def _run_profile(args: argparse.Namespace) -> int:
     try:
         path = profile.run_profile(args.out, quick=args.quick, base=args.base,
-                                   progress=lambda line: print(line, file=sys.stderr))
+                                   progress=_stderr)
     except profile.ProfileError as err:
         raise _UsageError(str(err)) from None
     print(path)
@@ -658,7 +665,7 @@ def _run_advise(args: argparse.Namespace) -> int:
             seq_len=args.seq_len, current=current, memory_fraction=args.memory_fraction, top=args.top,
             jobs=args.jobs, mesh_finalists=args.mesh_finalists, max_probes=args.max_probes, tune=not args.no_tune,
             pipeline=args.pipeline,
-            progress=lambda line: print(line, file=sys.stderr, flush=True))
+            progress=_stderr)
     except (ValueError, gpu_compile.DevicelessUnavailable) as err:
         raise _UsageError(str(err).splitlines()[0]) from None
     if args.out and result.tuned is not None:

@@ -135,3 +135,21 @@ def test_the_main_jobs_printers_fit_a_terminal(tmp_path, capsys):
     assert not _too_wide(text, pasted)
     # wrapped, never cut: the terminal says every word report.txt says
     assert "…" not in text and plan.report(width=None).split() == plan.report().split()
+
+
+def test_progress_lines_wrap_at_a_terminal_and_stay_whole_in_a_pipe():
+    import io
+
+    from lagom_jax import cli
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    message = "structure: " + " ".join(f"word{i}" for i in range(40))
+    tty, pipe = Terminal(), io.StringIO()
+    cli._log(message, tty)
+    cli._log(message, pipe)
+    assert all(len(line) <= 100 for line in tty.getvalue().splitlines()) and len(tty.getvalue().splitlines()) > 1
+    assert tty.getvalue().split()[5:] == pipe.getvalue().split()[5:]  # every word kept (after the clock)
+    assert len(pipe.getvalue().splitlines()) == 1
