@@ -1280,23 +1280,36 @@ def candidate_resources(kind: str, nbytes: float, group_size: int, nodes: int, h
     SMs, HBM GB/s), as ``collective_time_us`` and ``collective_resource_use`` give them (the
     same floats), in one pass: the search's Pareto front is cut from this table, and the
     simulator reads the candidates it replays from it, once per collective size."""
-    out = []
-    table = {} if symmetric_applies(kind, group_size, nodes, hw) else _size_free_resources(
-        kind, group_size, nodes, hw, cfg)
-    for p, time_us in candidate_times(kind, nbytes, group_size, nodes, hw, cfg):
-        sms, peak, per_bus_byte, bus = table.get(p) or (*_resource_terms(p, hw, nodes, cfg, kind),
-                                                         bus_factor(kind, p.algorithm, group_size))
-        rate = nbytes * bus / max(time_us, 1e-9) / 1e3
-        out.append((p, time_us, sms, min(rate, peak) * per_bus_byte))
+    cands = candidate_times(kind, nbytes, group_size, nodes, hw, cfg)
+
+    def row(p: CollectiveParams, time_us: float) -> tuple[CollectiveParams, float, float, float]:
+        sms, peak, per_bus_byte = _resource_terms(p, hw, nodes, cfg, kind)
+        rate = nbytes * bus_factor(kind, p.algorithm, group_size) / max(time_us, 1e-9) / 1e3
+        return p, time_us, sms, min(rate, peak) * per_bus_byte
+
+    if group_size <= 1 or len(cands) == 1:  # NCCL's own kernel only: symmetric or point-to-point
+        return tuple(row(p, t) for p, t in cands)
+    # The size-free candidates as columns, in ``row``'s operations; NCCL's pick, where it is
+    # not one of them, by ``row``.
+    fixed, (sms, peak, per_bus_byte, bus) = _size_free_resources(kind, group_size, nodes, hw, cfg)
+    extra = len(cands) > len(fixed)
+    i = next((i for i, (p, _) in enumerate(cands[:len(fixed)]) if p != fixed[i]), len(fixed)) if extra else 0
+    times = np.array([t for j, (_, t) in enumerate(cands) if not (extra and j == i)], dtype=float)
+    rate = nbytes * bus / np.maximum(times, 1e-9) / 1e3
+    out = list(zip(fixed, times.tolist(), sms.tolist(), (np.minimum(rate, peak) * per_bus_byte).tolist()))
+    if extra:
+        out.insert(i, row(*cands[i]))
     return tuple(out)
 
 
 @functools.lru_cache(maxsize=1 << 10)
 def _size_free_resources(kind: str, group_size: int, nodes: int, hw: HardwareProfile, cfg: CostConfig
-                         ) -> dict[CollectiveParams, tuple[float, float, float, float]]:
-    """Per size-free candidate: ``_resource_terms`` and its bus bytes per nBytes."""
-    return {p: (*_resource_terms(p, hw, nodes, cfg, kind), bus_factor(kind, p.algorithm, group_size))
-            for p in _size_free_candidates(kind, group_size, nodes, hw)}
+                         ) -> tuple[tuple[CollectiveParams, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The size-free candidates and, as columns, their ``_resource_terms`` (SMs, peak bus GB/s,
+    HBM bytes per bus byte) and bus bytes per nBytes."""
+    fixed = _size_free_candidates(kind, group_size, nodes, hw)
+    terms = [(*_resource_terms(p, hw, nodes, cfg, kind), bus_factor(kind, p.algorithm, group_size)) for p in fixed]
+    return fixed, tuple(np.array(c, dtype=float) for c in zip(*terms))  # type: ignore[return-value]
 
 
 class ResourceTracker:

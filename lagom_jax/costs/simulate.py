@@ -41,12 +41,12 @@ import json
 import math
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.params import CollectiveParams
 from lagom_jax.costs import cost, launch
-from lagom_jax.program.graph import StepGraph, Task
+from lagom_jax.program.graph import StepGraph, Task, collective_shape
 
 COMPUTE_STREAM = "compute"
 
@@ -150,8 +150,8 @@ class _Prepared:
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # (compute task id, SMs taken, HBM GB/s taken) -> its duration under that contention.
     durations: dict[tuple[int, float, float], float] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-    # Collective id -> the memo entry (params, time, use) of its params at the last call.
-    last: dict[int, tuple[CollectiveParams, float, tuple[float, float]]] = dataclasses.field(
+    # Collective id -> the memo entry (params, time, use, CTAs) of its params at the last call.
+    last: dict[int, tuple[CollectiveParams, float, tuple[float, float], int]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False)
 
     def bound_us(self, hw: HardwareProfile) -> float:
@@ -196,24 +196,28 @@ def _kernel_us(work: tuple, hw: HardwareProfile, sms_taken: float, hbm_gbps_take
                                 itemsize=itemsize, attention=attention, kernel=kernel)
 
 
-# (hardware, collective shape, params) -> (time alone, (SMs, HBM GB/s) held): one table for
+# (hardware, collective shape) -> params -> (time alone, (SMs, HBM GB/s) held): one table for
 # every graph, as for ``_kernel_us``: the search replays thousands of windows, each a graph
 # of its own, and asks in each for the same collectives under the same few params.
-_COLLECTIVE_COSTS: dict[tuple, tuple[float, tuple[float, float]]] = {}
+_COLLECTIVE_COSTS: dict[tuple, dict[CollectiveParams, tuple[float, tuple[float, float]]]] = {}
 
 
 def _collective_cost(key: tuple[str, float, int, int], p: CollectiveParams, hw: HardwareProfile
                      ) -> tuple[float, tuple[float, float]]:
-    """(``cost.collective_time_us``, ``cost.collective_resource_use``) of one collective."""
-    memo_key = (hw, key, p)
-    hit = _COLLECTIVE_COSTS.get(memo_key)
-    if hit is None:
-        if len(_COLLECTIVE_COSTS) >= 1 << 18:
+    """(``cost.collective_time_us``, ``cost.collective_resource_use``) of one collective: for
+    a candidate of its size, its row of ``cost.candidate_resources`` (the same floats, which
+    the search tabulates anyway), else from the model."""
+    table = _COLLECTIVE_COSTS.get((hw, key))
+    if table is None:
+        if len(_COLLECTIVE_COSTS) >= 1 << 14:
             _COLLECTIVE_COSTS.clear()
+        table = _COLLECTIVE_COSTS[(hw, key)] = {
+            q: (one, (sms, hbm)) for q, one, sms, hbm in cost.candidate_resources(*key, hw)}
+    hit = table.get(p)
+    if hit is None:
         kind, nbytes, n, nodes = key
         one = cost.collective_time_us(kind, nbytes, n, nodes, p, hw)
-        hit = _COLLECTIVE_COSTS[memo_key] = (one, cost.collective_resource_use(kind, nbytes, n, nodes, p, hw,
-                                                                                time_us=one))
+        hit = table[p] = (one, cost.collective_resource_use(kind, nbytes, n, nodes, p, hw, time_us=one))
     return hit
 
 
@@ -235,37 +239,60 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
         return hit[1]
     tasks = graph.tasks
     unrolled = any(t.iteration > 0 for t in tasks)
-    repeat = tuple(1 if unrolled else max(t.trip_count, 1) for t in tasks)
-    is_coll = tuple(t.is_collective for t in tasks)
-    coll_key = tuple(graph.shape(t, hw.gpus_per_node) if c else None for t, c in zip(tasks, is_coll))
+    gpus_per_node, sm_share = hw.gpus_per_node, (hw.resident_sm_share(False), hw.resident_sm_share(True))
+    # One pass over the tasks (a search prepares thousands of small windows).
+    is_coll: list[bool] = []
+    repeat: list[int] = []
+    coll_key: list[tuple[str, float, int, int] | None] = []
+    work: list[tuple | None] = []
+    compute_alone: list[float] = []
+    shares: list[float] = []
+    waves: list[int] = []
+    default_params: dict[int, CollectiveParams] = {}
+    for t in tasks:
+        r = 1 if unrolled else max(t.trip_count, 1)
+        repeat.append(r)
+        if t.is_collective:
+            is_coll.append(True)
+            k = collective_shape(t, graph.num_devices, gpus_per_node)
+            coll_key.append(k)
+            default_params[t.id] = cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
+            work.append(None)
+            compute_alone.append(0.0)
+            shares.append(0.0)
+            waves.append(0)
+        else:
+            is_coll.append(False)
+            coll_key.append(None)
+            w = _work(t)
+            work.append(w)
+            compute_alone.append(r * _kernel_us(w, hw, 0.0, 0.0))
+            shares.append(sm_share[bool(t.gemm)])
+            waves.append(cost.cta_waves(t.gemm, hw))
     pending = [len(t.deps) for t in tasks]
     succ: list[list[int]] = [list(c) for c in graph.consumers]
     captured = launch.serialised(graph, hw.command_buffer)
-    next_compute = _next_compute(is_coll) if captured else ()
+    next_compute = _next_compute(tuple(is_coll)) if captured else ()
     for t in tasks:
         j = t.done_before
         if t.id in captured and next_compute[t.id] is not None and (j is None or next_compute[t.id] < j):
             j = next_compute[t.id]  # in a graph: the next kernel waits for it
-        if t.is_collective and j is not None:
+        if j is not None and is_coll[t.id]:
             if not 0 <= j < len(tasks) or is_coll[j]:
                 raise ValueError(
                     f"collective {t.name!r} (id {t.id}) has done_before={j}, which is not a compute task id")
             pending[j] += 1
             succ[t.id].append(j)
-    work = tuple(None if c else _work(t) for t, c in zip(tasks, is_coll))
-    compute_alone = tuple(0.0 if c else r * _kernel_us(w, hw, 0.0, 0.0) for w, c, r in zip(work, is_coll, repeat))
-    default_params = {i: cost.nccl_default_params(k[0], k[1], k[2], k[3], hw)
-                      for i, k in enumerate(coll_key) if k is not None}
     prepared = _Prepared(
-        is_coll=is_coll, repeat=repeat, coll_key=coll_key,
+        is_coll=tuple(is_coll), repeat=tuple(repeat), coll_key=tuple(coll_key),
         compute_order=tuple(i for i, c in enumerate(is_coll) if not c),
         pending=tuple(pending), ready_at_start=tuple(i for i, c in enumerate(is_coll) if c and pending[i] == 0),
         successors=tuple(tuple(s) for s in succ),
-        work=work,
-        compute_alone=compute_alone, default_params=default_params,
+        work=tuple(work),
+        compute_alone=tuple(compute_alone), default_params=default_params,
         compute_us=sum(compute_alone),
-        sm_share=tuple(0.0 if c else hw.resident_sm_share(bool(t.gemm)) for t, c in zip(tasks, is_coll)),
-        waves=tuple(0 if c else cost.cta_waves(t.gemm, hw) for t, c in zip(tasks, is_coll)),
+        sm_share=tuple(shares),
+        waves=tuple(waves),
         host_us=launch.host_issue_us(graph, hw.command_buffer),
     )
 
@@ -277,8 +304,7 @@ def _prepare(graph: StepGraph, hw: HardwareProfile) -> _Prepared:
     return prepared
 
 
-@dataclasses.dataclass(frozen=True)
-class _Run:
+class _Run(NamedTuple):
     """The raw outcome of one replay, before it is dressed as a Timeline."""
 
     makespan_us: float
@@ -301,27 +327,30 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
     ntasks = len(prep.is_coll)
     chosen = prep.default_params
     if params:
-        if not chosen.keys() >= params.keys():
+        merged = {**chosen, **params}
+        if len(merged) != len(chosen):
             bad = sorted(i for i in params if i not in chosen)
             raise ValueError(f"params given for ids {bad[:5]} that are not collectives of graph {graph.name!r}")
-        chosen = {**chosen, **params}
+        chosen = merged
     prio = priority or {}
 
     # Per-collective constants under these params: time alone and resources held.
     # A search changes one collective's params per call: the others are the very same
     # objects as last time, which an identity check finds without hashing them.
+    # With them, the CTAs it holds on SMs (none on the copy engines: launch-order rule d).
     memo, last = prep.memo, prep.last
     coll_time: dict[int, float] = {}
     coll_use: dict[int, tuple[float, float]] = {}
+    ctas: dict[int, int] = {}
     for i, p in chosen.items():
         hit = last.get(i)
         if hit is None or hit[0] is not p:
             hit = memo.get((i, p))
             if hit is None:
                 one, use = _collective_cost(prep.coll_key[i], p, hw)  # type: ignore[arg-type]
-                hit = memo[(i, p)] = (p, prep.repeat[i] * one, use)
+                hit = memo[(i, p)] = (p, prep.repeat[i] * one, use, p.nchannels if use[0] > 0.0 else 0)
             last[i] = hit
-        _, coll_time[i], coll_use[i] = hit
+        _, coll_time[i], coll_use[i], ctas[i] = hit
 
     tracker = cost.ResourceTracker(hw)
     pending = list(prep.pending)
@@ -362,7 +391,6 @@ def _replay(graph: StepGraph, hw: HardwareProfile, params: Mapping[int, Collecti
     # ``sm_share_per_channel`` per channel from whatever runs (the order-blind model).
     gate = hw.contention_order
     wave_rule = gate and hw.priority_takes_sms_at_wave and hw.comm_high_priority
-    ctas = {i: (chosen[i].nchannels if coll_use[i][0] > 0.0 else 0) for i in chosen} if gate else {}
     ready: list[tuple[float, int]] = []  # gated collectives allowed to take SMs at the next chance
     free_ready: list[tuple[float, int]] = []  # collectives that may start at once
     deferred: list[tuple[float, int]] = []  # made ready at this compute boundary (rule b)

@@ -48,9 +48,10 @@ def _time(t: Task, p: CollectiveParams, hw: HardwareProfile, num_devices: int) -
 
 @functools.lru_cache(maxsize=1 << 12)
 def _time_table(shape: CollectiveShape, hw: HardwareProfile) -> Mapping[CollectiveParams, float]:
-    """``cost.candidate_times`` of one collective size as a read-only lookup: the search
-    asks for the time of a candidate far more often than it tabulates a size."""
-    return types.MappingProxyType(dict(cost.candidate_times(*shape, hw)))
+    """The candidates' times of one collective size (``cost.candidate_resources``, the table
+    ``candidates`` cuts the front from) as a read-only lookup: the search asks for the time
+    of a candidate far more often than it tabulates a size."""
+    return types.MappingProxyType({p: time_us for p, time_us, _, _ in cost.candidate_resources(*shape, hw)})
 
 
 def _default(t: Task, hw: HardwareProfile, num_devices: int) -> CollectiveParams:
@@ -104,6 +105,7 @@ class _Built:
     schedule: Schedule
     origins: tuple[tuple[int, ...], ...]
     parent: tuple[tuple[int, int], ...]  # (collective id in schedule.graph, combined-graph id)
+    priority: Mapping[int, float] | None  # schedule.priority_map, made once
 
     def params(self, params: Mapping[int, CollectiveParams], override: tuple[int, CollectiveParams] | None = None
                ) -> dict[int, CollectiveParams]:
@@ -126,8 +128,12 @@ class Evaluator:
         self._windows: dict[tuple, _Built] = {}
         # (thresholds, windowed einsum, collective id) -> the (first, last) task of its window.
         self._spans: dict[tuple, tuple[int, int]] = {}
-        # policy -> collective shape -> its pick (``strategies._policy_params``)
+        # (structure, collective id, its window) of the last ``window`` call.
+        self._last_window: tuple[Structure | None, int, _Built | None] = (None, -1, None)
+        # policy -> collective shape -> its pick, and (thresholds, windowed einsum, policy) -> the
+        # params of every tuned collective (``strategies._policy_params``)
         self.policy_picks: dict[str, dict[CollectiveShape, CollectiveParams]] = {}
+        self.policy_params: dict[tuple, dict[int, CollectiveParams]] = {}
         # The first tasks of a long step, where its structure is judged (``strategies._segment``).
         self.segment: Evaluator | None = None
 
@@ -217,7 +223,7 @@ class Evaluator:
             (t.id, rep[back[rw.origins[t.id][0]] if back is not None else rw.origins[t.id][0]])
             for t in rw.graph.collectives
         )
-        return _Built(sched, rw.origins, parent)
+        return _Built(sched, rw.origins, parent, sched.priority_map)
 
     def build(self, structure: Structure) -> _Built:
         """The whole step under ``structure``; collectives keep their combined-graph ids."""
@@ -229,8 +235,8 @@ class Evaluator:
         built = self.build(structure)
         self.evaluations += 1
         sched = built.schedule
-        return simulate(sched.graph, self.hw, built.params(params),
-                        overlap_limit=sched.overlap_limit, priority=sched.priority_map)
+        return simulate(sched.graph, self.hw, built.params(params), overlap_limit=sched.overlap_limit,
+                        priority=built.priority)
 
     def makespan(self, structure: Structure, params: Mapping[int, CollectiveParams]) -> float:
         """``full(...).makespan_us`` without the Timeline (a replay that keeps no intervals):
@@ -238,8 +244,8 @@ class Evaluator:
         built = self.build(structure)
         self.evaluations += 1
         sched = built.schedule
-        return makespan_us(sched.graph, self.hw, built.params(params),
-                           overlap_limit=sched.overlap_limit, priority=sched.priority_map)
+        return makespan_us(sched.graph, self.hw, built.params(params), overlap_limit=sched.overlap_limit,
+                           priority=built.priority)
 
     def window(self, structure: Structure, params: Mapping[int, CollectiveParams], cid: int,
                p: CollectiveParams | None = None) -> float:
@@ -249,15 +255,17 @@ class Evaluator:
         Small steps are simulated whole, so the search on them is exact under the model.
         """
         override = None if p is None else (cid, p)
-        g1 = self.combined(structure).graph
-        if len(g1.tasks) <= FULL_GRAPH_TASKS:
-            built = self.build(structure)
+        last = self._last_window
+        if last[0] is structure and last[1] == cid:  # the next candidate of the same collective
+            built = last[2]
         else:
-            built = self._window(structure, cid)
+            g1 = self.combined(structure).graph
+            built = self.build(structure) if len(g1.tasks) <= FULL_GRAPH_TASKS else self._window(structure, cid)
+            self._last_window = (structure, cid, built)
         self.evaluations += 1
         sched = built.schedule
-        return makespan_us(sched.graph, self.hw, built.params(params, override),
-                           overlap_limit=sched.overlap_limit, priority=sched.priority_map)
+        return makespan_us(sched.graph, self.hw, built.params(params, override), overlap_limit=sched.overlap_limit,
+                           priority=built.priority)
 
     def _window(self, structure: Structure, cid: int) -> _Built:
         """Tasks from a few before ``cid`` can start to a few after its first consumer.

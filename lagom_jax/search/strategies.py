@@ -150,7 +150,15 @@ def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int,
 
 
 def _policy_params(ev: Evaluator, structure: Structure, policy: str) -> dict[int, CollectiveParams]:
-    """Per-collective params of the combined graph under a simple policy."""
+    """Per-collective params of the combined graph under a simple policy (a new dict; kept
+    per combined graph and policy, which the starts and structure moves ask for again)."""
+    key = (structure.thresholds, structure.windowed_einsum, policy)
+    if key not in ev.policy_params:
+        ev.policy_params[key] = _pick_by_policy(ev, structure, policy)
+    return dict(ev.policy_params[key])
+
+
+def _pick_by_policy(ev: Evaluator, structure: Structure, policy: str) -> dict[int, CollectiveParams]:
     if policy == "nccl":
         return {t.id: ev.default(t) for t in ev.tuned(structure)}
     # A policy's pick depends only on the collective's shape, and the structure moves
