@@ -346,12 +346,28 @@ def test_time_never_decreases_with_bytes_on_a_grid(name):
 def test_zero_bytes_cost_no_more_than_one_byte(name):
     # With the measured anchor too: 0 B took the model's time and 1 B the smallest measured
     # size's, so 0 B of all-reduce over 2 A100 took 10.1 us and 256 B 8.85 us (issue 48).
-    # Anchored on the measured group sizes, all three are that time, up to rounding.
+    # Anchored on the measured group sizes, all three are that time, up to rounding. On a
+    # group larger than the tables' (the 72 GPUs of gb200-nvl72) the anchored model took
+    # 79.18 us for 0 B and 78.83 us for 1 B (issue 79): the monotone floor starts at 0 B.
     hw = hardware.get(name)
     for kind in COLLECTIVE_KINDS:
-        for n, cfg in ((2, MODEL), (hw.gpus_per_node, MODEL), (2, cost.DEFAULT_COSTS), (8, cost.DEFAULT_COSTS)):
+        for n, cfg in ((2, MODEL), (hw.gpus_per_node, MODEL), (2, cost.DEFAULT_COSTS), (8, cost.DEFAULT_COSTS),
+                       (hw.gpus_per_node, cost.DEFAULT_COSTS)):
             at = [cost.default_time_us(kind, b, n, 1, hw, cfg) for b in (0, 1, 256)]
             assert all(a <= b * (1 + 1e-12) for a, b in zip(at, at[1:])), (kind, n, cfg.measured_tables, at)
+
+
+@LAWS
+@given(st.sampled_from(PRESET_NAMES), st.integers(1, 2), st.sampled_from(COLLECTIVE_KINDS), st.floats(0, 4 * GiB),
+       st.data())
+@example("gb200-nvl72", 1, "all-reduce", 1.0, None)  # 78.83 us against 79.18 us for 0 B (issue 79)
+def test_law_no_collective_takes_less_time_than_an_empty_one(name, nodes, kind, nbytes, data):
+    # NCCL's own pick with the measured anchor and the monotone floor (the default model),
+    # any group of one or two nodes, any size from 0 B (fractions of a byte too).
+    hw = hardware.get(name, nodes)
+    n = hw.gpus_per_node * nodes if data is None else data.draw(st.integers(max(2, nodes), hw.gpus_per_node * nodes))
+    empty = cost.default_time_us(kind, 0.0, n, nodes, hw)
+    assert empty <= cost.default_time_us(kind, nbytes, n, nodes, hw) * (1 + 1e-12), (empty, n)
 
 
 @LAWS
@@ -480,11 +496,12 @@ def test_ll_moves_twice_its_data_through_hbm():
 
 def test_nccls_own_pick_never_takes_less_time_for_more_bytes_on_any_preset_kind_or_group():
     # 2 A100 gathered 1 KiB in 8.70 us and 4 KiB in 8.10 us before the monotone floor
-    # (cost._monotone_floor_us); every preset, kind and group, 1 B to 1 GiB in quarter octaves.
+    # (cost._monotone_floor_us); every preset, kind and group, 0 B, then 1 B to 1 GiB in quarter
+    # octaves.
     import dataclasses
 
     kinds = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-    sizes = [2 ** (k / 4) for k in range(4 * 31)]
+    sizes = [0.0] + [2 ** (k / 4) for k in range(4 * 31)]  # from an empty collective (issue 79)
     falls = []
     for name in hardware.PRESETS:
         hw = hardware.get(name)

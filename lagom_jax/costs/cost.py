@@ -424,14 +424,15 @@ def measured_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: Ha
     would otherwise take less time than at a smaller size (``_monotone_floor_us``). Kept per
     collective size: each of its candidates asks for the same factor."""
     ratio = _table_ratio(kind, nbytes, group_size, nodes, hw, cfg)
-    if not cfg.monotone_default or group_size <= 1 or nbytes < 1 or symmetric_applies(kind, group_size, nodes, hw):
+    if not cfg.monotone_default or group_size <= 1 or symmetric_applies(kind, group_size, nodes, hw):
         return ratio
     own = _default_model_us(kind, nbytes, group_size, nodes, hw, cfg) * ratio
-    floor = _monotone_floor_us(kind, int(_GRID_STEPS * math.log2(nbytes)), group_size, nodes, hw, cfg)
+    k = int(_GRID_STEPS * math.log2(nbytes)) if nbytes >= 1 else -1
+    floor = _monotone_floor_us(kind, k, group_size, nodes, hw, cfg)
     return ratio * floor / own if floor > own else ratio
 
 
-# Sizes 2^(k/8) at which NCCL's own choice is timed for the monotone floor.
+# Sizes 2^(k/8) at which NCCL's own choice is timed for the monotone floor, after 0 B (k = -1).
 _GRID_STEPS = 8
 
 
@@ -440,13 +441,14 @@ def _default_model_us(kind: str, nbytes: float, n: int, nodes: int, hw: Hardware
     return _time_from_terms(nbytes, n, p, _size_free_terms(kind, n, nodes, p, hw, cfg), hw, cfg)
 
 
-# (kind, ranks, nodes, hw, cfg) -> the running maximum of ``_monotone_floor_us`` by grid
-# index, grown as larger sizes are asked for.
+# (kind, ranks, nodes, hw, cfg) -> the running maximum of ``_monotone_floor_us`` from 0 B
+# (entry 0) by grid index (entry k + 1), grown as larger sizes are asked for.
 _FLOORS: dict[tuple, list[float]] = {}
 
 
 def _monotone_floor_us(kind: str, k: int, n: int, nodes: int, hw: HardwareProfile, cfg: CostConfig) -> float:
-    """The longest time of NCCL's own choice (anchored) at any size 2^(j/8) <= 2^(k/8).
+    """The longest time of NCCL's own choice (anchored) at 0 B or any size 2^(j/8) <= 2^(k/8)
+    (k = -1: below one byte, 0 B alone).
 
     NCCL's choice changes with the size (algorithm, protocol, channels and threads cut for
     small messages), and at such a switch the model, anchored or not, can time a larger
@@ -458,15 +460,18 @@ def _monotone_floor_us(kind: str, k: int, n: int, nodes: int, hw: HardwareProfil
     collective takes at least what a smaller one took (``CostConfig.monotone_default``):
     monotone on this grid, within 1/8 of an octave between its points. Its cost where the
     model peaks between measured sizes: against Echo's A100 nccl-tests logs the anchored
-    median error went 3.2% -> 4.3% (worst +16% -> +24%), XLA's H100 table 6.9% -> 7.6%."""
-    if k < 0:
-        return 0.0
+    median error went 3.2% -> 4.3% (worst +16% -> +24%), XLA's H100 table 6.9% -> 7.6%.
+
+    The grid starts at 0 B: anchored on the tables' 8-GPU rows, the model can time 0 B above
+    1 B on a larger group (an all-reduce over the 72 GPUs of ``gb200-nvl72``: 79.18 us against
+    78.83 us, the model's own 0-byte terms scaled by the smallest measured time), and 1 B then
+    takes the 0-byte time as any larger size takes a smaller one's."""
     floors = _FLOORS.setdefault((kind, n, nodes, hw, cfg), [])
-    while len(floors) <= k:
-        size = 2.0 ** (len(floors) / _GRID_STEPS)
+    while len(floors) <= k + 1:
+        size = 2.0 ** ((len(floors) - 1) / _GRID_STEPS) if floors else 0.0
         here = _default_model_us(kind, size, n, nodes, hw, cfg) * _table_ratio(kind, size, n, nodes, hw, cfg)
         floors.append(max(here, floors[-1]) if floors else here)
-    return floors[k]
+    return floors[k + 1]
 
 
 def _table_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
