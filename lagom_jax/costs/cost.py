@@ -416,13 +416,11 @@ def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
                             hw, cfg) * measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
 
 
-@functools.lru_cache(maxsize=1 << 14)
 def measured_ratio(kind: str, nbytes: float, group_size: int, nodes: int, hw: HardwareProfile,
                    cfg: CostConfig = DEFAULT_COSTS) -> float:
     """The factor every candidate's time for this collective is scaled by: measured over
     modelled time of NCCL's own choice (``_table_ratio``), raised where NCCL's own choice
-    would otherwise take less time than at a smaller size (``_monotone_floor_us``). Kept per
-    collective size: each of its candidates asks for the same factor."""
+    would otherwise take less time than at a smaller size (``_monotone_floor_us``)."""
     ratio = _table_ratio(kind, nbytes, group_size, nodes, hw, cfg)
     if not cfg.monotone_default or group_size <= 1 or symmetric_applies(kind, group_size, nodes, hw):
         return ratio
