@@ -91,12 +91,13 @@ def tune_once(path: str, hardware: str, nodes: int | None, python: str = sys.exe
     out["python"], out["jax"], out["jaxlib"] = (version.stdout.split() + ["?"] * 3)[:3]
     if m := _PREDICTED.search(text):
         out["lagom_ms"] = float(m.group(1))
-    if m := _DEFAULT.search(text):
+    if m := _DEFAULT.search(" ".join(text.split())):
         out["xla_default_ms"] = float(m.group(1))
-    verified = next((ln for ln in lines if ln.startswith("collectives:")), "")
+    flat = " ".join(done.stdout.split())  # the report wraps at 100 columns, sub-items indented
+    verified = m.group(1) if (m := re.search(r"verified by recompiling.*? collectives: (.*?) placement:", flat)) else ""
     out["verified"] = {kind: int(n) for n, kind, _ in _VERIFIED.findall(verified)}
-    out["verified_as_predicted"] = "as predicted" in verified
-    out["plan"] = " ".join(ln for ln in lines if ln.startswith(("XLA_FLAGS=", "NCCL settings for every rank")))
+    out["verified_as_predicted"] = verified.startswith("as predicted")
+    out["plan"] = " ".join(m.group(0) for m in re.finditer(r"XLA_FLAGS='[^']*'|NCCL settings for every rank: [^\n]*", done.stdout))
     stages = []
     for ln in done.stderr.splitlines():
         if m := _COMPILED.search(ln):
@@ -104,6 +105,7 @@ def tune_once(path: str, hardware: str, nodes: int | None, python: str = sys.exe
         if m := _STAGE.match(ln.strip()):
             stages.append((float(m.group(2)), m.group(3)[:90]))
     out["stages"] = stages
+    out["report"] = done.stdout
     return out
 
 
