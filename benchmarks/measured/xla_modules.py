@@ -97,7 +97,8 @@ def tune_once(path: str, hardware: str, nodes: int | None, python: str = sys.exe
     verified = m.group(1) if (m := re.search(r"verified by recompiling.*? collectives: (.*?) placement:", flat)) else ""
     out["verified"] = {kind: int(n) for n, kind, _ in _VERIFIED.findall(verified)}
     out["verified_as_predicted"] = verified.startswith("as predicted")
-    out["plan"] = " ".join(m.group(0) for m in re.finditer(r"XLA_FLAGS='[^']*'|NCCL settings for every rank: [^\n]*", done.stdout))
+    plan = re.finditer(r"XLA_FLAGS='[^']*'|NCCL settings for every rank: [^\n]*", done.stdout)
+    out["plan"] = " ".join(m.group(0) for m in plan)
     stages = []
     for ln in done.stderr.splitlines():
         if m := _COMPILED.search(ln):

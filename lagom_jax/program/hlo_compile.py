@@ -22,8 +22,9 @@ Custom calls the installed jaxlib has no handler for (Transformer Engine's fused
 in XLA's Llama and Mixtral benchmark modules) are mocked for the compile here with XLA's
 ``xla_gpu_mock_custom_calls`` (:func:`compile_options`); they stay in the compiled module
 and ``custom_calls`` prices them. Before XLA sees them they lose their pinned operand
-layouts (:func:`portable_text`), the one part of them jax 0.12's plugin cannot take. A module before SPMD partitioning that uses JAX's
-``custom_partitioning`` cannot be partitioned from its text and is refused in one line.
+layouts (:func:`portable_text`), the one part of them jax 0.12's plugin cannot take. A
+module before SPMD partitioning that uses JAX's ``custom_partitioning`` cannot be
+partitioned from its text and is refused in one line.
 
 The way from HLO text to the compiler goes through StableHLO (jaxlib 0.10.2's PJRT
 compile takes an MLIR module only; ``jax_internals.compile_hlo_for_devices``). Two kinds
@@ -40,10 +41,11 @@ downgrade of ``custom_call``, ``stablehlo/transforms/VhloToVersion.cpp``) refuse
 serialize StableHLO to plugin version"). XLA's benchmark modules pin the layouts of every
 Transformer Engine call, so on jax 0.12 none of them compiled. The calls stood in for
 (``custom_calls.needs_mock``: no handler here, mocked into a no-op) lose the pin: their
-layouts are the default ones in every benchmark module, which XLA's layout assignment gives
-an unconstrained custom call anyway (jax 0.10.2 compiles the same module with or without the
-pin, fingerprint aside), and the call keeps its operands, result shapes and backend config,
-so it is priced from the same configuration. A call some handler here serves keeps its
+layouts are the default ones in every benchmark module checked (Llama 3 8B context-parallel
+and activation offloading, Llama 3.1 70B, Mixtral 8x7B 2x8), which XLA's layout assignment
+gives an unconstrained custom call anyway (jax 0.10.2 compiles the same module with or
+without the pin, fingerprint aside), and the call keeps its operands, result shapes and
+backend config, so it is priced from the same configuration. A call some handler here serves keeps its
 layouts (a cuSOLVER call's column-major operands matter).
 """
 
