@@ -6,11 +6,16 @@ Run: ``python -m benchmarks.predicted.search_quality [--quick]``. Records, in be
 2. the gap of ``lagom`` to ``exhaustive`` on 200 random steps of 2-6 collectives, both
    searching the same space (recipe structure, K <= 4 candidates per collective);
 3. every strategy on the named benchmark steps, on two presets;
-4. the wall time of the search on a 1000-collective step on this machine.
+4. the wall time of the search on a 1000-collective step on this machine, and where it goes
+   (cProfile: the phases and the functions with the most time of their own), beside the profile
+   recorded before issue 79's speed-up.
 """
 
 from __future__ import annotations
 
+import cProfile
+import pathlib
+import pstats
 import statistics
 import sys
 import time
@@ -101,6 +106,59 @@ def strategies(hws: list[hardware.HardwareProfile], n: int) -> tuple[list[str], 
     return rows, never_worse
 
 
+# ``profile`` of the 1000-collective step before issue 79's speed-up (commit 6ff24c0; python
+# 3.11.7, 2 CPUs shared): the profiled total (s), the phases (cumulative s) and the functions
+# with the most time of their own (s).
+PROFILE_BEFORE = (
+    5.43,
+    (("_seeds", 1.21), ("_tune_structure", 0.72), ("_tune_collectives", 3.12), ("_tune_overlap", 0.25),
+     ("_replay", 2.77), ("_prepare", 0.59), ("candidate_times", 0.57)),
+    (("costs/simulate.py:_replay", 1.26), ("<method 'get' of 'dict' objects>", 0.15),
+     ("lagom_jax/hashing.py:hash_fields_once", 0.14), ("costs/simulate.py:_prepare", 0.12),
+     ("python3.11/dataclasses.py:replace", 0.12), ("program/graph.py:evolve", 0.11),
+     ("search/evaluator.py:_window", 0.10), ("passes/rewrite.py:rebuild", 0.09)),
+)
+PHASES = ("_seeds", "_tune_structure", "_tune_collectives", "_tune_overlap", "_replay", "_prepare", "candidate_times")
+
+
+def profile(hw: hardware.HardwareProfile, graph, top: int = 8
+            ) -> tuple[float, tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+    """One from-scratch lagom search under cProfile: the profiled total (s), the cumulative
+    time of ``PHASES`` and the ``top`` functions by time of their own."""
+    search.clear_cache()
+    cost.clear_caches()
+    prof = cProfile.Profile()
+    prof.runcall(search.run_strategy, "lagom", graph, hw)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in stats.values())
+
+    def name(file: str, fn: str) -> str:
+        if not file.endswith(".py"):  # a builtin, or a dataclass's generated method
+            return fn
+        path = pathlib.Path(file)
+        return f"{path.parent.name}/{path.name}:{fn}"
+
+    phases = tuple((ph, sum(v[3] for (f, _, fn), v in stats.items() if fn == ph and "lagom_jax" in f))
+                   for ph in PHASES)
+    own = sorted(((name(f, fn), v[2]) for (f, _, fn), v in stats.items()), key=lambda x: -x[1])[:top]
+    return total, phases, tuple(own)
+
+
+def profile_rows(before, after) -> list[str]:  # noqa: ANN001 - profile()'s tuples
+    rows = [
+        "| cProfile, one search | before (6ff24c0) s | share | now s | share |",
+        "|---|---:|---:|---:|---:|",
+        f"| profiled total | {before[0]:.2f} | 100% | {after[0]:.2f} | 100% |",
+    ]
+    now = dict(after[1])
+    for ph, was in before[1]:
+        rows.append(f"| `{ph}` (cumulative) | {was:.2f} | {was / before[0]:.0%} | {now[ph]:.2f} | {now[ph] / after[0]:.0%} |")
+    rows += ["", "| own time, before (6ff24c0) | s | share | own time, now | s | share |", "|---|---:|---:|---|---:|---:|"]
+    for (b, bt), (a, at) in zip(before[2], after[2]):
+        rows.append(f"| `{b}` | {bt:.2f} | {bt / before[0]:.0%} | `{a}` | {at:.2f} | {at / after[0]:.0%} |")
+    return rows
+
+
 def main(argv: list[str]) -> None:
     quick = "--quick" in argv
     hw = hardware.get("h100-sxm-8")
@@ -117,6 +175,7 @@ def main(argv: list[str]) -> None:
         r = search.run_strategy("lagom", big, hw)
         walls.append(time.perf_counter() - t0)
     wall = statistics.median(walls)
+    prof = profile(hw, big)
     md = "\n".join(
         [
             "## search_quality (predicted, cost model)",
@@ -151,6 +210,12 @@ def main(argv: list[str]) -> None:
             "goal under 2 s), "
             f"{r.evaluations} evaluations, predicted {r.makespan_us:.0f} us "
             f"(xla-default {search.run_strategy('xla-default', big, hw).makespan_us:.0f} us).",
+            "",
+            f"Where it goes (one more search under cProfile, which slows it {prof[0] / wall:.1f}x; before: the "
+            "same profile of the search as it was before issue 79's speed-up, recorded in "
+            "`PROFILE_BEFORE`, on the same plans: `tests/test_search.py::test_search_chooses_the_recorded_plans`):",
+            "",
+            *profile_rows(PROFILE_BEFORE, prof),
         ]
     )
     print(md)
