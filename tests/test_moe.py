@@ -187,12 +187,18 @@ def test_dropless_expert_exchange_compiles_for_gpus_as_a_ragged_all_to_all():
 
 
 @pytest.mark.slow
-def test_the_ring_dispatch_trains_as_the_ragged_exchange():
-    # Both exchanges run the same experts on the same rows: the same losses, dropless and grouped.
+@pytest.mark.parametrize("dispatch, extra", [
+    ("ring", {}),
+    # Fixed buffers of capacity_factor 4 x the even share hold every routed row of these batches.
+    ("all-to-all", {"capacity_factor": 4.0}),
+])
+def test_each_dispatch_trains_as_the_ragged_exchange(dispatch, extra):
+    # The exchanges run the same experts on the same rows: the same losses, dropless and grouped.
     for moe in ("dropless", "grouped"):
-        ring = _losses(_config(moe=moe, moe_dispatch="ring", d_model=32, d_ff=64), "fsdp+ep", "fsdp=2,expert=4")
-        ragged = _losses(_config(moe=moe, d_model=32, d_ff=64), "fsdp+ep", "fsdp=2,expert=4")
-        np.testing.assert_allclose(ring, ragged, rtol=1e-5)
+        cfg = dict(moe=moe, d_model=32, d_ff=64, **extra)
+        other = _losses(_config(moe_dispatch=dispatch, **cfg), "fsdp+ep", "fsdp=2,expert=4")
+        ragged = _losses(_config(**cfg), "fsdp+ep", "fsdp=2,expert=4")
+        np.testing.assert_allclose(other, ragged, rtol=1e-5)
 
 
 def test_the_ring_dispatch_moves_the_bytes_counted_by_hand():
@@ -387,17 +393,6 @@ def test_grouped_kernels_refuse_what_they_cannot_run_in_one_line(kw, message):
                 global_batch=8, mesh={"fsdp": 8}, hardware="h100-sxm-8", moe="grouped")
     with pytest.raises(ValueError, match=message):
         predict.train_step_job("mixtral", **{**args, **kw}, strategy="xla-default")
-
-
-@pytest.mark.slow
-def test_the_all_to_all_dispatch_trains_as_the_ragged_exchange_when_nothing_drops():
-    # Fixed buffers of capacity_factor 4 x the even share hold every routed row of these tiny
-    # batches: the same experts on the same rows, so the same losses, plain and grouped GEMMs.
-    for moe in ("dropless", "grouped"):
-        cfg = dict(moe=moe, d_model=32, d_ff=64, capacity_factor=4.0)
-        buffers = _losses(_config(moe_dispatch="all-to-all", **cfg), "fsdp+ep", "fsdp=2,expert=4")
-        ragged = _losses(_config(**cfg), "fsdp+ep", "fsdp=2,expert=4")
-        np.testing.assert_allclose(buffers, ragged, rtol=1e-5)
 
 
 def test_the_all_to_all_dispatch_moves_fixed_buffers_counted_by_hand():
