@@ -328,15 +328,15 @@ def _drop_layout_constraints(lines: list[str], inst: hlo_lib.Instruction) -> boo
     return False
 
 
-def portable_text(text: str) -> tuple[str, tuple[str, ...]]:
+def portable_text(text: str, module: hlo_lib.Module | None = None) -> tuple[str, tuple[str, ...]]:
     """``text`` with the HLO that cannot cross to StableHLO rewritten; (text, what changed).
 
     An array ``copy`` becomes a same-shape ``reshape``, mesh-form replica groups become
     explicit lists, and a custom call stood in for (``custom_calls.needs_mock``: no handler
     here) loses its ``operand_layout_constraints`` (see the module docstring). Tuple copies
-    are left alone.
+    are left alone. ``module``: ``text`` already parsed (a 4 MB module takes about a second).
     """
-    module = hlo_lib.parse(text)
+    module = module if module is not None else hlo_lib.parse(text)
     lines = text.split("\n")
     copies = unpinned = 0
     groups: dict[str, str] = {}
@@ -456,7 +456,7 @@ def compile_unoptimized(text: str, hw: hardware_lib.HardwareProfile, *,
             "process that traced it, which HLO text does not carry, so XLA cannot partition it here; "
             "dump the module after SPMD partitioning (--xla_dump_hlo_pass_re=spmd-partitioning) instead")
     options, _ = compile_options(module, options)
-    portable, _ = portable_text(text)
+    portable, _ = portable_text(text, module)
     if not isolated:
         gpu_compile.prepare()
         return _compile_here(portable, hw, lay, options)
