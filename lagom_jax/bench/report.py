@@ -122,11 +122,8 @@ def build(arms: list, rows: list[dict[str, Any]], hw: Any, setup: Any) -> Report
         ok = [r for r in mine if "times_ms" in r]
         times = [t for r in ok for t in r["times_ms"]]
         flags = " ".join(f"--{k}={v}" for k, v in arm.settings if not k.startswith("NCCL_"))
-        # XLA's defaults are predicted as the plan's xla-default baseline, every other arm as its plan.
-        strategy = "xla-default" if arm.name == "xla-default" else arm.plan.strategy
-        predicted_ms = dict(arm.plan.predicted_us).get(strategy, arm.plan.makespan_us) / 1e3
         last = ok[-1] if ok else {"platform": "?", "applied": {}}
-        results.append(ArmResult(arm.name, flags, predicted_ms, stats.summarize(times) if times else None, len(ok),
+        results.append(ArmResult(arm.name, flags, arm.predicted_ms, stats.summarize(times) if times else None, len(ok),
                                  last["platform"], tuple(sorted(last["applied"].items())),
                                  tuple(r["error"] for r in mine if "error" in r)))
     by = {a.name: a for a in results}

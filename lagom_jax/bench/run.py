@@ -47,6 +47,12 @@ class Arm:
     def launch_sh(self) -> pathlib.Path:
         return self.folder / "launch.sh"
 
+    @property
+    def predicted_ms(self) -> float:
+        """What the model predicts for the arm's plan (XLA's defaults: the plan's baseline)."""
+        strategy = "xla-default" if self.name == "xla-default" else self.plan.strategy
+        return dict(self.plan.predicted_us).get(strategy, self.plan.makespan_us) / 1e3
+
     @classmethod
     def of_folder(cls, name: str, folder: pathlib.Path, plan: Plan) -> Arm:
         """The arm of a plan folder; what its ``launch.sh`` sets, read from the folder's plan."""
@@ -121,12 +127,6 @@ SEARCH_VARIANTS = (("lagom", "lagom", True, True), ("lagom-no-structure", "lagom
                    ("recipe", "recipe", False, True))
 
 
-def predicted_ms(arm: Arm) -> float:
-    """What the model predicts for the arm's plan (XLA's defaults: the plan's baseline)."""
-    strategy = "xla-default" if arm.name == "xla-default" else arm.plan.strategy
-    return dict(arm.plan.predicted_us).get(strategy, arm.plan.makespan_us) / 1e3
-
-
 def changes(arm: Arm) -> int:
     """The settings an arm changes from XLA's and NCCL's defaults (its tuner rules as one)."""
     return len(arm.settings) + int(arm.tuner)
@@ -178,7 +178,7 @@ def _best_distinct(arms: list[Arm], k: int, log: Callable[[str], None]) -> list[
     """The ``k`` arms predicted fastest, an arm that sets what a faster one sets left out."""
     kept: list[Arm] = []
     seen: set[tuple] = set()
-    for arm in sorted(arms, key=predicted_ms):
+    for arm in sorted(arms, key=lambda a: a.predicted_ms):
         key = (arm.settings, arm.plan.nccl_tuner_config() if arm.tuner else "")
         if key in seen:
             log(f"bench: {arm.name} sets what a plan predicted faster sets; not measured")
@@ -187,7 +187,7 @@ def _best_distinct(arms: list[Arm], k: int, log: Callable[[str], None]) -> list[
         if len(kept) < k:
             kept.append(arm)
     log(f"bench: measuring the model's {len(kept)} best of {len(seen)} distinct plans: "
-        + ", ".join(f"{a.name} ({predicted_ms(a):.3f} ms predicted)" for a in kept))
+        + ", ".join(f"{a.name} ({a.predicted_ms:.3f} ms predicted)" for a in kept))
     return kept
 
 
@@ -332,7 +332,7 @@ def _choose(made: report_lib.Report, arms: list[Arm], out: pathlib.Path, setup: 
     ok = [a for a in arms if results[a.name].measured is not None and not results[a.name].not_applied]
     if not ok:
         return f"## Search\n\nNo arm finished with its plan applied: nothing chosen. {blind}."
-    proposed = min((a for a in ok if a.name != "xla-default"), key=predicted_ms, default=ok[0])
+    proposed = min((a for a in ok if a.name != "xla-default"), key=lambda a: a.predicted_ms, default=ok[0])
     beat = [a for a in ok if stats.faster(results[a.name].measured, results[proposed.name].measured)]
     best = min(beat, key=lambda a: results[a.name].measured.median_ms) if beat else proposed
     why = (f"measured faster than the model's pick, {proposed.name}, beyond the noise" if beat else
@@ -345,4 +345,4 @@ def _choose(made: report_lib.Report, arms: list[Arm], out: pathlib.Path, setup: 
     log(f"bench: chose {best.name} ({median:.2f} ms measured; {why}); written to {chosen}")
     return (f"## Search\n\nThe model's {len(arms) - 1} best plans and XLA's defaults, measured in {runs} runs "
             f"({len(arms)} arms x {setup.rounds} rounds). Chosen: {best.name}, median {median:.2f} ms "
-            f"(predicted {predicted_ms(best):.3f} ms), {why}; its folder is written to `{chosen}`. {blind}.")
+            f"(predicted {best.predicted_ms:.3f} ms), {why}; its folder is written to `{chosen}`. {blind}.")

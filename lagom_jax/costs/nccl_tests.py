@@ -171,13 +171,24 @@ def predicted_us(s: Sample, hw: HardwareProfile) -> float:
     return cost.default_time_us(s.kind, s.nbytes, s.ranks, s.nodes, hw.with_nodes(max(s.nodes, 1)))
 
 
+def _ratios(samples: Iterable[Sample], hw: HardwareProfile) -> list[float]:
+    """predicted / measured per sample, ``hw`` sized once per node count (the cost model's
+    caches are keyed by the cluster)."""
+    clusters: dict[int, HardwareProfile] = {}
+    out = []
+    for s in samples:
+        sized = clusters.get(s.nodes) or clusters.setdefault(s.nodes, hw.with_nodes(max(s.nodes, 1)))
+        out.append(cost.default_time_us(s.kind, s.nbytes, s.ranks, s.nodes, sized) / s.time_us)
+    return out
+
+
 def errors(samples: Iterable[Sample], hw: HardwareProfile) -> list[float]:
     """predicted / measured - 1 per sample."""
-    return [predicted_us(s, hw) / s.time_us - 1 for s in samples]
+    return [r - 1 for r in _ratios(samples, hw)]
 
 
 def _loss(samples: list[Sample], hw: HardwareProfile) -> float:
-    return statistics.fmean(math.log(predicted_us(s, hw) / s.time_us) ** 2 for s in samples)
+    return statistics.fmean(math.log(r) ** 2 for r in _ratios(samples, hw))
 
 
 def _descend(samples: list[Sample], hw: HardwareProfile, fields: tuple[str, ...]) -> HardwareProfile:
