@@ -786,8 +786,10 @@ def resolve_cluster(spec: str | HardwareProfile, *, nodes: int | None = None, nu
         num_devices, explicit = _device_count(devices), False
     else:
         hw = resolve(spec, nodes)
-        note, explicit = f"hardware: {hw.name}", "nodes=" in spec.replace("gpus_per_node=", "")
-        if hw.gpus_per_node != PRESETS.get(spec.split(":", 1)[0], hw).gpus_per_node:
+        name, _, opts = spec.strip().partition(":")
+        preset = PRESETS.get(name)
+        note, explicit = f"hardware: {hw.name}", preset is not None and "nodes" in _options(name, opts, spec)
+        if preset is not None and hw.gpus_per_node != preset.gpus_per_node:
             note += f" ({hw.gpus_per_node} GPUs a node)"
     if nodes is not None:
         hw = hw.with_nodes(nodes)
