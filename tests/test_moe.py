@@ -201,19 +201,23 @@ def test_each_dispatch_trains_as_the_ragged_exchange(dispatch, extra):
         np.testing.assert_allclose(other, ragged, rtol=1e-5)
 
 
-def test_the_ring_dispatch_moves_the_bytes_counted_by_hand():
-    # One layer, 4 experts over expert=4, fsdp=2: a device holds 8 x 64 / 8 = 64 tokens, 128 routed rows of
-    # d=64. The ring all-gathers every device's rows over the expert axis and reduce-scatters the outputs:
-    # each moves the gathered [4 x 128, 64] buffer, forward; no ragged all-to-all anywhere.
+def _dispatch_step(dispatch: str) -> tuple[str, tuple]:
+    """(compiled text, tasks) of one dropless layer, 4 experts over expert=4, fsdp=2, with ``dispatch``."""
     from lagom_jax.program import graph
 
     kw = dict(layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256, experts=4, top_k=2, seq_len=64,
               global_batch=8, mesh={"fsdp": 2, "expert": 4}, hardware="h100-sxm-8", strategy="xla-default",
               remat="none")
-    job = predict.train_step_job("mixtral", **kw, moe="dropless", moe_dispatch="ring")
-    text = job.compiled.text
+    text = predict.train_step_job("mixtral", **kw, moe="dropless", moe_dispatch=dispatch).compiled.text
+    return text, graph.from_hlo_text(text).tasks
+
+
+def test_the_ring_dispatch_moves_the_bytes_counted_by_hand():
+    # One layer, 4 experts over expert=4, fsdp=2: a device holds 8 x 64 / 8 = 64 tokens, 128 routed rows of
+    # d=64. The ring all-gathers every device's rows over the expert axis and reduce-scatters the outputs:
+    # each moves the gathered [4 x 128, 64] buffer, forward; no ragged all-to-all anywhere.
+    text, tasks = _dispatch_step("ring")
     assert "ragged-all-to-all" not in text
-    tasks = graph.from_hlo_text(text).tasks
     gathered = 4 * 128 * 64 * 2  # bf16 bytes of the gathered rows
     ag = [t for t in tasks if t.kind == "all-gather" and t.bytes == gathered and len(t.groups[0]) == 4]
     rs = [t for t in tasks if t.kind == "reduce-scatter" and t.bytes == gathered and len(t.groups[0]) == 4]
@@ -399,14 +403,8 @@ def test_the_all_to_all_dispatch_moves_fixed_buffers_counted_by_hand():
     # One layer, 4 experts over expert=4, fsdp=2: a device holds 64 tokens, top-2: an even share of
     # 64 x 2 / 4 = 32 rows per expert, capacity 1.25 -> 40 slots; a device sends 4 experts x 40 slots x
     # d=64 bf16 each way: dense all-to-alls of that buffer, no ragged collective.
-    from lagom_jax.program import graph
-
-    kw = dict(layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256, experts=4, top_k=2, seq_len=64,
-              global_batch=8, mesh={"fsdp": 2, "expert": 4}, hardware="h100-sxm-8", strategy="xla-default",
-              remat="none")
-    job = predict.train_step_job("mixtral", **kw, moe="dropless", moe_dispatch="all-to-all")
-    text = job.compiled.text
+    text, tasks = _dispatch_step("all-to-all")
     assert "ragged-all-to-all" not in text
     buffer = 4 * 40 * 64 * 2
-    a2a = [t for t in graph.from_hlo_text(text).tasks if t.kind == "all-to-all" and t.bytes == buffer]
+    a2a = [t for t in tasks if t.kind == "all-to-all" and t.bytes == buffer]
     assert len(a2a) >= 2  # to the experts and back (the backward: the same two, transposed)
