@@ -354,13 +354,13 @@ def _as_compiled_for(hw: hardware_lib.HardwareProfile, options: Mapping[str, Any
     ``GpuExecutable::ExecuteThunksImpl``) and whether XLA registers their buffers as NCCL
     symmetric windows (``xla_gpu_experimental_enable_nccl_symmetric_buffers``, default false;
     NCCL's symmetric kernels and copy engines need it, ``NcclEnv``) or with ``ncclCommRegister``
-    (``xla_gpu_enable_nccl_user_buffers``, default false: NVLS on fewer CTAs), and what XLA
+    (``xla_gpu_enable_nccl_user_buffers``, default false: NVLS on fewer CTAs), whether a ragged
+    all-to-all runs XLA's one-shot kernel (``nccl_settings.RAGGED_ONE_SHOT``), and what XLA
     captures in command buffers (``xla_gpu_enable_command_buffer``, ``costs/launch.py``)."""
     high = flags_lib.bool_setting("xla_gpu_enable_highest_priority_async_stream", options)
     if high is not None and high != hw.comm_high_priority:
         hw = dataclasses.replace(hw, comm_high_priority=high)
-    registered = {field: value for field, flag in (("symmetric_buffers", nccl_settings.SYMMETRIC_BUFFERS),
-                                                   ("user_buffers", nccl_settings.USER_BUFFERS))
+    registered = {field: value for field, flag in nccl_settings.XLA_FIELDS
                   if (value := flags_lib.bool_setting(flag, options)) is not None}
     if registered:
         hw = dataclasses.replace(hw, nccl_env=dataclasses.replace(hw.nccl_env, **registered))

@@ -14,6 +14,10 @@ platform lowered for, as for the flash kernel (models/attention.py).
 
 Every call runs under the named scope ``SCOPE``; ``lagom_jax.program.custom_calls`` reads it
 from the kernels' op_name to price them by their group shapes (``kernels.grouped_gemm_time_us``).
+A buffer with padding past its groups (an expert exchange's receive buffer, sized for every
+source) says under a nested scope ``routed_rows_R`` how many rows its groups hold when the
+routing is balanced: Blackwell's CuTe kernels run the groups' tiles only, so the FFI calls are
+priced by those rows (the Hopper kernels compute the padding too, docs/moe.md).
 
 Tiles: 128 rows x 128 columns x 64 of the reduction, 4 pipelined steps, and (forward and the
 input's gradient) 4 column blocks per pass where N allows, each cut to the largest power of two
@@ -149,34 +153,46 @@ def kernel_for(device: object) -> str:
         return "pallas"
 
 
-def _forward(x, w, sizes, kernel, transpose_rhs=False):
-    with jax.named_scope(SCOPE):
+ROUTED_ROWS = "routed_rows_"
+
+
+@contextlib.contextmanager
+def _scope(rows: int):
+    """``SCOPE``, and inside it the balanced rows of the groups where the buffer has more."""
+    with jax.named_scope(SCOPE), (jax.named_scope(f"{ROUTED_ROWS}{rows}") if rows else contextlib.nullcontext()):
+        yield
+
+
+def _forward(x, w, sizes, kernel, rows=0, transpose_rhs=False):
+    with _scope(rows):
         return jax.lax.platform_dependent(
             x, w, sizes, cpu=functools.partial(_lax_forward, transpose_rhs=transpose_rhs),
             cuda=functools.partial(_GPU_FORWARD[kernel], transpose_rhs=transpose_rhs))
 
 
-def _weight_grad(x, dy, sizes, kernel):
-    with jax.named_scope(SCOPE):
+def _weight_grad(x, dy, sizes, kernel, rows=0):
+    with _scope(rows):
         return jax.lax.platform_dependent(x, dy, sizes, cpu=_lax_weight_grad, cuda=_GPU_WEIGHT_GRAD[kernel])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def grouped_matmul(x: jax.Array, w: jax.Array, sizes: jax.Array, kernel: str = "pallas") -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def grouped_matmul(x: jax.Array, w: jax.Array, sizes: jax.Array, kernel: str = "pallas", rows: int = 0
+                   ) -> jax.Array:
     """``jax.lax.ragged_dot(x, w, sizes)`` on the GPU's grouped-GEMM kernels (``kernel``, one of
-    ``KERNELS``; see the module)."""
-    return _forward(x, w, sizes, kernel)
+    ``KERNELS``; see the module). ``rows``: the rows the groups hold under balanced routing
+    where ``x`` is a buffer with more (0: all of them)."""
+    return _forward(x, w, sizes, kernel, rows)
 
 
-def _fwd(x, w, sizes, kernel):
-    return _forward(x, w, sizes, kernel), (x, w, sizes)
+def _fwd(x, w, sizes, kernel, rows):
+    return _forward(x, w, sizes, kernel, rows), (x, w, sizes)
 
 
-def _bwd(kernel, res, dy):
+def _bwd(kernel, rows, res, dy):
     x, w, sizes = res
     dy = dy.astype(x.dtype)
-    dx = _forward(dy, w, sizes, kernel, transpose_rhs=True)
-    dw = _weight_grad(x, dy, sizes, kernel)
+    dx = _forward(dy, w, sizes, kernel, rows, transpose_rhs=True)
+    dw = _weight_grad(x, dy, sizes, kernel, rows)
     return dx, dw.astype(w.dtype), None
 
 

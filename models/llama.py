@@ -60,9 +60,10 @@ EXPERT_HIDDEN = ("act_exp", "act_exp_batch", None, "act_mlp")
 
 MOE_MODES = ("dropless", "dropping", "grouped")
 # How the sorted layers ("dropless", "grouped") move tokens over an expert axis: XLA's
-# ``ragged_all_to_all`` of the routed rows (MaxText's); a ring: every device's rows
-# all-gathered over the axis, each shard running its experts on the rows routed to them, the
-# partial outputs summed back by a reduce-scatter (marin's ring dispatch; no ragged collective);
+# ``ragged_all_to_all`` of the routed rows (MaxText's); a ring: every device's tokens and
+# their routing all-gathered over the axis, each shard running its experts on at most
+# ``capacity`` of the assignments routed to them (the rest drop), the weighted partial outputs
+# summed back by a reduce-scatter (marin's ring dispatch; no ragged collective);
 # or an all-to-all of fixed-capacity buffers: the sorted rows scattered into a buffer of
 # ``capacity`` slots per expert (rows past it dropped, as GShard drops them), one
 # ``jax.lax.all_to_all`` each way over the expert axis, the experts' GEMMs between (what users
@@ -257,11 +258,12 @@ def top_k_routing(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _grouped_swiglu(rows: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
-                    sizes: jax.Array, kernel: str = "") -> jax.Array:
+                    sizes: jax.Array, kernel: str = "", routed: int = 0) -> jax.Array:
     """The experts on rows sorted by expert: three grouped GEMMs (`jax.lax.ragged_dot`, or with
     ``kernel`` the GPU's grouped-GEMM kernels, `models.grouped_gemm`); rows beyond ``sum(sizes)``
-    (buffer padding) come out zero."""
-    dot = functools.partial(grouped_gemm.grouped_matmul, kernel=kernel) if kernel else jax.lax.ragged_dot
+    (buffer padding) come out zero. ``routed``: the rows the groups hold under balanced routing,
+    where ``rows`` is a buffer with padding (the kernels run the groups' rows only)."""
+    dot = functools.partial(grouped_gemm.grouped_matmul, kernel=kernel, rows=routed) if kernel else jax.lax.ragged_dot
     g = checkpoint_name(dot(rows, wi0, sizes), "mlpwi_0")
     u = checkpoint_name(dot(rows, wi1, sizes), "mlpwi_1")
     h = checkpoint_name(jax.nn.silu(g) * u, "mlpwi")
@@ -297,13 +299,16 @@ def dropless_local(x: jax.Array, router: jax.Array, wi0: jax.Array, wi1: jax.Arr
     n = b * t
     xf = x.reshape(n, d)
     weights, chosen = top_k_routing(jnp.einsum("nd,de->ne", xf.astype(jnp.float32), router), top_k)
+    if expert_ways > 1 and dispatch == "ring":
+        y = _expert_ring(xf, weights, chosen, wi0, wi1, wo, expert_axis, experts * slots, kernel)
+        if model_axis is not None:
+            y = jax.lax.psum(y, model_axis)
+        return y.astype(x.dtype).reshape(b, t, d)
     flat = chosen.reshape(-1)  # [n*k], assignment a = token a // k
     order, sizes = counting_sort(flat.astype(jnp.int32), experts)
     rows = jnp.take(xf, order // top_k, axis=0)  # sorted by expert
     if expert_ways == 1:
         y = _grouped_swiglu(rows, wi0, wi1, wo, sizes, kernel)
-    elif dispatch == "ring":
-        y = _expert_ring(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways, kernel)
     elif dispatch == "all-to-all":
         y = _expert_buffers(rows, sizes, wi0, wi1, wo, expert_axis, expert_ways, slots, kernel)
     else:
@@ -368,38 +373,43 @@ def _expert_exchange(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax
     ids = jnp.sum((r - at[src])[:, None] >= jnp.cumsum(mine, axis=1)[src], axis=1)
     ids = jnp.where(r < recv.sum(), ids, local)  # ``local``: buffer padding
     order, _ = counting_sort(ids.astype(jnp.int32), local + 1)
-    y = _grouped_swiglu(jnp.take(got, order, axis=0), wi0, wi1, wo, mine.sum(axis=0).astype(jnp.int32), kernel)
+    # Balanced, a shard receives ``m`` rows: 1 / ways of every source's.
+    y = _grouped_swiglu(jnp.take(got, order, axis=0), wi0, wi1, wo, mine.sum(axis=0).astype(jnp.int32), kernel,
+                        routed=m)
     y = jnp.zeros_like(y).at[order].set(y)  # packed by source again
     home = (jnp.cumsum(flow, axis=1) - flow)[:, me]  # source s's block for me in its sorted rows
     return ragged_all_to_all(y, jnp.zeros_like(rows), at, recv, home, send, axis)
 
 
-def _expert_ring(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,
-                 axis: str, ways: int, kernel: str = "") -> jax.Array:
-    """Sorted rows to every shard by all-gather, the local experts on the rows routed to them,
-    and the outputs back by reduce-scatter (each row's output comes from the one shard that
-    holds its expert; the others add zeros).
+def _expert_ring(tokens: jax.Array, weights: jax.Array, chosen: jax.Array, wi0: jax.Array, wi1: jax.Array,
+                 wo: jax.Array, axis: str, cap: int, kernel: str = "") -> jax.Array:
+    """Tokens to every shard by all-gather, the local experts on the assignments routed to them,
+    and the weighted outputs back by reduce-scatter: marin's ring (levanter's grug MoE kernels,
+    ``_moe_mlp_ep_ring_local``), a token-sharded all-gather, then ``psum_scatter``.
 
-    Each shard gathers ``ways * m`` rows and runs its ``experts / ways`` experts on the ones
-    routed to them (grouped GEMMs over the gathered buffer, its other rows outside every
-    group); every device sends its ``m`` rows out and receives ``ways * m`` partial outputs'
-    worth of reduce-scatter traffic, whatever the routing."""
-    m, d = rows.shape
-    local = sizes.shape[0] // ways
+    Each shard gathers every device's tokens with their routing, takes at most ``cap`` of the
+    assignments routed to its ``experts / ways`` experts (the capacity factor times the even
+    share; the rest drop, as marin's ring drops them), runs its experts on them and
+    scatter-adds the weighted outputs into the gathered tokens' order; every device sends its
+    ``n`` tokens out and receives ``ways * n`` partial outputs' worth of reduce-scatter
+    traffic, whatever the routing."""
+    n, d = tokens.shape
+    top_k, local = chosen.shape[1], wi0.shape[0]
     me = jax.lax.axis_index(axis)
-    gathered = jax.lax.all_gather(rows, axis, tiled=True)  # [ways * m, d], source-major
-    counts = jax.lax.all_gather(sizes, axis)  # [source, expert]
-    # The expert of each gathered row: its source's rows are sorted by expert.
-    r = jnp.arange(m)
-    expert = jnp.sum(r[None, :, None] >= jnp.cumsum(counts, axis=1)[:, None, :], axis=2)  # [source, m]
-    ids = (expert - me * local).reshape(-1)
-    ids = jnp.where((ids >= 0) & (ids < local), ids, local)  # ``local``: another shard's row
-    order, _ = counting_sort(ids.astype(jnp.int32), local + 1)
-    mine = jax.lax.dynamic_slice_in_dim(counts, me * local, local, axis=1).sum(axis=0).astype(jnp.int32)
-    y = _grouped_swiglu(jnp.take(gathered, order, axis=0), wi0, wi1, wo, mine, kernel)
-    y = jnp.zeros_like(y).at[order].set(y)  # source-major again
-    y = jnp.where((ids < local)[:, None], y, jnp.zeros_like(y))
-    return jax.lax.psum_scatter(y, axis, scatter_dimension=0, tiled=True)
+    gathered = jax.lax.all_gather(tokens, axis, tiled=True)  # [ways * n, d], source-major
+    ids = jax.lax.all_gather(chosen, axis, tiled=True).reshape(-1) - me * local  # [ways * n * k]
+    ids = jnp.where((ids >= 0) & (ids < local), ids, local)  # ``local``: another shard's expert
+    order, sizes = counting_sort(ids.astype(jnp.int32), local + 1)
+    cap = min(cap, order.shape[0])
+    sel = order[:cap]  # this shard's assignments first, by expert; past its count: padding
+    valid = jnp.arange(cap) < jnp.sum(sizes[:local])
+    kept = jnp.diff(jnp.minimum(jnp.cumsum(sizes[:local]), cap), prepend=0)  # groups cut at the capacity
+    rows = jnp.where(valid[:, None], jnp.take(gathered, sel // top_k, axis=0), 0)
+    # Balanced, ``n * k`` of the gathered assignments are this shard's.
+    y = _grouped_swiglu(rows, wi0, wi1, wo, kept.astype(jnp.int32), kernel, routed=min(cap, n * top_k))
+    w = jnp.where(valid, jnp.take(jax.lax.all_gather(weights, axis, tiled=True).reshape(-1), sel), 0.0)
+    out = jnp.zeros((gathered.shape[0], d), jnp.float32).at[sel // top_k].add(y.astype(jnp.float32) * w[:, None])
+    return jax.lax.psum_scatter(out.astype(tokens.dtype), axis, scatter_dimension=0, tiled=True)
 
 
 def _expert_buffers(rows: jax.Array, sizes: jax.Array, wi0: jax.Array, wi1: jax.Array, wo: jax.Array,

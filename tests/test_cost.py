@@ -596,3 +596,28 @@ def test_a_collective_permute_is_anchored_to_the_all_to_alls_measured_rows():
     a100 = hardware.get("a100-sxm-8")  # no all-to-all rows: the all-reduce's at the same bus bytes
     a = cost._anchor("collective-permute", 8, a100, cost.DEFAULT_COSTS)
     assert (a.kind, a.scale) == ("all-reduce", 0.5)
+
+
+def test_xlas_one_shot_ragged_exchange_is_priced_from_its_measured_call():
+    # marin's EP 2 profile on 8 B200: 1.34 GB of sorted rows, half for the other shard, 297 ms a call.
+    b200 = hardware.get("b200-sxm-8")
+    p = cost.nccl_default_params(cost.RAGGED, 1.34e9, 2, 1, b200)
+    assert p.algorithm == "one_shot" and p.nchannels == 2  # one CTA a peer
+    assert cost.candidate_params(cost.RAGGED, 1.34e9, 2, 1, b200) == (p,)
+    assert cost.collective_time_us(cost.RAGGED, 1.34e9, 2, 1, p, b200) == pytest.approx(297e3, rel=0.01)
+    # Every peer's block at once: the call takes one block's time, so 4x the peers is a quarter.
+    four = cost.default_time_us(cost.RAGGED, 1.34e9, 8, 1, b200)
+    assert four == pytest.approx((297e3 - 3 * b200.launch_us) / 4 + 3 * b200.launch_us, rel=0.01)
+    # Not one host, not measured, or the flag off: NCCL's all-to-all of the same bytes, at NCCL's pick.
+    gb200, h100 = hardware.get("gb200-nvl72"), hardware.get("h100-sxm-8")
+    off = dataclasses.replace(b200, nccl_env=dataclasses.replace(b200.nccl_env, ragged_one_shot=False))
+    for hw, n in ((gb200, 8), (h100, 8), (off, 8), (b200.with_nodes(2), 16)):
+        nodes = 2 if n == 16 else 1
+        q = cost.nccl_default_params(cost.RAGGED, 1.34e9, n, nodes, hw)
+        assert q == cost.nccl_default_params("all-to-all", 1.34e9, n, nodes, hw)
+        assert cost.default_time_us(cost.RAGGED, 1.34e9, n, nodes, hw) == cost.default_time_us(
+            "all-to-all", 1.34e9, n, nodes, hw)
+        assert cost.candidate_params(cost.RAGGED, 1.34e9, n, nodes, hw) == (q,)
+    assert cost.one_shot_applies(cost.RAGGED, 4, 1, gb200)  # one tray's 4 GPUs share a host
+    with pytest.raises(ValueError, match="one-shot"):
+        cost.collective_time_us("all-to-all", 1e6, 8, 1, p, b200)

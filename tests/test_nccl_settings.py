@@ -203,3 +203,36 @@ def test_registered_sends_are_priced_by_replaying_the_chosen_step_and_taken_abov
     assert out.setting is not None and out.setting.env.user_buffers
     assert [f.name for f in out.setting.flags] == ["xla_gpu_enable_nccl_user_buffers"]
     assert out.planned.plan.makespan_us < 0.95 * planned.plan.makespan_us
+
+
+def _exchanges_beside_gemms(ranks: int = 8) -> StepGraph:
+    """Two dropless MoE exchanges (ragged all-to-alls of 256 MiB over ``ranks`` GPUs) with an
+    8192^3 GEMM between them, as the step graph marks them."""
+    group = (tuple(range(ranks)),)
+    tasks = (Task(id=0, name="dispatch", kind="all-to-all", bytes=256 << 20, groups=group, kernel="ragged-all-to-all"),
+             Task(id=1, name="experts", kind="compute", flops=2 * 8192**3, bytes=3 * 8192**2 * 2,
+                  opcode="fusion", gemm=(1, 8192, 8192, 8192), deps=(0,)),
+             Task(id=2, name="combine", kind="all-to-all", bytes=256 << 20, groups=group, kernel="ragged-all-to-all",
+                  deps=(1,)))
+    return StepGraph("moe", tasks, num_devices=ranks)
+
+
+def test_the_ragged_exchange_through_nccl_is_a_setting_where_the_one_shot_kernel_is_measured():
+    b200, h100 = hardware.get("b200-sxm-8"), hardware.get("h100-sxm-8")
+    setting = [s for s in nccl_settings.candidates(b200) if not s.env.ragged_one_shot]
+    assert [f.name for f in setting[0].flags] == [nccl_settings.RAGGED_ONE_SHOT]
+    assert not any(f.value for f in setting[0].flags)
+    # No one-shot rate measured on Hopper: its exchange is priced as NCCL's, nothing to offer.
+    assert all(s.env.ragged_one_shot for s in nccl_settings.candidates(h100))
+    # One-shot calls move one 128-thread CTA's worth a peer: NCCL's sends are far faster, and taken.
+    step = _exchanges_beside_gemms()
+    planned = planning.plan(step, b200, strategy="lagom", baselines=())
+    assert all(c.params.algorithm == "one_shot" and c.kind == "ragged-all-to-all" for c in planned.plan.collectives)
+    assert planned.plan.nccl_tuner_rules() == ()  # no NCCL call to tune
+    out = nccl_settings.choose(step, planned, b200, strategy="lagom")
+    assert out.setting is setting[0] or out.setting == setting[0]
+    assert ("xla_gpu_unsupported_use_ragged_all_to_all_one_shot_kernel", False) in [
+        (f.name, f.value) for f in out.planned.plan.flags]
+    assert out.planned.plan.makespan_us < planned.plan.makespan_us / 10
+    # NCCL's grouped sends: NCCL's own choice only (no tuner is asked about point-to-point).
+    assert all(c.params == c.default_params for c in out.planned.plan.collectives if c.kind != "compute")

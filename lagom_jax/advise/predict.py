@@ -28,7 +28,7 @@ from lagom_jax import job as job_lib
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.cluster import nccl_env as nccl_env_lib
 from lagom_jax.cluster.nccl_env import NcclEnv
-from lagom_jax.plan.nccl_settings import SYMMETRIC_BUFFERS, USER_BUFFERS
+from lagom_jax.plan.nccl_settings import SYMMETRIC_BUFFERS, XLA_FIELDS
 from lagom_jax.models import attention as attention_lib
 from lagom_jax.models.layers import QUANTIZATIONS
 from lagom_jax.costs import launch
@@ -48,11 +48,11 @@ CONTEXT_STRATEGIES = ("all-gather", "ring")
 # symmetric kernels (``cost.symmetric_pick``) and, with ``NCCL_CTA_POLICY=2`` (which XLA
 # never sets itself, ``nccl_env``), all-gathers and all-to-alls inside a node on the copy
 # engines, holding no SM. User buffers: ``ncclCommRegister``, where NCCL runs NVLS on fewer
-# CTAs (``cost.nvls_registered_ctas``).
+# CTAs (``cost.nvls_registered_ctas``). XLA's one-shot ragged all-to-all: off, the exchange
+# runs through NCCL (``cost.one_shot_applies``).
 # Command buffers: the thunks XLA captures in CUDA graphs, which no compiled module shows
 # (``costs/launch.py``: the host's launches and captured collectives' overlap).
-RUNTIME_PRICED_FLAGS = frozenset({"xla_gpu_experimental_enable_nccl_symmetric_buffers",
-                                  "xla_gpu_enable_nccl_user_buffers", launch.FLAG})
+RUNTIME_PRICED_FLAGS = frozenset({flag for _, flag in XLA_FIELDS} | {launch.FLAG})
 # Flags that change the program XLA compiles, so compiling with them prices them: the
 # module the cost model reads is the one they make. The NCCL channel cap changes no
 # program; it caps the cost model's NCCL channels instead.
@@ -119,10 +119,8 @@ def _with_nccl_settings(hw: hardware_lib.HardwareProfile, cap: int | None,
     """``hw`` running with the NCCL channel cap, NCCL environment and runtime XLA flags of a
     prediction; a warning says where a setting the user gave changes nothing priced."""
     runtime = runtime or {}
-    symmetric = runtime.get(SYMMETRIC_BUFFERS, hw.nccl_env.symmetric_buffers)
-    user = runtime.get(USER_BUFFERS, hw.nccl_env.user_buffers)
-    env = NcclEnv.from_environ(nccl_env, symmetric_buffers=symmetric, user_buffers=user) if nccl_env else \
-        dataclasses.replace(hw.nccl_env, symmetric_buffers=symmetric, user_buffers=user)
+    xla = {field: runtime.get(flag, getattr(hw.nccl_env, field)) for field, flag in XLA_FIELDS}
+    env = NcclEnv.from_environ(nccl_env, **xla) if nccl_env else dataclasses.replace(hw.nccl_env, **xla)
     for line in nccl_env_lib.unpriced(nccl_env or {}):
         warnings.warn(line, PricingWarning, stacklevel=3)
     if cap is not None:
@@ -410,8 +408,7 @@ def repredict_ms(job: Any, *, nccl_env: Mapping[str, str] | None = None,
     _, _, runtime = _split_flags(xla_flags)
     compiled = job.compiled
     base = dataclasses.replace(compiled.hardware, nccl_env=dataclasses.replace(
-        NcclEnv(), symmetric_buffers=compiled.hardware.nccl_env.symmetric_buffers,
-        user_buffers=compiled.hardware.nccl_env.user_buffers))
+        NcclEnv(), **{field: getattr(compiled.hardware.nccl_env, field) for field, _ in XLA_FIELDS}))
     hw = _with_nccl_settings(base, None, nccl_env, runtime)
     again = job_lib.plan_compiled(dataclasses.replace(compiled, hardware=hw), strategy=strategy,
                                   baselines=("xla-default",), verify=False)

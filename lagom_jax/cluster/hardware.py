@@ -122,6 +122,13 @@ class HardwareProfile:
     # at large groups (``moe="grouped"``); 0: JAX's Pallas kernels' measured efficiency over
     # ``achieved_tflops`` (Hopper, ``kernels.pallas_grouped_efficiency``).
     grouped_gemm_tflops: float = 0.0
+    # XLA's one-shot ragged all-to-all kernel (a dropless MoE's exchange inside one host,
+    # ``cost.one_shot_applies``): the rate at which each peer's block moves, all peers at once
+    # (GB/s), measured; 0: not measured on this GPU, so the exchange is priced as NCCL's.
+    ragged_one_shot_gbps: float = 0.0
+    # GPUs one host (one process) drives; 0: ``gpus_per_node``. XLA's one-shot kernel runs only
+    # on a group whose GPUs are all local to one process (``RaggedAllToAllStartThunk::is_local``).
+    host_gpus: int = 0
     # What stands in for this system's network numbers (``net_busbw_gbps``,
     # ``net_channel_gbps``) where no measurement of the system itself was published; "" when
     # they are measured. Every prediction across nodes says it (``job``'s "network" decision,
@@ -181,8 +188,9 @@ class HardwareProfile:
         ):
             if not getattr(self, f) > 0:
                 raise ValueError(f"hardware {self.name!r}: {f} must be positive, got {getattr(self, f)}")
-        if self.grouped_gemm_tflops < 0:
-            raise ValueError(f"hardware {self.name!r}: grouped_gemm_tflops must be >= 0, got {self.grouped_gemm_tflops}")
+        for f in ("grouped_gemm_tflops", "ragged_one_shot_gbps", "host_gpus"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"hardware {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
         if self.attention_tflops < 0:
             raise ValueError(f"hardware {self.name!r}: attention_tflops must be >= 0, got {self.attention_tflops}")
         if not 0 < self.sm_share_per_channel <= 1:
@@ -221,6 +229,11 @@ class HardwareProfile:
         """CTAs per collective NCCL gives a communicator whose ranks span ``nodes`` nodes
         (before any NCCL setting or XLA cap: ``NcclEnv.ctas``)."""
         return (self.net_nccl_channels or self.nccl_channels) if nodes > 1 else self.nccl_channels
+
+    @property
+    def gpus_per_host(self) -> int:
+        """GPUs one host drives (``host_gpus``), at most a node's."""
+        return min(self.host_gpus or self.gpus_per_node, self.gpus_per_node)
 
     @property
     def num_gpus(self) -> int:
@@ -558,6 +571,12 @@ PRESETS: dict[str, HardwareProfile] = {
         # QuACK's (SonicMoE's) SM100 bf16 gated grouped GEMM alone on one B200: about 1175
         # TFLOP/s (marin-community/marin issue #7012), the CuTe kernel users run through FFI.
         grouped_gemm_tflops=1175.0,
+        # XLA's one-shot ragged all-to-all on one 8x B200 node: 297 ms a call in a profile of a
+        # 26-layer 64-expert top-4 MoE at EP 2 (d 2560, 65,536 tokens a GPU: 1.34 GB of sorted
+        # rows, half of them for the other shard; marin-community/marin
+        # .agents/logbooks/7012-b200-moe-mfu.md, B200MFU-018): 0.671 GB / 0.297 s = 2.26 GB/s a
+        # peer (openxla/xla issue #33386 also puts this kernel at about 2% of NVLink's rate).
+        ragged_one_shot_gbps=2.26,
         xla_target="b200",
         collective_table="b200-nvswitch",  # XLA's measured sm_100_B200 table, 8 GPUs of one host
         # 8x B200 all-reduce busBw 839-846 @8-16GiB, above any ring: NVLS
@@ -668,6 +687,8 @@ PRESETS["gb200-nvl72"] = dataclasses.replace(
     # 193 (Azure/AI-benchmarking-guide, Azure_Results/ND_GB200_v6_results.md): the slower
     # direction, offloading's.
     host_link_gbps=193.0,
+    # A compute tray: 4 B200 on 2 Grace CPUs, one host.
+    host_gpus=4,
     network_assumption="between racks, AWS P6-B200's measured EFA (8x 400 Gb/s per 8 GPUs) stands in",
 )
 

@@ -147,6 +147,9 @@ class NcclEnv:
     config_max_ctas: int = 0
     # NCCL_CTA_POLICY=1 (NCCL_CTA_POLICY_EFFICIENCY).
     efficiency: bool = False
+    # XLA's --xla_gpu_unsupported_use_ragged_all_to_all_one_shot_kernel (default true): a ragged
+    # all-to-all inside one host runs as XLA's own kernel, not through NCCL (not an NCCL variable).
+    ragged_one_shot: bool = True
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -217,7 +220,7 @@ class NcclEnv:
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str], *, symmetric_buffers: bool = False,
-                     user_buffers: bool = False) -> NcclEnv:
+                     user_buffers: bool = False, ragged_one_shot: bool = True) -> NcclEnv:
         """The settings of ``env`` (e.g. ``{"NCCL_PROTO": "^LL128"}``), on buffers XLA registers
         as symmetric windows where ``symmetric_buffers`` and with NCCL where ``user_buffers``;
         ValueError names a variable NCCL does not document or a value out of its range.
@@ -236,7 +239,7 @@ class NcclEnv:
                    symmetric_buffers=symmetric_buffers, min_ctas=_cta_pin(env, "NCCL_MIN_CTAS"),
                    max_ctas=_cta_pin(env, "NCCL_MAX_CTAS"), nthreads=_integer(env, "NCCL_NTHREADS"),
                    buffsize=_integer(env, "NCCL_BUFFSIZE"), nvls_ctas=_integer(env, "NCCL_NVLS_NCHANNELS"),
-                   user_buffers=user_buffers)
+                   user_buffers=user_buffers, ragged_one_shot=ragged_one_shot)
         if algorithms and not any(made.allows_algorithm(a) for a in ALGORITHMS):
             raise ValueError(f"NCCL_ALGO={env['NCCL_ALGO']!r} with NCCL_NVLS_ENABLE={nvls} leaves no "
                              "algorithm the model prices (ring, tree, nvls, nvlstree)")
@@ -272,13 +275,16 @@ class NcclEnv:
         registered = [what for what, on in (("XLA's symmetric buffers", self.symmetric_buffers),
                                             ("XLA's user buffers", self.user_buffers)) if on]
         cap = f" under XLA's maxCTAs {self.config_max_ctas}" if self.config_max_ctas and not self.max_ctas else ""
-        return text + (" on " + " and ".join(registered) if registered else "") + cap
+        ragged = "" if self.ragged_one_shot else ", XLA's ragged all-to-all through NCCL"
+        return text + (" on " + " and ".join(registered) if registered else "") + cap + ragged
 
 
 def pinned(base: NcclEnv, env: Mapping[str, str]) -> NcclEnv:
-    """The settings of ``env`` on the buffers ``base`` registers (XLA's flags, which no NCCL
-    variable sets): what a user's ``--nccl-env`` makes of the cluster's settings."""
-    return NcclEnv.from_environ(env, symmetric_buffers=base.symmetric_buffers, user_buffers=base.user_buffers)
+    """The settings of ``env`` on the buffers ``base`` registers and with its ragged exchange
+    (XLA's flags, which no NCCL variable sets): what a user's ``--nccl-env`` makes of the
+    cluster's settings."""
+    return NcclEnv.from_environ(env, symmetric_buffers=base.symmetric_buffers, user_buffers=base.user_buffers,
+                                ragged_one_shot=base.ragged_one_shot)
 
 
 def check_names(env: Mapping[str, str]) -> None:

@@ -12,14 +12,16 @@ from typing import Literal
 
 from lagom_jax import hashing
 
-NcclAlgorithm = Literal["ring", "tree", "nvls", "nvls_tree", "symmetric"]
+NcclAlgorithm = Literal["ring", "tree", "nvls", "nvls_tree", "symmetric", "one_shot"]
 NcclProtocol = Literal["LL", "LL128", "Simple"]
 # NVLS: NVLink SHARP, the reduction done by the NVSwitch (Hopper and newer), Simple only.
 # nvls_tree: NCCL's NVLSTree, NVLS inside each node and a tree between the nodes' heads
 # (all-reduce across nodes only), Simple only.
 # symmetric: NCCL 2.27's symmetric-memory kernels on buffers registered as symmetric
 # windows (``cost.symmetric_pick``); protocol LL for its LL kernels, Simple for the others.
-ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls", "nvls_tree", "symmetric")
+# one_shot: not NCCL's: XLA's own one-shot ragged all-to-all kernel (``cost.ONE_SHOT``), which
+# no NCCL setting reaches; it stands where NCCL's choice would.
+ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls", "nvls_tree", "symmetric", "one_shot")
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
 # Kinds the tuner is consulted for, named as in lagom_jax.program.graph.COLLECTIVE_KINDS, with NCCL's ncclFunc_t
@@ -72,6 +74,8 @@ class CollectiveParams:
             )
 
     def describe(self) -> str:
+        if self.algorithm == "one_shot":
+            return "XLA's one-shot kernel (no NCCL)"
         return (
             f"{self.algorithm}/{self.protocol} nc={self.nchannels} "
             f"chunk={self.chunk_bytes // 1024}KiB nt={self.nthreads}"

@@ -45,6 +45,7 @@ from lagom_jax.cluster.nccl_env import NcclEnv
 from lagom_jax.cluster.params import CollectiveParams, MAX_CHANNELS
 from lagom_jax.costs import kernels
 from lagom_jax.program import custom_calls
+from lagom_jax.program.graph import RAGGED_ALL_TO_ALL as RAGGED
 
 PROTOCOL_INDEX = {"LL": 0, "LL128": 1, "Simple": 2}
 
@@ -235,11 +236,18 @@ def net_share(hw: HardwareProfile, group_size: int, nodes: int) -> float:
     return min(1.0, group_size / nodes / hw.gpus_per_node)
 
 
-def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams) -> None:
+def _check_args(kind: str, nbytes: float, group_size: int, nodes: int, params: CollectiveParams,
+                hw: HardwareProfile) -> None:
     if nbytes < 0:
         raise ValueError(f"{kind}: nbytes must be >= 0, got {nbytes}")
     if group_size < 1 or nodes < 1 or nodes > group_size:
         raise ValueError(f"{kind}: need 1 <= nodes <= group_size, got nodes={nodes}, group_size={group_size}")
+    if params.algorithm == "one_shot":
+        if not one_shot_applies(kind, group_size, nodes, hw):
+            raise ValueError(f"{kind} over {group_size} GPUs on {nodes} node(s): XLA's one-shot kernel runs only a "
+                             f"ragged all-to-all of 2-{ONE_SHOT_MAX_PEERS} GPUs of one host, with the flag on and a "
+                             "measured rate (one_shot_applies)")
+        return
     if params.algorithm == "symmetric":
         if kind not in SYMMETRIC_KINDS or nodes > 1:
             raise ValueError(f"{kind} over {nodes} node(s): NCCL's symmetric kernels run "
@@ -265,7 +273,7 @@ def bus_factor(kind: str, algorithm: str, n: int) -> float:
         return 0.0
     if kind == "all-reduce":
         return 2.0 if algorithm == "tree" else 2.0 * (n - 1) / n
-    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+    if kind in ("all-gather", "reduce-scatter", "all-to-all", RAGGED):
         return (n - 1) / n
     if kind == "collective-permute":
         return 1.0
@@ -406,9 +414,13 @@ def collective_time_us(kind: str, nbytes: float, group_size: int, nodes: int,
                        params: CollectiveParams, hw: HardwareProfile,
                        cfg: CostConfig = DEFAULT_COSTS) -> float:
     """Time of one collective running alone (us). ``nodes`` = nodes the group spans."""
-    _check_args(kind, nbytes, group_size, nodes, params)
+    _check_args(kind, nbytes, group_size, nodes, params, hw)
     if group_size <= 1:
         return hw.launch_us
+    if kind == RAGGED:
+        if params.algorithm == "one_shot":
+            return one_shot_time_us(nbytes, group_size, hw)
+        return collective_time_us("all-to-all", nbytes, group_size, nodes, params, hw, cfg)
     if params.algorithm == "symmetric":
         return hw.launch_us + min(t for _k, _c, t in _symmetric_times(kind, nbytes, group_size, hw, params.protocol,
                                                                    params.nchannels))
@@ -545,8 +557,8 @@ def registered_p2p(kind: str, nodes: int, params: CollectiveParams, hw: Hardware
     """Whether this collective runs NCCL's sends and receives on registered buffers inside a
     node (``CostConfig.registered_p2p_rate``): XLA's user buffers, an all-to-all or a
     collective-permute, one node, the Simple protocol (NCCL registers no LL buffer)."""
-    return (hw.nccl_env.user_buffers and kind in ("all-to-all", "collective-permute") and nodes <= 1
-            and params.protocol == "Simple")
+    return (hw.nccl_env.user_buffers and kind in ("all-to-all", "collective-permute", RAGGED) and nodes <= 1
+            and params.protocol == "Simple" and params.algorithm != "one_shot")
 
 
 def tree_correction(algorithm: str, protocol: str, nbytes: float, cfg: CostConfig = DEFAULT_COSTS) -> float:
@@ -638,8 +650,8 @@ def working_channels(kind: str, nbytes: float, n: int, nodes: int, params: Colle
     A channel that joins only once its saving pays for the idle CTA it replaces keeps the
     time flat through the steps, never lower; ``_time_from_terms`` is its closed form.
     """
-    _check_args(kind, nbytes, n, nodes, params)
-    if params.algorithm in ("nvls", "nvls_tree", "symmetric") or n <= 1:
+    _check_args(kind, nbytes, n, nodes, params, hw)
+    if params.algorithm in ("nvls", "nvls_tree", "symmetric", "one_shot") or n <= 1:
         return params.nchannels
     bus, _bw, one_ch, *_ = _size_free_terms(kind, n, nodes, params, hw, cfg)
     first, _idle = _first_share(n, params, bus, cfg)
@@ -769,7 +781,12 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
     its channel count, reduced for small messages (``while nBytes < nc*nt*thr: nc--``,
     then threads halved; NCCL_MIN_CTAS does not stop it), and its default chunk size. A
     collective-permute inside a node is NCCL's point-to-point schedule (``p2p_ctas``) on
-    the communicator it runs on (``p2p_communicator``)."""
+    the communicator it runs on (``p2p_communicator``). A ragged all-to-all runs XLA's
+    one-shot kernel where it applies, else NCCL's all-to-all (``RAGGED``)."""
+    if kind == RAGGED:
+        if one_shot_applies(kind, group_size, nodes, hw):
+            return one_shot_params(group_size)
+        return nccl_default_params("all-to-all", nbytes, group_size, nodes, hw, cfg)
     if symmetric_applies(kind, group_size, nodes, hw):
         return symmetric_pick(kind, nbytes, group_size, hw)
     if kind == "collective-permute" and nodes == 1:
@@ -1047,6 +1064,44 @@ def symmetric_pick(kind: str, nbytes: float, n: int, hw: HardwareProfile) -> Col
     return CollectiveParams("symmetric", "LL" if ll else "Simple", ctas, _NVLS_CHUNK, 512)
 
 
+# XLA's ragged all-to-all (a dropless MoE's exchange, ``jax.lax.ragged_all_to_all``), whose
+# shape carries this kind (``graph.collective_shape``). XLA runs it one of two ways (openxla/xla
+# xla/backends/gpu/runtime/ragged_all_to_all_thunk.cc, ``RaggedAllToAllStartThunk::RunCollective``):
+# * its one-shot kernel, where ``--xla_gpu_unsupported_use_ragged_all_to_all_one_shot_kernel`` is
+#   on (the default), every GPU of the group is local to one process (``is_local``), the peers
+#   reach each other's memory and there are at most 8 (``kMaxNumRaggedAllToAllOutputPtrs``): a
+#   rendezvous, one kernel that writes each peer's rows straight into its output buffer, and
+#   another rendezvous; no NCCL call. The kernel (``RunRaggedAllToAllKernel``, ragged_all_to_all.cc)
+#   runs a grid of one 128-thread block per peer for JAX's exchange (one update per peer), so each
+#   peer's block moves at one CTA's store rate, every peer at once: ``ragged_one_shot_gbps``,
+#   measured; a call takes the time of one peer's block (its bytes over the group).
+# * otherwise NCCL's grouped sends and receives: priced as NCCL's all-to-all of those bytes at
+#   NCCL's own choice, a point-to-point call no tuner plugin is asked about.
+ONE_SHOT_MAX_PEERS = 8
+# Rendezvous before and after the kernel: each priced as one launch (no measurement of them alone).
+_ONE_SHOT_LAUNCHES = 3
+
+
+def one_shot_applies(kind: str, n: int, nodes: int, hw: HardwareProfile) -> bool:
+    """Whether XLA runs this collective with its one-shot ragged all-to-all kernel, as the
+    model prices it: a ragged all-to-all of 2-8 GPUs of one host (taken as the group's GPUs
+    sitting on one host when it fits one), the flag on, and a measured rate for this GPU
+    (none: priced as NCCL's all-to-all, the gap docs/moe.md names)."""
+    return (kind == RAGGED and hw.nccl_env.ragged_one_shot and hw.ragged_one_shot_gbps > 0
+            and nodes <= 1 and 1 < n <= min(ONE_SHOT_MAX_PEERS, hw.gpus_per_host))
+
+
+def one_shot_params(n: int) -> CollectiveParams:
+    """XLA's one-shot kernel as CollectiveParams: one 128-thread CTA a peer."""
+    return CollectiveParams("one_shot", "Simple", n, _NVLS_CHUNK, 128)
+
+
+def one_shot_time_us(nbytes: float, n: int, hw: HardwareProfile) -> float:
+    """One call of XLA's one-shot ragged all-to-all moving ``nbytes`` from each GPU to its ``n``
+    peers, balanced: each peer's block (``nbytes / n``) at ``ragged_one_shot_gbps``, all at once."""
+    return _ONE_SHOT_LAUNCHES * hw.launch_us + nbytes / n / (hw.ragged_one_shot_gbps * 1e3)
+
+
 _CHANNEL_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
@@ -1057,9 +1112,9 @@ def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
     Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
     """
     default = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
-    # NCCL asks no tuner about its symmetric kernels or about point-to-point: its pick is the
-    # only choice.
-    if default.algorithm == "symmetric" or kind == "collective-permute":
+    # NCCL asks no tuner about its symmetric kernels or about point-to-point (a ragged
+    # all-to-all's grouped sends, or XLA's own kernel): its pick is the only choice.
+    if default.algorithm == "symmetric" or kind in ("collective-permute", RAGGED):
         return (default,)
     fixed = _size_free_candidates(kind, group_size, nodes, hw)
     i = bisect.bisect_left(fixed, default)
@@ -1102,13 +1157,13 @@ def candidate_times(kind: str, nbytes: float, group_size: int, nodes: int, hw: H
     """Every ``candidate_params`` entry with its ``collective_time_us``, in the same order:
     the one tabulation per collective size that the overlap bound and the search share."""
     cands = candidate_params(kind, nbytes, group_size, nodes, hw, cfg)
-    if group_size <= 1 or len(cands) == 1:  # NCCL's own kernel only: symmetric or point-to-point
+    if group_size <= 1 or len(cands) == 1:  # NCCL's (or XLA's) own kernel only: symmetric or point-to-point
         return tuple((p, collective_time_us(kind, nbytes, group_size, nodes, p, hw, cfg)) for p in cands)
     # The size-free candidates are timed from their tabulated terms (no cache lookup per
     # candidate); NCCL's pick, when it is not one of them, through collective_time_us.
     ratio = measured_ratio(kind, nbytes, group_size, nodes, hw, cfg)
     fixed, columns = _size_free_columns(kind, group_size, nodes, hw, cfg)
-    _check_args(kind, nbytes, group_size, nodes, fixed[0])  # the size's checks; the params are valid here
+    _check_args(kind, nbytes, group_size, nodes, fixed[0], hw)  # the size's checks; the params are valid here
     out = list(zip(fixed, (_times_from_columns(nbytes, group_size, columns, hw, cfg) * ratio).tolist()))
     if len(out) < len(cands):
         i = next((i for i, (p, _) in enumerate(out) if p != cands[i]), len(out))
@@ -1255,6 +1310,8 @@ def _resource_terms(params: CollectiveParams, hw: HardwareProfile, nodes: int, c
     """(SMs held, peak bus GB/s, HBM bytes per bus byte) of ``comm_resource_use``: the same
     few params come back for every collective size the search prices."""
     sms = 0.0 if hw.nccl_env.copy_engine(kind, nodes) else params.nchannels * hw.sm_share_per_channel
+    if params.algorithm == "one_shot":  # one CTA a peer, each moving its block at the measured rate
+        return sms, params.nchannels * hw.ragged_one_shot_gbps, cfg.hbm_bytes_per_bus_byte
     multicast = params.algorithm in ("nvls", "nvls_tree") or (params.algorithm == "symmetric" and _multicast(hw))
     per_bus_byte = cfg.nvls_hbm_bytes_per_bus_byte if multicast else cfg.hbm_bytes_per_bus_byte
     per_bus_byte *= cfg.protocol_wire_bytes[PROTOCOL_INDEX[params.protocol]]
@@ -1272,6 +1329,8 @@ def collective_resource_use(kind: str, nbytes: float, group_size: int, nodes: in
     latency-bound collective holds its CTAs but moves few bytes."""
     if time_us is None:
         time_us = collective_time_us(kind, nbytes, group_size, nodes, params, hw, cfg)
+    if kind == RAGGED and params.algorithm != "one_shot":
+        kind = "all-to-all"  # NCCL's sends and receives
     rate = nbytes * bus_factor(kind, params.algorithm, group_size) / max(time_us, 1e-9) / 1e3
     return comm_resource_use(params, hw, nodes=nodes, cfg=cfg, kind=kind, bus_gbps=rate)
 
@@ -1284,10 +1343,11 @@ def candidate_resources(kind: str, nbytes: float, group_size: int, nodes: int, h
     same floats), in one pass: the search's Pareto front is cut from this table, and the
     simulator reads the candidates it replays from it, once per collective size."""
     cands = candidate_times(kind, nbytes, group_size, nodes, hw, cfg)
+    priced_as = "all-to-all" if kind == RAGGED and cands[0][0].algorithm != "one_shot" else kind
 
     def row(p: CollectiveParams, time_us: float) -> tuple[CollectiveParams, float, float, float]:
-        sms, peak, per_bus_byte = _resource_terms(p, hw, nodes, cfg, kind)
-        rate = nbytes * bus_factor(kind, p.algorithm, group_size) / max(time_us, 1e-9) / 1e3
+        sms, peak, per_bus_byte = _resource_terms(p, hw, nodes, cfg, priced_as)
+        rate = nbytes * bus_factor(priced_as, p.algorithm, group_size) / max(time_us, 1e-9) / 1e3
         return p, time_us, sms, min(rate, peak) * per_bus_byte
 
     if group_size <= 1 or len(cands) == 1:  # NCCL's own kernel only: symmetric or point-to-point

@@ -20,6 +20,11 @@ only where the predicted step gains more than ``SETTING_FLOOR``:
 * **NVLS on or off** (``NCCL_NVLS_ENABLE``) on NVSwitch systems: NVLS all-reduces hold
   fewer SMs (``nvls_channels``) and run at the NVLS bus bandwidth; turning it off frees
   the multicast memory NCCL reserves but gives up that bandwidth.
+* **XLA's ragged all-to-all through NCCL**
+  (``--xla_gpu_unsupported_use_ragged_all_to_all_one_shot_kernel=false``): a dropless MoE's
+  exchange inside one host leaves XLA's one-shot kernel, one CTA a peer at its measured rate
+  (``cost.one_shot_applies``), for NCCL's sends and receives. Offered where the GPU's
+  one-shot rate is measured.
 * **NVLS all-gathers and reduce-scatters on registered buffers**: NCCL's efficiency CTA
   policy (``NCCL_CTA_POLICY=1``, NCCL 2.27+) with XLA's user buffers runs them inside a node
   as NVLS on 4-6 CTAs (``cost.registered_nvls_applies``) at under half a ring's bus
@@ -63,6 +68,10 @@ SETTING_FLOOR = 0.013
 COLLECTIVE_MEMORY_GRANULARITY = 2 << 20
 SYMMETRIC_BUFFERS = "xla_gpu_experimental_enable_nccl_symmetric_buffers"
 USER_BUFFERS = "xla_gpu_enable_nccl_user_buffers"
+RAGGED_ONE_SHOT = "xla_gpu_unsupported_use_ragged_all_to_all_one_shot_kernel"
+# The XLA flags that set a field of ``NcclEnv`` (how XLA hands its collectives to NCCL).
+XLA_FIELDS = (("symmetric_buffers", SYMMETRIC_BUFFERS), ("user_buffers", USER_BUFFERS),
+              ("ragged_one_shot", RAGGED_ONE_SHOT))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,22 +103,22 @@ def _affected(step: StepGraph, hw: HardwareProfile, setting: Setting) -> tuple[l
     kinds, seen, reruns = set(), set(), False
     for t in step.collectives:
         shape = collective_shape(t, step.num_devices, hw.gpus_per_node)
-        if shape in seen or t.kind in kinds or shape.ranks <= 1:
+        if shape in seen or shape.kind in kinds or shape.ranks <= 1:
             continue
         seen.add(shape)
-        if setting.env.copy_engine(t.kind, shape.nodes) != hw.nccl_env.copy_engine(t.kind, shape.nodes):
-            kinds.add(t.kind)
+        if setting.env.copy_engine(shape.kind, shape.nodes) != hw.nccl_env.copy_engine(shape.kind, shape.nodes):
+            kinds.add(shape.kind)
             reruns = True
             continue
         try:
             params = cost.nccl_default_params(*shape, hw)
             rerun = cost.nccl_default_params(*shape, other) != params
-            changed = rerun or (cost.registered_p2p(t.kind, shape.nodes, params, other)
-                                != cost.registered_p2p(t.kind, shape.nodes, params, hw))
+            changed = rerun or (cost.registered_p2p(shape.kind, shape.nodes, params, other)
+                                != cost.registered_p2p(shape.kind, shape.nodes, params, hw))
         except ValueError:  # the setting leaves it no algorithm: ``choose`` says so
             rerun = changed = True
         if changed:
-            kinds.add(t.kind)
+            kinds.add(shape.kind)
             reruns = reruns or rerun
     return sorted(kinds), reruns
 
@@ -146,7 +155,7 @@ def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
     """The settings worth pricing on ``hw`` beside its own: XLA's symmetric buffers (NCCL's
     symmetric kernels), those with NCCL's zero-CTA policy (copy engines), XLA's user buffers
     (sends and receives straight into the peer's buffer; NVLS on fewer CTAs), NVLS on or off,
-    and a CTA cap under NVLS's CTAs."""
+    a CTA cap under NVLS's CTAs, and XLA's ragged all-to-all through NCCL."""
     base = hw.nccl_env
     out = []
     if hw.gpus_per_node > 1 and not base.user_buffers:
@@ -175,6 +184,10 @@ def candidates(hw: HardwareProfile) -> tuple[Setting, ...]:
             if cap < min(base.max_ctas or hw.nvls_channels, hw.nvls_channels) and base.nvls:
                 out.append(Setting(f"NCCL_MAX_CTAS={cap}", dataclasses.replace(base, max_ctas=cap), (),
                                    "nothing beyond NCCL"))
+    if hw.ragged_one_shot_gbps > 0 and base.ragged_one_shot:
+        out.append(Setting("XLA's ragged all-to-all through NCCL, not its one-shot kernel",
+                           dataclasses.replace(base, ragged_one_shot=False), (XlaFlag(RAGGED_ONE_SHOT, False),),
+                           "nothing beyond XLA"))
     # The fewest CTAs a communicator of this cluster runs (one spanning nodes runs its NICs').
     own = min(base.ctas(hw.channels(1)), base.ctas(hw.channels(hw.nodes)))
     for floor in CTA_FLOORS:

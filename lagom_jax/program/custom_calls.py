@@ -255,10 +255,14 @@ class Priced:
 # weights' gradient: the rows [T, M]) and the other side, the first the group sizes [G]; the
 # output's last dimension is N. FLOPs 2 T K N either way (T the rows sorted by group); the
 # shape (groups, rows of the busiest group, N, K) times them (``kernels.grouped_gemm_time_us``),
-# balanced until ``graph.with_group_load`` says otherwise.
+# balanced until ``graph.with_group_load`` says otherwise. T is the buffer's rows; for the FFI
+# (Blackwell CuTe) kernels, which run the groups' tiles only, fewer where the op_name says how many
+# its groups hold (a scope ``routed_rows_R``, models.grouped_gemm): a receive buffer sized for
+# every source. JAX's Hopper kernels spend a tile's work on every row block past the groups.
 GROUPED_GEMM = "grouped-gemm"
 GROUPED_GEMM_SCOPE = "grouped_gemm"
 _MOSAIC_PREFIX = "mosaic_gpu"
+_ROUTED = "routed_rows_"  # models.grouped_gemm.ROUTED_ROWS
 # models.grouped_gemm.FFI_FORWARD and FFI_WEIGHT_GRAD (the model layer does not import this one).
 GROUPED_GEMM_FFI = ("lagom_grouped_gemm", "lagom_grouped_gemm_wgrad")
 
@@ -274,6 +278,10 @@ def grouped_gemm(inst: hlo.Instruction, operands: list[hlo.Shape]) -> Priced | N
         return None
     rows, k = lhs.dims
     n = out.dims[-1]
+    routed = [int(t[len(_ROUTED):]) for t in re.split(r"[/()]", inst.metadata().get("op_name", ""))
+              if t.startswith(_ROUTED) and t[len(_ROUTED):].isdigit()]
+    if routed and target in GROUPED_GEMM_FFI:  # JAX's Hopper kernels compute the padding too (docs/moe.md)
+        rows = min(rows, routed[-1])
     return Priced(2.0 * rows * k * n, float(out.bytes + lhs.bytes + other.bytes), GROUPED_GEMM,
                   (groups[0], math.ceil(rows / max(groups[0], 1)), n, k))
 

@@ -123,6 +123,12 @@ KNOWN_FLAGS: dict[str, FlagSpec] = {
         # (marin-community/marin issue #8077). A compile shows it.
         FlagSpec("xla_gpu_unsupported_enable_ragged_all_to_all_decomposer", bool, False,
                  "rewrite ragged all-to-all into a dense all-to-all of padded buffers"),
+        # XLA's one-shot ragged all-to-all kernel (openxla/xla xla/backends/gpu/runtime/
+        # ragged_all_to_all_thunk.cc): on, a ragged all-to-all inside one host runs as XLA's own
+        # kernel; off, through NCCL's sends and receives (``cost.one_shot_applies``). Read from the
+        # module's options when XLA makes the thunk: the module is the same either way.
+        FlagSpec("xla_gpu_unsupported_use_ragged_all_to_all_one_shot_kernel", bool, True,
+                 "run ragged all-to-all inside one host as XLA's one-shot kernel (off: NCCL)", runtime=True),
         FlagSpec("xla_gpu_threshold_for_windowed_einsum_mib", int, 100000,
                  "operand size above which einsums become collective matmuls"),
         FlagSpec("xla_gpu_pgle_accuracy_checker", str, "PGLE_STRICTNESS_LEVEL_WARN",

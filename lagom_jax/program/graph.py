@@ -185,8 +185,10 @@ def collective_shape(task: Task, num_devices: int, gpus_per_node: int) -> Collec
     key = (num_devices, gpus_per_node)
     shape = memo.get(key)
     if shape is None:
-        shape = memo[key] = _shape(task.kind, float(task.bytes), task.groups, task.pairs, num_devices,
-                                   gpus_per_node)
+        shape = _shape(task.kind, float(task.bytes), task.groups, task.pairs, num_devices, gpus_per_node)
+        if task.kernel == RAGGED_ALL_TO_ALL:  # priced as its own kind (``cost.RAGGED``)
+            shape = shape._replace(kind=RAGGED_ALL_TO_ALL)
+        memo[key] = shape
     return shape
 
 
@@ -878,9 +880,12 @@ class _Builder:
         if kind == "all-gather":
             size = len(groups[0]) if groups else self.num_devices
             nbytes = sum(operand_bytes) * size
-        elif (kind == "collective-permute" and "slice_sizes" in target.attributes
-              or target.opcode.startswith(RAGGED_ALL_TO_ALL)):
-            # The in-place forms (input, output, offsets/sizes...) move at most their input.
+        elif target.opcode.startswith(RAGGED_ALL_TO_ALL):
+            # (input, output, offsets and sizes): it moves at most its input and receives at most
+            # its output buffer (a MoE's combine sends from a buffer sized for every source).
+            nbytes = min(operand_bytes[:2]) if operand_bytes else 0
+        elif kind == "collective-permute" and "slice_sizes" in target.attributes:
+            # The in-place form (input, output, offsets...) moves at most its input.
             nbytes = operand_bytes[0] if operand_bytes else 0
         else:
             nbytes = sum(operand_bytes)
@@ -930,9 +935,11 @@ def _called_names(inst: hlo.Instruction, key: str) -> list[str]:
 
 
 # A dropless MoE's token exchange (``jax.lax.ragged_all_to_all``): an all-to-all whose
-# per-peer sizes are operands known at run time. NCCL runs it as grouped send/recv, priced
-# here as an all-to-all of its input buffer (the most it can send), which is the balanced
-# exchange; under a skewed routing ``with_exchange_load`` scales it to the busiest device.
+# per-peer sizes are operands known at run time. Its bytes are the smaller of its input and
+# output buffers (the most it can move), which is the balanced exchange; under a skewed
+# routing ``with_exchange_load`` scales it to the busiest device. Its shape's kind is this
+# one: XLA runs it with its own one-shot kernel inside one host, else with NCCL's grouped
+# sends and receives (``cost.RAGGED``).
 RAGGED_ALL_TO_ALL = "ragged-all-to-all"
 
 

@@ -73,7 +73,7 @@ def _finish(
             Explanation(
                 task_id=t.id,
                 name=t.name,
-                kind=t.kind,
+                kind=shape.kind,
                 nbytes=t.bytes,
                 ranks=shape.ranks,
                 nodes=shape.nodes,
@@ -118,10 +118,10 @@ def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int,
     example: dict[tuple, Task] = {}  # one call of the key, for NCCL's default
     for sid, cid in built.parent:
         t = graph.tasks[sid]
-        if t.kind not in TUNER_KINDS or cid not in params:
-            continue
         shape = ev.shape(t)
-        key = (t.kind, int(t.bytes), shape.ranks, shape.nodes)
+        if shape.kind not in TUNER_KINDS or cid not in params:
+            continue
+        key = (shape.kind, int(t.bytes), shape.ranks, shape.nodes)
         example.setdefault(key, t)
         if cid not in members.setdefault(key, []):
             members[key].append(cid)
