@@ -259,8 +259,8 @@ def _add_moe_args(p: argparse.ArgumentParser) -> None:
                    "kernels; Hopper)")
     p.add_argument("--moe-dispatch", default=None, choices=("ragged-all-to-all", "ring", "all-to-all"),
                    help="--model mixtral with --moe dropless or grouped and an expert axis: the token exchange, "
-                   "XLA's ragged all-to-all (the default), a ring (rows all-gathered over the expert axis, "
-                   "outputs reduce-scattered back) or all-to-all (fixed-capacity buffers per expert, one "
+                   "XLA's ragged all-to-all (the default), a ring (tokens all-gathered over the expert axis, "
+                   "capacity-factor buffers per shard, outputs reduce-scattered back) or all-to-all (fixed-capacity buffers per expert, one "
                    "all-to-all each way; rows past capacity dropped)")
     p.add_argument("--shared-experts", type=int, default=None,
                    help="--model mixtral: dense experts every token runs (DeepSeek: 1)")

@@ -410,3 +410,23 @@ def test_the_all_to_all_dispatch_moves_fixed_buffers_counted_by_hand():
     buffer = 4 * 40 * 64 * 2
     a2a = [t for t in tasks if t.kind == "all-to-all" and t.bytes == buffer]
     assert len(a2a) >= 2  # to the experts and back (the backward: the same two, transposed)
+
+
+def test_on_blackwell_the_exchange_runs_xlas_one_shot_kernel_and_the_experts_their_routed_rows():
+    # 64 tokens a device, top-2: 128 routed rows, in a receive buffer of 4 x 128 (room for every source).
+    # The FFI grouped GEMMs are priced by the 128 rows their groups hold; the ragged exchanges run XLA's
+    # one-shot kernel inside the 8-GPU host (no NCCL call, so no tuner rule), one CTA a peer.
+    from lagom_jax.costs import cost
+
+    kw = dict(layers=1, d_model=64, heads=4, kv_heads=4, ffn=128, vocab=256, experts=4, top_k=2, seq_len=64,
+              global_batch=8, mesh={"fsdp": 2, "expert": 4}, hardware="b200-sxm-8", remat="none", moe="grouped")
+    job = predict.train_step_job("mixtral", **kw, strategy="lagom")
+    graph, hw = job.compiled.graph(), job.compiled.hardware
+    assert "routed_rows_128" in job.compiled.text
+    experts = [t for t in graph.tasks if t.kernel == "grouped-gemm"]
+    assert len(experts) == 9 and {t.flops / (2 * t.gemm[2] * t.gemm[3]) for t in experts} == {128.0}
+    ragged = [t for t in graph.collectives if graph.shape(t, hw.gpus_per_node).kind == cost.RAGGED]
+    assert ragged and all(cost.nccl_default_params(*graph.shape(t, hw.gpus_per_node), hw).algorithm == "one_shot"
+                          for t in ragged)
+    assert any(c.kind == cost.RAGGED and c.params.describe() == "XLA's one-shot kernel (no NCCL)"
+               for c in job.plan.collectives)

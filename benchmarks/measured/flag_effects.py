@@ -57,10 +57,12 @@ MARIN = "marin-community/marin issue #8054"
 # run fits and pays none of it, so the stand-in compiles without that pass
 # (``flag_effects_marin`` shows both).
 NO_XLA_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
+# Its experts run SonicMoE's sorted grouped GEMMs ('sonic' kernels, QuACK's CuTe GEMMs): the
+# family's grouped layer, whose FFI stand-in on sm_100 is priced at QuACK's measured rate.
 MARIN_MOE = dict(family="mixtral", config="marin-moe", seq_len=4096, global_batch=1024, mesh={"fsdp": 64},
-                 hardware="gb200-nvl72", remat="full", xla_flags=NO_XLA_REMAT)
-MARIN_NOTE = ("the family's marin-moe config; its stand-ins: GShard's one-hot dispatch for the sorted grouped "
-              "GEMMs ('sonic' kernels), blocked einsums for FA4's windowed attention, no SConv/XSA/head "
+                 hardware="gb200-nvl72", remat="full", xla_flags=NO_XLA_REMAT, moe="grouped")
+MARIN_NOTE = ("the family's marin-moe config; its stand-ins: the grouped layer's FFI grouped GEMMs at QuACK's rate "
+              "for the 'sonic' kernels, blocked einsums for FA4's windowed attention, no SConv/XSA/head "
               "gates/gated norms/QK-norm, optimizer state on the GPU (marin offloads it to the host); GB200's rack rings "
               "and network are the B200's")
 # MaxText llama3-70b with FSDP 8 x TP 2 (openxla/xla PR #26948): GPU, batch and sequence were
@@ -217,7 +219,7 @@ def predict_effects(effects: list[Effect]) -> list[dict[str, Any]]:
         elif e.how in ("nccl", "xla", "model"):
             kw = dict(WORKLOADS[e.workload])
             if "config" in kw:  # a named config of the family: its dimensions
-                kw.update(predict.config_dims(kw["family"], kw.pop("config")))
+                kw = {**predict.config_dims(kw["family"], kw.pop("config")), **kw}  # the workload's own keys win
             base_flags = kw.pop("xla_flags", {})
             if e.workload not in jobs:
                 jobs[e.workload] = predict.train_step_job(**kw, strategy="xla-default", xla_flags=base_flags)
@@ -411,7 +413,7 @@ def predict_marin_structures() -> list[dict[str, Any]]:
     from lagom_jax.advise import predict
 
     kw = dict(MARIN_MOE)
-    kw.update(predict.config_dims(kw["family"], kw.pop("config")))
+    kw = {**predict.config_dims(kw["family"], kw.pop("config")), **kw}  # the workload's own keys win
     kw.pop("xla_flags")
     rows = []
     for remat, extra in (("XLA's rematerialization on (as compiled)", {}), ("without it (the stand-in)", NO_XLA_REMAT)):
