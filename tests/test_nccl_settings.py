@@ -236,3 +236,30 @@ def test_the_ragged_exchange_through_nccl_is_a_setting_where_the_one_shot_kernel
     assert out.planned.plan.makespan_us < planned.plan.makespan_us / 10
     # NCCL's grouped sends: NCCL's own choice only (no tuner is asked about point-to-point).
     assert all(c.params == c.default_params for c in out.planned.plan.collectives if c.kind != "compute")
+
+
+def test_settings_that_price_the_step_alike_are_searched_once(monkeypatch):
+    # All-reduces inside one node: symmetric buffers alone and with the zero-CTA policy (which only moves
+    # all-gathers and all-to-alls to the copy engines) give the search the same candidates: one search,
+    # the same step for both, and the first of them kept where it is taken.
+    h100 = hardware.get("h100-sxm-8")
+    group = (tuple(range(8)),)
+    tasks, prev = [], ()
+    for i in range(3):
+        ar = Task(id=len(tasks), name=f"ar{i}", kind="all-reduce", bytes=64 << 20, groups=group, is_async=True,
+                  deps=prev)
+        gemm = Task(id=len(tasks) + 1, name=f"gemm{i}", kind="compute", flops=2 * 8192**3, bytes=3 * 8192**2 * 2,
+                    opcode="fusion", gemm=(1, 8192, 8192, 8192), deps=prev)
+        tasks += [ar, gemm]
+        prev = (ar.id, gemm.id)
+    step = StepGraph("gemm+ar", tuple(tasks), num_devices=8)
+    planned = planning.plan(step, h100, strategy="lagom", baselines=())
+    searches = []
+    real = planning.plan
+    monkeypatch.setattr(planning, "plan", lambda *a, **kw: searches.append(a[1].nccl_env) or real(*a, **kw))
+    out = nccl_settings.choose(step, planned, h100, strategy="lagom")
+    why = dict(out.decisions)
+    symmetric, zero = why["symmetric kernels (XLA's symmetric buffers)"], why[
+        "zero-CTA collectives (NCCL_CTA_POLICY=2, symmetric buffers)"]
+    assert symmetric.split(";")[0] == zero.split(";")[0]  # the same predicted step
+    assert sum(env.symmetric_buffers for env in searches) == 1

@@ -280,6 +280,15 @@ def _priced(base_us: float, us: float, kinds: list[str], setting: Setting, step:
             f"{', '.join(kinds)}); {verdict}{extra}; needs {setting.needs}")
 
 
+def _search_signature(step: StepGraph, hw: HardwareProfile) -> tuple:
+    """What a search of ``step`` on ``hw`` sees that a setting can change: every distinct
+    collective's NCCL pick, its candidates with their times and resources, and whether it runs
+    on the copy engines. Two settings with the same signature plan the step the same."""
+    shapes = dict.fromkeys(collective_shape(t, step.num_devices, hw.gpus_per_node) for t in step.collectives)
+    return tuple((shape, cost.nccl_default_params(*shape, hw), hw.nccl_env.copy_engine(shape.kind, shape.nodes),
+                  cost.candidate_resources(*shape, hw)) for shape in shapes if shape.ranks > 1)
+
+
 def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, strategy: str,
            fingerprint: str = "", log: Callable[[str], None] = lambda _: None,
            space: search.Space = search.Space()) -> Outcome:
@@ -287,21 +296,23 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
 
     ``planned`` is the step planned under ``hw``'s own settings; its baselines stay as they
     are (XLA's defaults run with the cluster's settings), only ``strategy``'s step moves.
+    A setting that needs a whole search is searched once per distinct signature
+    (``_search_signature``: a setting that changes nothing another one does not takes that
+    one's plan).
     """
     base_us = planned.plan.makespan_us
     replayed_base: float | None = None  # the chosen step replayed as is, once a setting needs it
-    best: tuple[float, Setting, planning.Planned] | None = None
-    decisions = []
+    decisions: dict[str, str] = {}
+    searched: list[tuple[Setting, list[str], HardwareProfile]] = []
     for setting in candidates(hw):
         unneeded = _cta_pin_unneeded(setting, planned.plan, hw)
         if unneeded:
-            decisions.append((setting.name, f"not priced: {unneeded}"))
+            decisions[setting.name] = f"not priced: {unneeded}"
             continue
         kinds, reruns = _affected(step, hw, setting)
         if not kinds:
-            decisions.append((setting.name, "not priced: no collective of this step would change"))
+            decisions[setting.name] = "not priced: no collective of this step would change"
             continue
-        log(f"NCCL settings: pricing {setting.name} ({', '.join(kinds)}) ...")
         other = dataclasses.replace(hw, nccl_env=setting.env)
         if not reruns:
             # Only registered sends' rate moves: every candidate of theirs gets the same factor,
@@ -310,32 +321,56 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
             # the setting changes without changing NCCL's own pick (user buffers: NVLS on fewer
             # CTAs): on llama3-70b over 8 H100 nodes the search found 908.0 ms where the replay
             # says 910.3, both below the floor; a full search each costs XLA's Mixtral module ~30 s.
+            log(f"NCCL settings: pricing {setting.name} ({', '.join(kinds)}) by a replay ...")
             if replayed_base is None:
                 replayed_base = _replay_us(planned.chosen, hw)
             us = base_us * _replay_us(planned.chosen, other) / replayed_base
             if 1.0 - us / base_us < SETTING_FLOOR:
-                decisions.append((setting.name, _priced(base_us, us, kinds, setting, step, hw)))
+                decisions[setting.name] = _priced(base_us, us, kinds, setting, step, hw)
                 continue
+        searched.append((setting, kinds, other))
+    signatures: dict[tuple, int] = {}
+    jobs, job_of = [], []
+    for setting, kinds, other in list(searched):
         try:
-            again = planning.plan(step, other, strategy=strategy,
-                                  baselines=(), fingerprint=fingerprint, space=space, floor_note=False)
+            signature = _search_signature(step, other)
         except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
-            decisions.append((setting.name, f"not priced: {err}"))
+            decisions[setting.name] = f"not priced: {err}"
+            searched.remove((setting, kinds, other))
+            continue
+        if signature not in signatures:
+            signatures[signature] = len(jobs)
+            jobs.append((step, other, dict(strategy=strategy, baselines=(), fingerprint=fingerprint, space=space,
+                                           floor_note=False)))
+        job_of.append(signatures[signature])
+    outcomes: list[planning.Planned | str] = []
+    for j, (graph, other, kw) in enumerate(jobs):
+        same = [f"{s.name} ({', '.join(kinds)})" for (s, kinds, _), k in zip(searched, job_of) if k == j]
+        log(f"NCCL settings: searching again under {' = '.join(same)} ...")
+        try:
+            outcomes.append(planning.plan(graph, other, **kw))
+        except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
+            outcomes.append(f"not priced: {err}")
+    best: tuple[float, Setting, planning.Planned] | None = None
+    for (setting, kinds, _other), j in zip(searched, job_of):
+        again = outcomes[j]
+        if isinstance(again, str):
+            decisions[setting.name] = again
             continue
         us = again.plan.makespan_us
-        gain = 1.0 - us / base_us
-        decisions.append((setting.name, _priced(base_us, us, kinds, setting, step, hw)))
-        if gain >= SETTING_FLOOR and (best is None or us < best[0]):
+        decisions[setting.name] = _priced(base_us, us, kinds, setting, step, hw)
+        if 1.0 - us / base_us >= SETTING_FLOOR and (best is None or us < best[0]):
             best = (us, setting, again)
+    ordered = [(s.name, decisions[s.name]) for s in candidates(hw)]
     if best is None:
-        return Outcome(planned, hw, None, tuple(decisions))
+        return Outcome(planned, hw, None, tuple(ordered))
     us, setting, again = best
     # Only one setting is kept: any other above the floor says which beat it.
-    decisions = [(name, why.replace("; taken;", f"; not taken: above the floor, but {setting.name} is predicted "
-                                    "faster;")) if name != setting.name else (name, why) for name, why in decisions]
+    ordered = [(name, why.replace("; taken;", f"; not taken: above the floor, but {setting.name} is predicted "
+                                  "faster;")) if name != setting.name else (name, why) for name, why in ordered]
     predicted = dict(planned.plan.predicted_us)
     predicted[strategy] = us
     plan = with_setting(dataclasses.replace(again.plan, predicted_us=tuple(predicted.items())), setting, hw)
     results = {**planned.results, strategy: again.chosen}
     return Outcome(planning.Planned(plan, results), dataclasses.replace(hw, nccl_env=setting.env), setting,
-                   tuple(decisions))
+                   tuple(ordered))
