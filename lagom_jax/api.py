@@ -330,8 +330,9 @@ class Tuned:
 
     def __call__(self, *args, **kwargs):
         if self._reporter is not None:  # the bench's arm, not this decorator, sets the treatment
+            self._reporter.before()
             out = self._step(*args, **kwargs)
-            self._reporter.called()
+            self._reporter.called(out, lambda: self._step.lower(*args, **kwargs).compile().as_text())
             return out
         if not self._staged:
             return self._step(*args, **kwargs)

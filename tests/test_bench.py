@@ -141,12 +141,16 @@ def test_a_users_program_reports_its_step_times_through_the_decorator(tmp_path, 
     assert __import__("subprocess").run([sys.executable, str(program), str(tmp_path / "plans"), "1"]).returncode == 0
     (folder,) = (tmp_path / "plans").iterdir()
     args = ["bench", "--plan", str(folder), "--warmup", "2", "--rounds", "1", "--out", str(tmp_path / "out"),
-            "--", sys.executable, str(program)]
+            "--profile", "--", sys.executable, str(program)]
     assert cli.main(args) == 0
     made = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [a["name"] for a in made["arms"]] == ["xla-default", folder.name]
     assert all(a["measured"]["n"] == 7 for a in made["arms"])  # 10 calls: 9 intervals, 2 of them warm-up
     assert folder.name in made["verdict"]
+    # --profile: one more run of the plan's arm, whose decorated step traced a few calls for calibrate.
+    assert (tmp_path / "out" / "profile" / "step.hlo").exists()
+    assert "## Calibration" in (tmp_path / "out" / "report.md").read_text()
+    args.remove("--profile")
     # A program that reports no step after the warm-up is a failed run, and the report says why.
     short = [*args[:-2], sys.executable, str(program), str(tmp_path / "unused"), "2"]
     short[short.index("--out") + 1] = str(tmp_path / "short")

@@ -106,3 +106,29 @@ def test_a_traced_arm_is_fitted_by_calibrate(tmp_path):
     assert said.startswith("## Calibration") and "| class | ops |" in said
     assert (tmp_path / "out" / "calibrated.json").exists()
     assert profile is None or profile.name == "h100-sxm-8-calibrated"
+
+
+def test_a_decorated_step_traces_a_few_calls_for_the_bench(tmp_path, monkeypatch):
+    """Under the bench's profile variable a user's decorated step traces calls 3-5 (after its
+    compile and one warm call) and writes the module they ran, which ``calibrate`` reads."""
+    import lagom_jax
+    from lagom_jax.bench import protocol
+
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    monkeypatch.setenv(protocol.TIMES_ENV, str(tmp_path / "times.jsonl"))
+    monkeypatch.setenv(protocol.PROFILE_ENV, str(folder))
+    step = lagom_jax.tune(jax.jit(lambda s: jnp.tanh(s @ s)))
+    x = jnp.ones((128, 128))
+    for calls in range(1, protocol.PROFILE_AFTER + protocol.PROFILE_STEPS + 2):
+        x = step(x)
+        traced = (folder / "step.hlo").exists()
+        assert traced == (calls >= protocol.PROFILE_AFTER + protocol.PROFILE_STEPS)
+    assert "tanh" in (folder / "step.hlo").read_text() and list(folder.rglob("*.xplane.pb"))
+    assert protocol.read(str(tmp_path / "times.jsonl"), 0)["times_ms"]
+
+
+def test_recalibrate_needs_the_built_in_model(tmp_path):
+    setup = run.BenchSetup(None, program=("python", "train.py"))
+    with pytest.raises(ValueError, match="--recalibrate plans the built-in model's step again"):
+        run.bench(setup, hardware.get("h100-sxm-8"), tmp_path, plans=(tmp_path,), recalibrate=True)

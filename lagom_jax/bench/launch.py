@@ -64,19 +64,21 @@ def _tail(text: str, lines: int = 8) -> str:
 
 
 def run_arm(launcher: str, launch_sh: pathlib.Path, spec: dict[str, Any], *, timeout_s: float,
-            program: tuple[str, ...] = (), log_dir: pathlib.Path | None = None, tuner: bool = False) -> Launched:
+            program: tuple[str, ...] = (), log_dir: pathlib.Path | None = None, tuner: bool = False,
+            env: dict[str, str] | None = None) -> Launched:
     """Run one arm once; never raises for the job's own failure (it is reported). With
     ``program`` the user's command runs instead of the built-in worker; either reports its
     step times through ``protocol``. ``log_dir``: where NCCL writes its log (on a filesystem
     every host sees), read back to check the arm's NCCL settings and, with ``tuner``, that
-    its tuner plugin loaded (``nccl_log``)."""
+    its tuner plugin loaded (``nccl_log``). ``env``: more of the protocol's variables (``PROFILE_ENV``)."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lagom-bench-") as tmp:
         spec_path, times = pathlib.Path(tmp) / "spec.json", pathlib.Path(tmp) / "times.jsonl"
         spec_path.write_text(json.dumps(spec))
         processes = int(spec["processes"])
         cmd = command(launcher, launch_sh, spec_path, processes, program)
-        env = {**os.environ, protocol.TIMES_ENV: str(times), protocol.EXPECT_ENV: json.dumps(spec.get("expected", {}))}
+        env = {**os.environ, **(env or {}), protocol.TIMES_ENV: str(times),
+               protocol.EXPECT_ENV: json.dumps(spec.get("expected", {}))}
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
             for old in log_dir.glob("nccl.*.log"):  # a rerun of this (arm, round) reads its own logs only

@@ -12,6 +12,11 @@ Under ``LAGOM_BENCH_TIMES`` a ``lagom_jax.tune`` step does not tune: the arm's `
 is the treatment. It times each call as the interval since the previous call returned, which
 with JAX's asynchronous dispatch is the step time once the queue is full (the first intervals,
 compiling included, are the bench's warm-up). A user's program needs nothing else.
+
+``LAGOM_BENCH_PROFILE`` (a folder; the bench's ``--profile``, a run of its own, not timed): the
+decorated step traces calls ``PROFILE_AFTER + 1`` to ``PROFILE_AFTER + PROFILE_STEPS`` under
+``jax.profiler`` (each process in ``processN`` of the folder), and process 0 writes the module
+they ran as ``step.hlo``, for ``calibrate``.
 Ground floor: imports no other module of the project.
 """
 
@@ -20,11 +25,16 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 
-__all__ = ["EXPECT_ENV", "TIMES_ENV", "StepReporter", "applied", "head", "read", "write"]
+__all__ = ["EXPECT_ENV", "PROFILE_AFTER", "PROFILE_ENV", "PROFILE_STEPS", "TIMES_ENV", "StepReporter", "applied",
+           "head", "read", "write"]
 
 TIMES_ENV = "LAGOM_BENCH_TIMES"
 EXPECT_ENV = "LAGOM_BENCH_EXPECT"
+PROFILE_ENV = "LAGOM_BENCH_PROFILE"
+PROFILE_AFTER = 2  # calls left out before the trace: the compile and one warm step
+PROFILE_STEPS = 3
 
 
 def applied(platform: str, expected: dict[str, str]) -> dict[str, str]:
@@ -63,18 +73,38 @@ def head(platform: str) -> dict:
 
 
 class StepReporter:
-    """Process 0's side of the protocol for a decorated step: a line per call."""
+    """Process 0's side of the protocol for a decorated step: a line per call; under
+    ``PROFILE_ENV``, every process traces a few calls and process 0 writes their module."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, profile_dir: str = "") -> None:
         self._path = path
         self._last: float | None = None
+        self._profile_dir = profile_dir
+        self._calls = 0
 
     @classmethod
     def from_environ(cls) -> StepReporter | None:
         path = os.environ.get(TIMES_ENV)
-        return cls(path) if path else None
+        return cls(path, os.environ.get(PROFILE_ENV, "")) if path else None
 
-    def called(self) -> None:
+    def before(self) -> None:
+        """Before a call: the trace starts before the first traced call."""
+        if self._profile_dir and self._calls == PROFILE_AFTER:
+            import jax
+
+            jax.profiler.start_trace(os.path.join(self._profile_dir, f"process{jax.process_index()}"))
+
+    def called(self, out: object = None, module: Callable[[], str] | None = None) -> None:
+        """After a call that returned ``out``; ``module``: the text of the module it ran."""
+        self._calls += 1
+        if self._profile_dir and self._calls == PROFILE_AFTER + PROFILE_STEPS:
+            import jax
+
+            jax.block_until_ready(out)
+            jax.profiler.stop_trace()
+            if jax.process_index() == 0 and module is not None:
+                with open(os.path.join(self._profile_dir, "step.hlo"), "w", encoding="utf-8") as fh:
+                    fh.write(module())
         now = time.perf_counter()
         if self._last is None:
             import jax

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lagom_jax import job
-from lagom_jax.bench import launch, report as report_lib, stats, worker
+from lagom_jax.bench import launch, protocol, report as report_lib, stats
 from lagom_jax.cluster import hardware as hardware_lib
 from lagom_jax.costs import calibrate
 from lagom_jax.plan.schema import Plan
@@ -234,14 +234,14 @@ def bench(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: str | pathli
         raise ValueError(f"--search must be at least 1, got {search_k}")
     if search_k and setup.source is None:
         raise ValueError("--search plans the built-in model's step; for your program, give --plan folders")
+    if recalibrate and setup.source is None:
+        raise ValueError("--recalibrate plans the built-in model's step again; for your program, --profile "
+                         "writes the calibrated profile: tune your step with it as --hardware")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     arms = plan_arms(setup, hw, out, plans, log, strategies, search_k)
     notes: list[str] = []
     if profile or recalibrate:
-        if setup.source is None:
-            raise ValueError("--profile and --recalibrate trace the built-in model's step; for your program, "
-                             "record a jax.profiler trace and run lagom-jax calibrate on it")
         calibrated, note = _calibrated(setup, hw, out, arms, platform, log)
         notes.append(note)
         if recalibrate and calibrated is not None:
@@ -293,12 +293,14 @@ def _calibrated(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: pathli
     arm = next((a for a in arms if a.name == "lagom"), arms[-1])
     folder = out / "profile"
     if not (folder / "step.hlo").exists():
-        log(f"bench: tracing {worker.PROFILE_STEPS} steps of the {arm.name} arm (one run, not timed) ...")
+        log(f"bench: tracing {protocol.PROFILE_STEPS} steps of the {arm.name} arm (one run, not timed) ...")
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
+        # The built-in worker reads the folder from its spec, a user's decorated step from PROFILE_ENV.
         got = launch.run_arm(setup.launcher, arm.launch_sh,
                              {**setup.worker_spec(platform), "expected": dict(arm.settings),
-                              "profile_dir": str(folder.resolve())}, timeout_s=setup.timeout_s)
+                              "profile_dir": str(folder.resolve())}, timeout_s=setup.timeout_s,
+                             program=setup.program, env={protocol.PROFILE_ENV: str(folder.resolve())})
         if got.result is None or not (folder / "step.hlo").exists():
             shutil.rmtree(folder, ignore_errors=True)
             return None, f"## Calibration\n\nThe traced run of {arm.name} failed; nothing calibrated:\n\n" \
@@ -310,7 +312,7 @@ def _calibrated(setup: BenchSetup, hw: hardware_lib.HardwareProfile, out: pathli
     fitted.profile.save(out / "calibrated.json")
     log(f"bench: calibrated on {fitted.matched} ops of {arm.name}; wrote {out / 'calibrated.json'}")
     moved = dataclasses.replace(fitted.profile, name=hw.name) != hw
-    said = (f"## Calibration\n\nA trace of {worker.PROFILE_STEPS} steps of {arm.name} ({fitted.matched} ops "
+    said = (f"## Calibration\n\nA trace of {protocol.PROFILE_STEPS} steps of {arm.name} ({fitted.matched} ops "
             f"matched), fitted by `calibrate`: `{out / 'calibrated.json'}` (use it as `--hardware`).")
     if not moved:
         said += " Nothing in it moved, so no arm is planned on it."

@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 COORDINATOR_ENV = "LAGOM_BENCH_COORDINATOR"
-PROFILE_STEPS = 3
 PROCESS_ENV = "LAGOM_BENCH_PROCESS"
 
 
@@ -46,12 +45,14 @@ def _join(spec: dict[str, Any]) -> None:
 
 
 def _profile(built: Any, state: Any, batch: Any, folder: pathlib.Path) -> None:
-    """``PROFILE_STEPS`` steps under ``jax.profiler.trace`` (each process in a folder of its own),
-    and the module they ran (``step.hlo``, from process 0), for ``calibrate``."""
+    """``protocol.PROFILE_STEPS`` steps under ``jax.profiler.trace`` (each process in a folder of
+    its own), and the module they ran (``step.hlo``, from process 0), for ``calibrate``."""
     import jax
 
+    from lagom_jax.bench import protocol
+
     with jax.profiler.trace(str(folder / f"process{jax.process_index()}")):
-        for _ in range(PROFILE_STEPS):
+        for _ in range(protocol.PROFILE_STEPS):
             state, metrics = built.train_step(state, batch)
             jax.block_until_ready((state, metrics))
     if jax.process_index() == 0:
