@@ -85,10 +85,12 @@ def to_png(timeline: Timeline, graph: StepGraph, path: str | os.PathLike[str], *
                "reduce-scatter": "#C44E52", "all-to-all": "#8172B3", "collective-permute": "#937860"}
     scale = 1e-3  # plot in ms
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * len(streams)))
+    bars: dict[tuple[str, str], list[tuple[float, float]]] = {}  # one collection per row and kind
     for iv in timeline.intervals:
-        kind = graph.tasks[iv.task_id].kind
-        ax.barh(row[iv.stream], (iv.end - iv.start) * scale, left=iv.start * scale, height=0.8,
-                color=colours[kind], edgecolor="none")
+        key = (iv.stream, graph.tasks[iv.task_id].kind)
+        bars.setdefault(key, []).append((iv.start * scale, (iv.end - iv.start) * scale))
+    for (stream, kind), spans in bars.items():
+        ax.broken_barh(spans, (row[stream] - 0.4, 0.8), facecolors=colours[kind], edgecolor="none")
     ax.set_yticks([row[s] for s in streams], streams)
     ax.set_xlabel("time (ms)")
     ax.set_xlim(0, max(timeline.makespan_us, 1e-9) * scale)
