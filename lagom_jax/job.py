@@ -464,12 +464,10 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
             "runs them beside compute (fusion-start/-done) and they are taken as hidden: only their HBM "
             "side is priced, the host link is not a modelled resource yet")),)
     # One compile per set of options for the structure search and the verification, the
-    # search's first trial started now, beside the NCCL settings' planning.
+    # search's trials started now, one after another, beside the NCCL settings' planning.
     recompile = structures_lib.Recompiler(compiled.recompile) if compiled.recompile is not None else None
     if structures and recompile is not None and strategy == "lagom":
-        first = structures_lib.first_trial(compiled.text, planned)
-        if first is not None:
-            recompile.start(first)
+        recompile.start(*structures_lib.trials(compiled.text, planned))
     setting = None
     if strategy == "lagom" and nccl_settings_search:
         settled = nccl_settings.choose(step, planned, hw, strategy=strategy, fingerprint=planned.plan.fingerprint,

@@ -41,7 +41,7 @@ from lagom_jax.program import flags as flags_lib
 from lagom_jax.program import hlo
 from lagom_jax.program.flags import KNOWN_FLAGS, XlaFlag
 
-__all__ = ["CANDIDATES", "MIN_GAIN", "Candidate", "Outcome", "Recompiler", "first_trial", "search"]
+__all__ = ["CANDIDATES", "MIN_GAIN", "Candidate", "Outcome", "Recompiler", "search", "trials"]
 
 # A structure is taken only for a predicted step this much shorter: below it the choice is
 # within the noise of the cost model's step predictions (the fidelity benchmarks' spread).
@@ -113,7 +113,7 @@ CANDIDATES: tuple[Candidate, ...] = (
 @functools.lru_cache(maxsize=4)
 def _combined_kinds(text: str) -> frozenset[str]:
     """The collective kinds of which the module holds a combined instance (one instruction,
-    sync or async start, over several operands). Cached: ``first_trial`` and ``search`` ask of
+    sync or async start, over several operands). Cached: ``trials`` and ``search`` ask of
     the same module."""
     module = hlo.parse(text)
     out = set()
@@ -153,21 +153,23 @@ class Recompiler:
     def _key(options: Mapping[str, Any]) -> tuple:
         return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
-    def start(self, options: Mapping[str, Any]) -> None:
-        """Compile with ``options`` in the background (a daemon thread: it never holds the
-        process open)."""
-        key = self._key(options)
-        with self._lock:
-            if key in self._futures:
-                return
-            future: concurrent.futures.Future = concurrent.futures.Future()
-            self._futures[key] = future
+    def start(self, *options: Mapping[str, Any]) -> None:
+        """Compile with each of ``options`` in the background, one after another (a daemon
+        thread: it never holds the process open). One not begun yet when the caller asks for
+        it is compiled by the caller (``__call__``), not waited for behind the others."""
 
         def run() -> None:
-            try:
-                future.set_result(self._timed(key, options))
-            except BaseException as err:  # handed to whoever asks for the result
-                future.set_exception(err)
+            for one in options:
+                key = self._key(one)
+                with self._lock:
+                    if key in self._futures:
+                        continue
+                    future: concurrent.futures.Future = concurrent.futures.Future()
+                    self._futures[key] = future
+                try:
+                    future.set_result(self._timed(key, one))
+                except BaseException as err:  # handed to whoever asks for the result
+                    future.set_exception(err)
 
         threading.Thread(target=run, name="lagom-structure-compile", daemon=True).start()
 
@@ -250,12 +252,14 @@ def _order(planned: planning.Planned, candidates: tuple[Candidate, ...]) -> list
     return sorted(candidates, key=lambda c: -sum(exposed.get(k, 0.0) for k in c.kinds))
 
 
-def first_trial(text: str, planned: planning.Planned,
-                candidates: tuple[Candidate, ...] = CANDIDATES) -> dict[str, Any] | None:
-    """The compile options of the first trial ``search`` would compile from ``text`` planned
-    as ``planned`` (None: none), so a caller can start it early (``Recompiler.start``)."""
+def trials(text: str, planned: planning.Planned,
+           candidates: tuple[Candidate, ...] = CANDIDATES) -> list[dict[str, Any]]:
+    """The compile options of the trials ``search`` would compile from ``text`` planned as
+    ``planned`` where it took none of them, in its order, so a caller can start them early
+    (``Recompiler.start``): the first is always one it compiles."""
     has_loop = any(t.trip_count > 1 for t in planned.chosen.graph.tasks)
     combined = None
+    out = []
     for cand in _order(planned, candidates):
         flag, _ = _spelled(cand.flag)
         if flag is None:
@@ -265,8 +269,8 @@ def first_trial(text: str, planned: planning.Planned,
             combined = _combined_kinds(text)
             why_not = _not_compiled(cand, flag, planned, (), has_loop, combined)
         if not why_not:
-            return flags_lib.compiler_options((flag,))
-    return None
+            out.append(flags_lib.compiler_options((flag,)))
+    return out
 
 
 def search(text: str, planned: planning.Planned, hw: HardwareProfile,
