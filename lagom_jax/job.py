@@ -464,10 +464,13 @@ def plan_compiled(compiled: Compiled, *, strategy: str = "lagom",
             "runs them beside compute (fusion-start/-done) and they are taken as hidden: only their HBM "
             "side is priced, the host link is not a modelled resource yet")),)
     # One compile per set of options for the structure search and the verification, the
-    # search's trials started now, one after another, beside the NCCL settings' planning.
+    # search's trials and the plan's own module options started now, one after another,
+    # beside the NCCL settings' planning (the settings and the structure may change the plan).
     recompile = structures_lib.Recompiler(compiled.recompile) if compiled.recompile is not None else None
-    if structures and recompile is not None and strategy == "lagom":
-        recompile.start(*structures_lib.trials(compiled.text, planned))
+    if recompile is not None and strategy == "lagom":
+        ahead = structures_lib.trials(compiled.text, planned) if structures else []
+        own = verify_lib.module_options(planned.plan)
+        recompile.start(*ahead, *([own] if own and verify else []))
     setting = None
     if strategy == "lagom" and nccl_settings_search:
         settled = nccl_settings.choose(step, planned, hw, strategy=strategy, fingerprint=planned.plan.fingerprint,

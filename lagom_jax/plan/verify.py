@@ -39,7 +39,7 @@ from typing import Any
 from lagom_jax.plan.schema import Plan
 from lagom_jax.program import flags as flags_lib, graph as graph_lib
 
-__all__ = ["Inventory", "Placement", "Verification", "inventory", "placement", "verify_plan"]
+__all__ = ["Inventory", "Placement", "Verification", "inventory", "module_options", "placement", "verify_plan"]
 
 Inventory = dict[str, tuple[int, int]]
 """Collective kind -> (count, total bytes) of one StepGraph."""
@@ -136,6 +136,13 @@ class Verification:
         return tuple(out)
 
 
+def module_options(plan: Plan) -> dict[str, Any]:
+    """The plan's compile options that change the compiled module: all but the runtime flags
+    (``flags.RUNTIME_FLAGS``), which XLA reads when it runs the step. What the verification
+    compiles with, so a caller can start that compile early."""
+    return {k: v for k, v in plan.compiler_options().items() if k not in flags_lib.RUNTIME_FLAGS}
+
+
 def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
                 compile_fn: Callable[[Mapping[str, Any]], str]) -> tuple[Plan, Verification]:
     """Recompile with ``plan``'s options, check them (one by one where the recompile is not
@@ -143,9 +150,10 @@ def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
     (with the verification in its report)."""
     options = plan.compiler_options()
     runtime = tuple(name for name in options if name in flags_lib.RUNTIME_FLAGS)
-    module_options = [name for name in options if name not in runtime]
-    full = compile_fn(options) if module_options else baseline_text
-    compiles = 1 if module_options else 0
+    module = module_options(plan)  # what runs no differently at run time compiles the same module
+    changing = list(module)
+    full = compile_fn(module) if module else baseline_text
+    compiles = 1 if module else 0
     compiled = graph_lib.from_hlo_text(full)
     changes = not _same_module(baseline_text, full)
     result = Verification(
@@ -154,13 +162,13 @@ def verify_plan(plan: Plan, predicted: graph_lib.StepGraph, baseline_text: str,
         async_starts=sum(t.is_async for t in compiled.collectives), option_changed=(), compiles=compiles)
     as_predicted = changes and result.inventory_matches and result.placement_matches
     changed: list[tuple[str, bool | None]] = []
-    for name in module_options:
-        if len(module_options) == 1:
+    for name in changing:
+        if len(changing) == 1:
             changed.append((name, changes))
         elif as_predicted:
             changed.append((name, None))
         else:
-            without = compile_fn({k: v for k, v in options.items() if k != name})
+            without = compile_fn({k: v for k, v in module.items() if k != name})
             compiles += 1
             changed.append((name, not _same_module(without, full)))
     result = dataclasses.replace(result, option_changed=tuple(changed), compiles=compiles, runtime=runtime,
