@@ -303,8 +303,9 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
     base_us = planned.plan.makespan_us
     replayed_base: float | None = None  # the chosen step replayed as is, once a setting needs it
     decisions: dict[str, str] = {}
-    searched: list[tuple[Setting, list[str], HardwareProfile]] = []
-    for setting in candidates(hw):
+    settings = candidates(hw)
+    searched: list[tuple[Setting, list[str], tuple]] = []  # (setting, kinds it changes, its signature)
+    for setting in settings:
         unneeded = _cta_pin_unneeded(setting, planned.plan, hw)
         if unneeded:
             decisions[setting.name] = f"not priced: {unneeded}"
@@ -328,27 +329,25 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
             if 1.0 - us / base_us < SETTING_FLOOR:
                 decisions[setting.name] = _priced(base_us, us, kinds, setting, step, hw)
                 continue
-        searched.append((setting, kinds, other))
-    signatures: dict[tuple, int] = {}
-    jobs, job_of = [], []
-    for setting, kinds, other in list(searched):
         try:
-            signature = _search_signature(step, other)
+            searched.append((setting, kinds, _search_signature(step, other)))
         except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
             decisions[setting.name] = f"not priced: {err}"
-            searched.remove((setting, kinds, other))
-            continue
+    signatures: dict[tuple, int] = {}
+    clusters: list[HardwareProfile] = []  # one per distinct signature
+    job_of = []
+    for setting, _kinds, signature in searched:
         if signature not in signatures:
-            signatures[signature] = len(jobs)
-            jobs.append((step, other, dict(strategy=strategy, baselines=(), fingerprint=fingerprint, space=space,
-                                           floor_note=False)))
+            signatures[signature] = len(clusters)
+            clusters.append(dataclasses.replace(hw, nccl_env=setting.env))
         job_of.append(signatures[signature])
     outcomes: list[planning.Planned | str] = []
-    for j, (graph, other, kw) in enumerate(jobs):
+    for j, other in enumerate(clusters):
         same = [f"{s.name} ({', '.join(kinds)})" for (s, kinds, _), k in zip(searched, job_of) if k == j]
         log(f"NCCL settings: searching again under {' = '.join(same)} ...")
         try:
-            outcomes.append(planning.plan(graph, other, **kw))
+            outcomes.append(planning.plan(step, other, strategy=strategy, baselines=(), fingerprint=fingerprint,
+                                          space=space, floor_note=False))
         except ValueError as err:  # e.g. NVLS off where the cluster allows NVLS alone
             outcomes.append(f"not priced: {err}")
     best: tuple[float, Setting, planning.Planned] | None = None
@@ -361,7 +360,7 @@ def choose(step: StepGraph, planned: planning.Planned, hw: HardwareProfile, *, s
         decisions[setting.name] = _priced(base_us, us, kinds, setting, step, hw)
         if 1.0 - us / base_us >= SETTING_FLOOR and (best is None or us < best[0]):
             best = (us, setting, again)
-    ordered = [(s.name, decisions[s.name]) for s in candidates(hw)]
+    ordered = [(s.name, decisions[s.name]) for s in settings]
     if best is None:
         return Outcome(planned, hw, None, tuple(ordered))
     us, setting, again = best

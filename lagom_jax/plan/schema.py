@@ -217,7 +217,7 @@ class Plan:
         """
         by_key: dict[tuple, dict[int, CollectiveChoice]] = {}
         for c in self.collectives:
-            if c.kind not in nccl_tuner.TUNER_KINDS or c.params.algorithm in ("symmetric", "one_shot"):
+            if c.kind not in nccl_tuner.TUNER_KINDS or c.params.algorithm == "symmetric":
                 continue
             sizes = by_key.setdefault((c.kind, c.group_size, c.nodes), {})
             if c.bytes not in sizes or c.predicted_us > sizes[c.bytes].predicted_us:
