@@ -267,6 +267,30 @@ def test_the_recompiler_compiles_each_option_set_once_and_can_start_some_ahead()
         r({"bad": True})
 
 
+def test_while_the_caller_waits_for_a_queued_compile_the_next_one_runs_beside_it():
+    import threading
+
+    first_running, second_running, release = threading.Event(), threading.Event(), threading.Event()
+
+    def compile_fn(options):
+        if options.get("first"):
+            first_running.set()
+            assert second_running.wait(5), "the queue's next compile did not start while the caller waited"
+        if options.get("second"):
+            second_running.set()
+            release.wait(5)
+        return f"module {sorted(options.items())}"
+
+    r = structures.Recompiler(compile_fn)
+    r.start({"first": True}, {"second": True})
+    assert first_running.wait(5)
+    assert not second_running.is_set()  # one at a time while the caller works
+    # Asking for the first waits on it: the second starts beside it, and the first can end.
+    assert r({"first": True}) == "module [('first', True)]"
+    release.set()
+    assert r({"second": True}) == "module [('second', True)]"
+
+
 def test_the_trials_started_ahead_are_the_ones_the_search_compiles():
     step = open(_fixture().parent.parent / "gpu_collectives.hlo").read()
     planned = _planned(step)

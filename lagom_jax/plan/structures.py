@@ -127,15 +127,22 @@ def _combined_kinds(text: str) -> frozenset[str]:
 
 class Recompiler:
     """A source's ``recompile(options)`` that compiles each set of options once, and can
-    start one ahead (``start``) while the caller does other work: the compile runs in a
+    queue some ahead (``start``) while the caller does other work: the compile runs in a
     process of its own (``hlo_compile``, ``gpu_compile``), so a thread only waits for it.
     The structure search and the verification share one, so neither compiles what the other
-    already has. A compile started and never asked for is abandoned with its process."""
+    already has. A compile started and never asked for is abandoned with its process.
+
+    The queue runs one compile at a time beside the caller's own work. While the caller
+    waits for one of them, a second worker takes the next in the queue, so the wait costs
+    no core (Mixtral's 2x8 module on 2 cores: its verification compile no longer waits
+    behind the structure trials)."""
 
     def __init__(self, compile_fn: Callable[[Mapping[str, Any]], str]) -> None:
         self._compile = compile_fn
         self._futures: dict[tuple, concurrent.futures.Future] = {}
         self._seconds: dict[tuple, float] = {}
+        self._queue: list[tuple[tuple, Mapping[str, Any]]] = []  # started ahead, not begun
+        self._workers = 0  # threads taking from the queue
         self._lock = threading.Lock()
 
     def _timed(self, key: tuple, options: Mapping[str, Any]) -> str:
@@ -153,30 +160,45 @@ class Recompiler:
     def _key(options: Mapping[str, Any]) -> tuple:
         return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
+    def _work(self) -> None:
+        """Compile the queue's options in order until it is empty."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._workers -= 1
+                    return
+                key, one = self._queue.pop(0)
+                if key in self._futures:
+                    continue
+                future: concurrent.futures.Future = concurrent.futures.Future()
+                self._futures[key] = future
+            try:
+                future.set_result(self._timed(key, one))
+            except BaseException as err:  # handed to whoever asks for the result
+                future.set_exception(err)
+
+    def _worker(self) -> None:
+        """One more thread on the queue (a daemon: it never holds the process open); the
+        lock is held by the caller."""
+        self._workers += 1
+        threading.Thread(target=self._work, name="lagom-structure-compile", daemon=True).start()
+
     def start(self, *options: Mapping[str, Any]) -> None:
-        """Compile with each of ``options`` in the background, one after another (a daemon
-        thread: it never holds the process open). One not begun yet when the caller asks for
-        it is compiled by the caller (``__call__``), not waited for behind the others."""
-
-        def run() -> None:
-            for one in options:
-                key = self._key(one)
-                with self._lock:
-                    if key in self._futures:
-                        continue
-                    future: concurrent.futures.Future = concurrent.futures.Future()
-                    self._futures[key] = future
-                try:
-                    future.set_result(self._timed(key, one))
-                except BaseException as err:  # handed to whoever asks for the result
-                    future.set_exception(err)
-
-        threading.Thread(target=run, name="lagom-structure-compile", daemon=True).start()
+        """Queue a compile with each of ``options``, run one after another in the background.
+        One not begun yet when the caller asks for it is compiled by the caller
+        (``__call__``), not waited for behind the others."""
+        with self._lock:
+            self._queue.extend((self._key(one), one) for one in options)
+            if self._workers == 0 and self._queue:
+                self._worker()
 
     def __call__(self, options: Mapping[str, Any]) -> str:
         key = self._key(options)
         with self._lock:
             future = self._futures.get(key)
+            self._queue = [(k, o) for k, o in self._queue if k != key]
+            if future is not None and not future.done() and self._queue and self._workers < 2:
+                self._worker()  # the caller waits: the next compile runs beside the one it waits for
         if future is None:
             text = self._timed(key, options)
             done: concurrent.futures.Future = concurrent.futures.Future()
