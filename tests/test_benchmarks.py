@@ -209,3 +209,17 @@ def test_one_contention_model_agrees_with_every_measurement():
     # and lose whole SMs, so ISPASS'25's slowdowns are now over-predicted (1.27 / 1.57).
     mean, worst = (p.predicted for p in contention.ispass())
     assert 1.15 <= mean <= 1.30 and 1.30 <= worst <= 1.60
+
+
+def test_the_moe_exchange_section_places_the_ring_miss_by_the_control_step():
+    from benchmarks.measured import moe_exchange
+
+    rows = [{"ep": 2, "ragged-all-to-all": 49.0, "ring": 2.0, "calls": 156, "call_ms": 297.0, "nccl": 3.0,
+             "seconds": 1.0}]
+    text = moe_exchange.section(rows, {"step": 1.64, "attention": 0.5, "seconds": 1.0})
+    assert "| 2 | 49.00 s (51.0) | 2.00 s (3.73) | 24.50x | 13.67x | +79.2% |" in text
+    assert "not met" in text
+    # 1.64 s against the control's 3.28: half; attention 0.5 against 30.3% of 91% of 3.28 s (0.90).
+    assert "predicted 1.64 s against 3.28 s measured (-50.0%)" in text
+    assert "predicted 0.50 s against about 0.90 s" in text
+    assert "about 1.2 s" in text  # 3.28 - 1.64 - (0.90 - 0.50)
