@@ -78,7 +78,9 @@ def test_lagom_never_slower_than_a_baseline_on_random_steps(n, seed, intensity, 
 
 
 def test_lagom_starts_from_the_fastest_baseline_and_keeps_its_gains():
-    g = benchmark_graphs(8)["comm-bound"]
+    # 16 GPUs: on 8 the step's only collective whose fastest candidate is not NCCL's pick is its
+    # all-to-all, which NCCL runs point to point (NCCL's own choice only).
+    g = benchmark_graphs(16)["comm-bound"]
     space = search.Space(min_gain=0.99, tune_structure=False)
     autoccl = search.run_strategy("autoccl", g, HW, space)
     ev = search.Evaluator(g, HW, space)
@@ -101,16 +103,14 @@ def test_lagoms_floored_seed_keeps_nccls_choice_unless_the_gain_beats_the_floor(
     assert floored.params and all(p == ev.default(tasks[c]) for c, p in floored.params.items())
 
 
-@pytest.mark.parametrize("preset, margin", [("a40-pcie-8", 0.0), ("a100-sxm-8", 2e-3)])
+@pytest.mark.parametrize("preset, margin", [("a40-pcie-8", 5e-3), ("a100-sxm-8", 2e-2), ("h100-sxm-8", 1.5e-2)])
 def test_lagom_strictly_better_where_compute_and_communication_contend(preset, margin):
     # Taking every predicted gain (min_gain=0), the contention-aware choice per collective
-    # beats every baseline; the margin is small (0.4% on A100, with channels at most the
-    # communicator's, as NCCL caps a tuner's; 0.007% on A40, whose one larger gain was the
-    # graph's collective-permute, point-to-point, which NCCL asks no tuner about). On H100 the
-    # calibrated contention (0.2 SM per channel, NVLS's 16 CTAs) leaves nothing between it and
-    # each collective's fastest choice: lagom only ties autoccl there.
+    # beats every baseline: by 0.65% on A40, 2.1% on A100 and 1.6% on H100 on this 16-GPU step.
+    # (The 8-GPU "contended" step's tunable gains were in its all-to-alls, which NCCL runs
+    # point to point and asks no tuner about: there lagom ties the baselines.)
     hw = hardware.get(preset)
-    g = benchmark_graphs(8)["contended"]
+    g = benchmark_graphs(16)["contended"]
     lagom = search.run_strategy("lagom", g, hw, search.Space(min_gain=0.0))
     best_baseline = min(search.run_strategy(b, g, hw).makespan_us for b in BASELINES)
     assert lagom.makespan_us < best_baseline * (1 - margin)
@@ -520,7 +520,8 @@ def _plan_results():
 @pytest.mark.slow
 def test_search_chooses_the_recorded_plans():
     # Recorded by the search as it was before it was made faster (issue 79; on the cost model
-    # with 0 B in the monotone floor): a speed-up must not change what any strategy chooses,
+    # with 0 B in the monotone floor; again once all-to-alls became NCCL's own choice only, as
+    # point-to-point, ``params.POINT_TO_POINT_KINDS``): a speed-up must not change what any strategy chooses,
     # what it predicts, or how many evaluations it counts. The predicted
     # step is held to 1e-12 (its last bits differ between numpy builds: Python 3.11 and 3.12
     # environments), every choice exactly.

@@ -24,8 +24,9 @@ NcclProtocol = Literal["LL", "LL128", "Simple"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls", "nvls_tree", "symmetric", "one_shot")
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
-# Kinds the tuner is consulted for, named as in lagom_jax.program.graph.COLLECTIVE_KINDS, with NCCL's ncclFunc_t
-# value (src/include/nccl_common.h of NCCL 2.30-era; older releases may not number all-to-all).
+# Kinds a tuner config may name, as in lagom_jax.program.graph.COLLECTIVE_KINDS, with NCCL's ncclFunc_t
+# value (src/include/nccl_common.h of NCCL 2.30-era; older releases may not number all-to-all). NCCL
+# consults the tuner for the collective ones only: never for ``POINT_TO_POINT_KINDS``.
 TUNER_KINDS: dict[str, int] = {
     "all-reduce": 4,
     "all-gather": 2,
@@ -34,6 +35,13 @@ TUNER_KINDS: dict[str, int] = {
     "broadcast": 0,
     "reduce": 1,
 }
+# Kinds XLA hands to NCCL's point-to-point path, where NCCL asks no tuner plugin and NCCL_ALGO /
+# NCCL_PROTO do not reach: a collective-permute (grouped ncclSend/ncclRecv), a ragged all-to-all's
+# NCCL fallback, and an all-to-all, which XLA runs as grouped sends and receives or, with NCCL 2.28+
+# and contiguous buffers, as ncclAlltoAll, which NCCL 2.28-2.30 turn into one send and one receive
+# per rank as they enqueue it (``taskAppend`` in src/enqueue.cc; openxla/xla
+# ``NcclCommunicator::LaunchAllToAll``). Only NCCL's own choice runs them.
+POINT_TO_POINT_KINDS: tuple[str, ...] = ("all-to-all", "collective-permute", "ragged-all-to-all")
 # NCCL clamps CTAs per communicator to [1, MAXCHANNELS = 64] (NVIDIA/nccl src/init.cc,
 # src/include/device.h) and uses 64..640 threads per CTA (NCCL_NTHREADS, multiples of 64).
 MAX_CHANNELS = 64

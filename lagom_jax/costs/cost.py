@@ -42,7 +42,7 @@ from lagom_jax import hashing
 from lagom_jax.cluster import collective_tables
 from lagom_jax.cluster.hardware import HardwareProfile
 from lagom_jax.cluster.nccl_env import NcclEnv
-from lagom_jax.cluster.params import CollectiveParams, MAX_CHANNELS
+from lagom_jax.cluster.params import POINT_TO_POINT_KINDS, CollectiveParams, MAX_CHANNELS
 from lagom_jax.costs import kernels
 from lagom_jax.program import custom_calls
 from lagom_jax.program.graph import RAGGED_ALL_TO_ALL as RAGGED
@@ -787,6 +787,10 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
         if one_shot_applies(kind, group_size, nodes, hw):
             return one_shot_params(group_size)
         return nccl_default_params("all-to-all", nbytes, group_size, nodes, hw, cfg)
+    if kind == "all-to-all" and (hw.nccl_env.algorithms or hw.nccl_env.protocols):
+        # Point-to-point: NCCL_ALGO and NCCL_PROTO act on collectives only (POINT_TO_POINT_KINDS).
+        free = dataclasses.replace(hw.nccl_env, algorithms=(), protocols=())
+        return nccl_default_params(kind, nbytes, group_size, nodes, dataclasses.replace(hw, nccl_env=free), cfg)
     if symmetric_applies(kind, group_size, nodes, hw):
         return symmetric_pick(kind, nbytes, group_size, hw)
     if kind == "collective-permute" and nodes == 1:
@@ -1112,9 +1116,9 @@ def candidate_params(kind: str, nbytes: float, group_size: int, nodes: int,
     Simple also a quarter-size chunk and half the threads. Always includes NCCL's pick.
     """
     default = nccl_default_params(kind, nbytes, group_size, nodes, hw, cfg)
-    # NCCL asks no tuner about its symmetric kernels or about point-to-point (a ragged
-    # all-to-all's grouped sends, or XLA's own kernel): its pick is the only choice.
-    if default.algorithm == "symmetric" or kind in ("collective-permute", RAGGED):
+    # NCCL asks no tuner about its symmetric kernels or about point-to-point (an all-to-all, a
+    # permute, a ragged all-to-all's grouped sends, or XLA's own kernel): its pick is the only choice.
+    if default.algorithm == "symmetric" or kind in POINT_TO_POINT_KINDS:
         return (default,)
     fixed = _size_free_candidates(kind, group_size, nodes, hw)
     i = bisect.bisect_left(fixed, default)

@@ -14,7 +14,7 @@ import os
 import pathlib
 
 from lagom_jax.cluster import collective_tables
-from lagom_jax.cluster.params import CollectiveParams
+from lagom_jax.cluster.params import POINT_TO_POINT_KINDS, CollectiveParams
 from lagom_jax.files import atomic_write_text
 from lagom_jax.plan import nccl_tuner
 from lagom_jax.plan import report as report_lib
@@ -211,13 +211,15 @@ class Plan:
         (``search.strategies.one_choice_per_key``), so a searched plan's rules say exactly
         what it predicted; for a plan edited by hand, the collective with the longest
         predicted time decides its key.
-        Collective-permutes are point-to-point, which NCCL never asks a tuner about, nor a
+        Collective-permutes and all-to-alls are point-to-point, which NCCL never asks a tuner
+        about (``params.POINT_TO_POINT_KINDS``), nor a
         collective on symmetric buffers (NCCL runs its symmetric kernel before any algorithm
         choice, ``cost.symmetric_pick``).
         """
         by_key: dict[tuple, dict[int, CollectiveChoice]] = {}
         for c in self.collectives:
-            if c.kind not in nccl_tuner.TUNER_KINDS or c.params.algorithm == "symmetric":
+            if (c.kind not in nccl_tuner.TUNER_KINDS or c.kind in POINT_TO_POINT_KINDS
+                    or c.params.algorithm == "symmetric"):
                 continue
             sizes = by_key.setdefault((c.kind, c.group_size, c.nodes), {})
             if c.bytes not in sizes or c.predicted_us > sizes[c.bytes].predicted_us:
