@@ -145,17 +145,18 @@ def section(rows: list[dict[str, Any]], control: dict[str, Any] | None = None) -
               f"steps {min(ring):+.1%} to {max(ring):+.1%}. Goal: every ratio within {TOLERANCE:.0%} of the measured "
               f"one: {verdict} (largest error {max(errors):.1%}). Wall time {sum(r['seconds'] for r in rows):.0f} s."]
     if control:
-        kernel_s = CONTROL_S * (1 - CONTROL_IDLE_SHARE)
+        attention_s = CONTROL_ATTENTION_SHARE * CONTROL_S * (1 - CONTROL_IDLE_SHARE)  # of the kernel time
+        rest_s = CONTROL_S - control["step"] - (attention_s - control["attention"])
         lines += ["", f"Where the ring's miss is: the logbook's control without expert parallelism (FSDP 8, QuACK "
                   f"grouped GEMMs, no exchange; B200MFU-017) is predicted {control['step']:.2f} s against "
                   f"{CONTROL_S:.2f} s measured ({control['step'] / CONTROL_S - 1:+.1%}), the same miss as the ring "
                   "steps': it is in the step's other work, not in the exchange. Attention: predicted "
-                  f"{control['attention']:.2f} s against about {CONTROL_ATTENTION_SHARE * kernel_s:.2f} s "
+                  f"{control['attention']:.2f} s against about {attention_s:.2f} s "
                   f"({CONTROL_ATTENTION_SHARE:.1%} of the kernel time, B200MFU-007, the step less its "
                   f"{CONTROL_IDLE_SHARE:.0%} idle, B200MFU-012; FA4's CuTe kernels there, a Pallas flash stand-in "
-                  f"here). The rest of the miss, about {CONTROL_S - control['step'] - (CONTROL_ATTENTION_SHARE * kernel_s - control['attention']):.1f} s, "
-                  "sits in the recomputed forward, the MuonH optimizer (AdamW here) and the idle time, which the "
-                  "logbook gives as shares only; a per-op profile of the ring arm would settle it."]
+                  f"here). The rest of the miss, about {rest_s:.1f} s, sits in the recomputed forward, the MuonH "
+                  "optimizer (AdamW here) and the idle time, which the logbook gives as shares only; a per-op "
+                  "profile of the ring arm would settle it."]
     return "\n".join(lines)
 
 

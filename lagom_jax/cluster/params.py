@@ -42,6 +42,8 @@ TUNER_KINDS: dict[str, int] = {
 # per rank as they enqueue it (``taskAppend`` in src/enqueue.cc; openxla/xla
 # ``NcclCommunicator::LaunchAllToAll``). Only NCCL's own choice runs them.
 POINT_TO_POINT_KINDS: tuple[str, ...] = ("all-to-all", "collective-permute", "ragged-all-to-all")
+# The kinds NCCL asks a tuner plugin about: the ones its choices (and a plan's rules) reach.
+CONSULTED_KINDS: frozenset[str] = frozenset(TUNER_KINDS) - frozenset(POINT_TO_POINT_KINDS)
 # NCCL clamps CTAs per communicator to [1, MAXCHANNELS = 64] (NVIDIA/nccl src/init.cc,
 # src/include/device.h) and uses 64..640 threads per CTA (NCCL_NTHREADS, multiples of 64).
 MAX_CHANNELS = 64

@@ -787,10 +787,6 @@ def nccl_default_params(kind: str, nbytes: float, group_size: int, nodes: int,
         if one_shot_applies(kind, group_size, nodes, hw):
             return one_shot_params(group_size)
         return nccl_default_params("all-to-all", nbytes, group_size, nodes, hw, cfg)
-    if kind == "all-to-all" and (hw.nccl_env.algorithms or hw.nccl_env.protocols):
-        # Point-to-point: NCCL_ALGO and NCCL_PROTO act on collectives only (POINT_TO_POINT_KINDS).
-        free = dataclasses.replace(hw.nccl_env, algorithms=(), protocols=())
-        return nccl_default_params(kind, nbytes, group_size, nodes, dataclasses.replace(hw, nccl_env=free), cfg)
     if symmetric_applies(kind, group_size, nodes, hw):
         return symmetric_pick(kind, nbytes, group_size, hw)
     if kind == "collective-permute" and nodes == 1:

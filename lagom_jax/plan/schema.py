@@ -14,7 +14,7 @@ import os
 import pathlib
 
 from lagom_jax.cluster import collective_tables
-from lagom_jax.cluster.params import POINT_TO_POINT_KINDS, CollectiveParams
+from lagom_jax.cluster.params import CONSULTED_KINDS, CollectiveParams
 from lagom_jax.files import atomic_write_text
 from lagom_jax.plan import nccl_tuner
 from lagom_jax.plan import report as report_lib
@@ -212,14 +212,13 @@ class Plan:
         what it predicted; for a plan edited by hand, the collective with the longest
         predicted time decides its key.
         Collective-permutes and all-to-alls are point-to-point, which NCCL never asks a tuner
-        about (``params.POINT_TO_POINT_KINDS``), nor a
+        about (``params.CONSULTED_KINDS``), nor a
         collective on symmetric buffers (NCCL runs its symmetric kernel before any algorithm
         choice, ``cost.symmetric_pick``).
         """
         by_key: dict[tuple, dict[int, CollectiveChoice]] = {}
         for c in self.collectives:
-            if (c.kind not in nccl_tuner.TUNER_KINDS or c.kind in POINT_TO_POINT_KINDS
-                    or c.params.algorithm == "symmetric"):
+            if c.kind not in CONSULTED_KINDS or c.params.algorithm == "symmetric":
                 continue
             sizes = by_key.setdefault((c.kind, c.group_size, c.nodes), {})
             if c.bytes not in sizes or c.predicted_us > sizes[c.bytes].predicted_us:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from lagom_jax.cluster.hardware import HardwareProfile
-from lagom_jax.cluster.params import POINT_TO_POINT_KINDS, TUNER_KINDS, CollectiveParams
+from lagom_jax.cluster.params import CONSULTED_KINDS, CollectiveParams
 from lagom_jax.costs.simulate import Timeline
 from lagom_jax.passes import COMBINABLE_KINDS
 from lagom_jax.program.graph import StepGraph, Task
@@ -119,7 +119,7 @@ def one_choice_per_key(ev: Evaluator, structure: Structure, params: Mapping[int,
     for sid, cid in built.parent:
         t = graph.tasks[sid]
         shape = ev.shape(t)
-        if shape.kind not in TUNER_KINDS or shape.kind in POINT_TO_POINT_KINDS or cid not in params:
+        if shape.kind not in CONSULTED_KINDS or cid not in params:
             continue
         key = (shape.kind, int(t.bytes), shape.ranks, shape.nodes)
         example.setdefault(key, t)
